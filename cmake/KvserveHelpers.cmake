@@ -1,0 +1,36 @@
+# Shared build helpers: warning flags, library and test declarations.
+
+# Applies kvserve's compile options to a target.
+function(kvserve_defaults target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KVSERVE_WERROR}>>:-Werror>)
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+endfunction()
+
+# kvserve_library(NAME SOURCES a.cc b.cc DEPS dep1 dep2)
+function(kvserve_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  kvserve_defaults(${name})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+endfunction()
+
+# kvserve_test(NAME SOURCES a_test.cc DEPS lib1 LABELS label1)
+# Builds a GoogleTest binary and registers it with CTest. Tests read shared data through the
+# KVSERVE_SHARED_DIR definition (../shared beside the checkout).
+function(kvserve_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  kvserve_defaults(${name})
+  target_compile_definitions(${name} PRIVATE KVSERVE_SHARED_DIR="${KVSERVE_SHARED_DIR}")
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
+  endif()
+endfunction()

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the default (fast) test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh -DKVSERVE_WERROR=ON
+ctest --test-dir build --output-on-failure --parallel "$(nproc)" -LE 'gpu|slow'

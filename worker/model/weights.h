@@ -1,0 +1,73 @@
+#ifndef KVSERVE_WORKER_MODEL_WEIGHTS_H_
+#define KVSERVE_WORKER_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/io/mapped_file.h"
+#include "kernels/dtype.h"
+#include "worker/model/model_config.h"
+
+namespace kvserve {
+
+/// A read-only view of one weight tensor. `shape` is outermost first, PyTorch style: a linear
+/// layer's weight is [out_features, in_features], row-major, rows contiguous (GGUF lists dims
+/// innermost first; loaders reverse them). `data` points into a MappedFile or an owned buffer held
+/// by the ModelWeights that owns this view. A default-constructed view (data == nullptr) means
+/// "absent" (e.g. no bias).
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  bool present() const { return data != nullptr; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  /// Bytes of the innermost row.
+  int64_t row_bytes() const { return shape.empty() ? 0 : DTypeRowBytes(dtype, shape.back()); }
+  int64_t nbytes() const { return shape.empty() ? 0 : row_bytes() * (numel() / shape.back()); }
+};
+
+/// One decoder layer. Norm weights and biases are always F32 (loaders convert them).
+struct LayerWeights {
+  TensorView attn_norm;  // [hidden]
+  TensorView wq;         // [heads * head_dim, hidden]
+  TensorView wk;         // [kv_heads * head_dim, hidden]
+  TensorView wv;         // [kv_heads * head_dim, hidden]
+  TensorView bq, bk, bv; // [out] when config.qkv_bias, else absent
+  TensorView wo;         // [hidden, heads * head_dim]
+  TensorView ffn_norm;   // [hidden]
+  TensorView w_gate;     // [intermediate, hidden]
+  TensorView w_up;       // [intermediate, hidden]
+  TensorView w_down;     // [hidden, intermediate]
+};
+
+/// A loaded model: its config, views of every weight, and the storage those views point into.
+struct ModelWeights {
+  ModelConfig config;
+  /// Where the weights came from ("gguf" or "safetensors") and the path given to the loader.
+  std::string format;
+  std::string source_path;
+  TensorView token_embedding;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  TensorView final_norm;  // [hidden], F32
+  /// [vocab, hidden]; the same view as token_embedding when the embedding is tied.
+  TensorView output;
+
+  /// Storage the views point into; never resized after the views are made.
+  std::vector<MappedFile> files;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_buffers;
+
+  /// Total bytes of all weight tensors (tied output counted once).
+  int64_t TotalBytes() const;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_MODEL_WEIGHTS_H_
