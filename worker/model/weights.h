@@ -59,6 +59,9 @@ struct ModelWeights {
   TensorView final_norm;  // [hidden], F32
   /// [vocab, hidden]; the same view as token_embedding when the embedding is tied.
   TensorView output;
+  /// Optional F32 [head_dim / 2] per-frequency divisors (GGUF `rope_freqs.weight`, written by
+  /// converters that bake llama3 rope scaling into the file); absent otherwise.
+  TensorView rope_freqs;
 
   /// Storage the views point into; never resized after the views are made.
   std::vector<MappedFile> files;
