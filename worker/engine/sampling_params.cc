@@ -1,14 +1,14 @@
 #include "worker/engine/sampling_params.h"
 
 #include <cmath>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace kvserve {
 namespace {
 
-absl::Status Invalid(std::string_view field, std::string_view range, double got) {
+absl::Status Invalid(absl::string_view field, absl::string_view range, double got) {
   return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", got));
 }
 
@@ -18,7 +18,8 @@ bool SamplingParams::IsGreedy() const { return temperature < kGreedyTemperature;
 
 absl::Status SamplingParams::Validate(int vocab_size) const {
   if (vocab_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("vocab_size must be positive, got ", vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size must be positive, got ", vocab_size));
   }
   // Each comparison is written so that NaN fails it.
   if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
@@ -47,8 +48,8 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     const TokenId id = stop_token_ids[i];
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] must be in [0, ",
-                                                     vocab_size, "), got ", id));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids[", i, "] must be in [0, ", vocab_size, "), got ", id));
     }
   }
   if (logprobs < -1 || logprobs > kMaxLogprobs) {

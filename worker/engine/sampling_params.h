@@ -26,7 +26,8 @@ struct SamplingParams {
   float temperature = 1.0f;
   /// Nucleus sampling: keep the most likely tokens whose probabilities sum to top_p; (0, 1].
   float top_p = 1.0f;
-  /// Keep only the top_k most likely tokens; 0 or -1 disables.
+  /// Keep only the top_k most likely tokens; 0 or -1 disables; above the vocabulary size it
+  /// keeps every token (as in vLLM).
   int32_t top_k = 0;
   /// Drop tokens whose probability is below min_p times the top token's; [0, 1].
   float min_p = 0.0f;
