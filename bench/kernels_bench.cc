@@ -1,0 +1,168 @@
+// CPU kernel benchmarks: matmul per weight dtype (decode m = 1 and prefill m = 32), paged vs
+// contiguous decode attention, and the machine's triad bandwidth to compare them against.
+//
+//   build-*/bench/kernels_bench --benchmark_counters_tabular=true
+// KVSERVE_BENCH_THREADS=N sets the thread count (default: all), KVSERVE_CPU_ISA the matmul path.
+// Counters (printed with SI prefixes, e.g. 41.2G/s = 41.2 GB/s): weight_bytes (matmul) and
+// kv_bytes (attention) streamed per second, flops = 2 m n k per second; BM_TriadBandwidth's
+// triad_bytes/s is the memory ceiling they compare against.
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/membw.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
+
+namespace kvserve::cpu {
+namespace {
+
+// All threads by default; KVSERVE_BENCH_THREADS=N to pin the count.
+ThreadPool& Pool() {
+  static ThreadPool pool([] {
+    const char* env = std::getenv("KVSERVE_BENCH_THREADS");
+    return env != nullptr ? std::atoi(env) : 0;
+  }());
+  return pool;
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// Random bytes are a valid weight matrix for every dtype once the scales are sane: fp16 scales
+// of quantized blocks are overwritten with 0.01; f16/bf16/f32 elements are written from floats.
+std::vector<uint8_t> RandomWeights(DType dtype, int64_t n, int64_t k) {
+  const int64_t row_bytes = DTypeRowBytes(dtype, k);
+  std::vector<uint8_t> w(static_cast<size_t>(n * row_bytes));
+  std::mt19937 rng(7);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  const std::vector<float> f =
+      RandomFloats(static_cast<size_t>(std::min<int64_t>(n * k, 1 << 20)), 8);
+  const int64_t elems = n * k;
+  for (int64_t i = 0; i < elems; ++i) {
+    const float v = f[static_cast<size_t>(i) % f.size()];
+    if (dtype == DType::kF32) std::memcpy(&w[4 * i], &v, 4);
+    if (dtype == DType::kF16 || dtype == DType::kBF16) {
+      const uint16_t h = dtype == DType::kF16 ? FloatToHalf(v) : FloatToBF16(v);
+      std::memcpy(&w[2 * i], &h, 2);
+    }
+  }
+  if (DTypeBlockElems(dtype) > 1) {
+    const uint16_t scale = FloatToHalf(0.01f);
+    for (size_t off = 0; off < w.size(); off += DTypeBlockBytes(dtype)) {
+      std::memcpy(&w[off], &scale, 2);
+    }
+  }
+  return w;
+}
+
+// Args: dtype, m. Weights are 4096 x 4096 (a Llama-7B attention projection).
+void BM_Matmul(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const int64_t m = state.range(1), n = 4096, k = 4096;
+  const std::vector<uint8_t> w = RandomWeights(dtype, n, k);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 1);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const MatmulArgs args{x.data(), k, w.data(), dtype, nullptr, y.data(), n, m, n, k};
+  for (auto _ : state) {
+    Matmul(args, &Pool());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(DTypeName(dtype)));
+  state.counters["weight_bytes"] = benchmark::Counter(
+      static_cast<double>(w.size()), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flops"] =
+      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Matmul)
+    ->ArgNames({"dtype", "m"})
+    ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kF16),
+                    static_cast<int>(DType::kBF16), static_cast<int>(DType::kQ8_0),
+                    static_cast<int>(DType::kQ4_0)},
+                   {1, 32}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Decode attention (q_len = 1) for a batch of sequences. Args: block_size (0 = contiguous:
+// one block per sequence holding its whole context), context length.
+void BM_DecodeAttention(benchmark::State& state) {
+  const int64_t num_seqs = 8, num_heads = 32, num_kv_heads = 8, head_dim = 128;
+  const int64_t context = state.range(1);
+  const int64_t block_size = state.range(0) == 0 ? context : state.range(0);
+  const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
+  const int64_t num_blocks = num_seqs * blocks_per_seq;
+  const PagedKvLayout layout{num_kv_heads, head_dim, block_size};
+  const size_t cache = static_cast<size_t>(num_blocks * num_kv_heads * block_size * head_dim);
+  const std::vector<float> k_cache = RandomFloats(cache, 2);
+  const std::vector<float> v_cache = RandomFloats(cache, 3);
+  std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), std::mt19937(4));  // paged: scattered blocks
+  std::vector<int32_t> q_start(num_seqs), q_len(num_seqs, 1), ctx(num_seqs, context);
+  std::iota(q_start.begin(), q_start.end(), 0);
+  const std::vector<float> q =
+      RandomFloats(static_cast<size_t>(num_seqs * num_heads * head_dim), 5);
+  std::vector<float> out(q.size());
+  const PagedAttentionArgs args{q.data(),
+                                num_heads * head_dim,
+                                out.data(),
+                                num_heads * head_dim,
+                                num_seqs,
+                                num_heads,
+                                q_start.data(),
+                                q_len.data(),
+                                ctx.data(),
+                                tables.data(),
+                                blocks_per_seq,
+                                k_cache.data(),
+                                v_cache.data(),
+                                layout,
+                                1.0f / std::sqrt(static_cast<float>(head_dim)),
+                                0};
+  for (auto _ : state) {
+    PagedAttention(args, &Pool());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(state.range(0) == 0 ? "contiguous" : "paged");
+  const double kv_bytes = 2.0 * num_seqs * context * num_kv_heads * head_dim * sizeof(float);
+  state.counters["kv_bytes"] =
+      benchmark::Counter(kv_bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgNames({"block", "ctx"})
+    ->ArgsProduct({{0, 16}, {512, 2048}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The machine's memory bandwidth (STREAM triad, 64 MiB arrays) in the same run, for comparison.
+void BM_TriadBandwidth(benchmark::State& state) {
+  double best = 0;
+  for (auto _ : state) {
+    best = std::max(best, MeasureTriadBandwidth(&Pool(), size_t{64} << 20, 5));
+  }
+  state.counters["triad_bytes/s"] = best;
+  state.counters["threads"] = Pool().num_threads();
+}
+BENCHMARK(BM_TriadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace kvserve::cpu
+
+BENCHMARK_MAIN();

@@ -1,0 +1,91 @@
+#include "kernels/cpu/cpu_isa.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kvserve::cpu {
+namespace {
+
+constexpr int kNoOverride = -1;
+std::atomic<int> g_override{kNoOverride};
+
+CpuIsa ClampToSupported(CpuIsa isa) {
+  while (!CpuSupportsIsa(isa)) isa = static_cast<CpuIsa>(static_cast<int>(isa) - 1);
+  return isa;
+}
+
+CpuIsa IsaFromEnvironment() {
+  const char* env = std::getenv("KVSERVE_CPU_ISA");
+  if (env == nullptr || *env == '\0') return BestSupportedIsa();
+  const std::optional<CpuIsa> parsed = ParseCpuIsa(env);
+  if (!parsed.has_value()) {
+    std::fprintf(stderr, "kvserve: KVSERVE_CPU_ISA='%s' is not scalar|avx2|avx512; using %s\n", env,
+                 CpuIsaName(BestSupportedIsa()).data());
+    return BestSupportedIsa();
+  }
+  const CpuIsa clamped = ClampToSupported(*parsed);
+  if (clamped != *parsed) {
+    std::fprintf(stderr, "kvserve: KVSERVE_CPU_ISA=%s is not supported by this CPU; using %s\n",
+                 env, CpuIsaName(clamped).data());
+  }
+  return clamped;
+}
+
+}  // namespace
+
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+std::optional<CpuIsa> ParseCpuIsa(std::string_view name) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (name == CpuIsaName(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
+bool CpuSupportsIsa(CpuIsa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                             __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return avx2;
+    case CpuIsa::kAvx512:
+      return avx512;
+  }
+  return false;
+#else
+  return isa == CpuIsa::kScalar;
+#endif
+}
+
+CpuIsa BestSupportedIsa() { return ClampToSupported(CpuIsa::kAvx512); }
+
+CpuIsa ActiveCpuIsa() {
+  const int forced = g_override.load(std::memory_order_relaxed);
+  if (forced != kNoOverride) return static_cast<CpuIsa>(forced);
+  static const CpuIsa from_env = IsaFromEnvironment();
+  return from_env;
+}
+
+void SetCpuIsaOverride(std::optional<CpuIsa> isa) {
+  g_override.store(isa.has_value() ? static_cast<int>(ClampToSupported(*isa)) : kNoOverride,
+                   std::memory_order_relaxed);
+}
+
+}  // namespace kvserve::cpu

@@ -1,0 +1,37 @@
+#ifndef KVSERVE_KERNELS_CPU_CPU_ISA_H_
+#define KVSERVE_KERNELS_CPU_CPU_ISA_H_
+
+#include <optional>
+#include <string_view>
+
+namespace kvserve::cpu {
+
+/// The instruction-set paths the SIMD kernels are compiled for. Each path is deterministic on
+/// its own; different paths sum in different orders, so results agree only within tolerance.
+enum class CpuIsa { kScalar, kAvx2, kAvx512 };
+
+/// "scalar", "avx2" or "avx512".
+std::string_view CpuIsaName(CpuIsa isa);
+
+/// Parses a CpuIsaName() string; nullopt for anything else.
+std::optional<CpuIsa> ParseCpuIsa(std::string_view name);
+
+/// Whether this machine can run `isa` (avx2 = AVX2+FMA+F16C, avx512 = that plus AVX-512 F/BW/VL).
+bool CpuSupportsIsa(CpuIsa isa);
+
+/// The best path this machine supports.
+CpuIsa BestSupportedIsa();
+
+/// The path the kernels use now: the override (SetCpuIsaOverride) if set, else the environment
+/// variable KVSERVE_CPU_ISA=scalar|avx2|avx512 (read once; an unsupported or unknown value prints
+/// a warning to stderr and falls back to the best supported path), else BestSupportedIsa().
+CpuIsa ActiveCpuIsa();
+
+/// Forces `isa` (clamped to what the CPU supports) for all later kernel calls in this process;
+/// nullopt restores the default. Meant for tests that compare paths; not for concurrent use with
+/// running kernels.
+void SetCpuIsaOverride(std::optional<CpuIsa> isa);
+
+}  // namespace kvserve::cpu
+
+#endif  // KVSERVE_KERNELS_CPU_CPU_ISA_H_

@@ -1,0 +1,32 @@
+#ifndef KVSERVE_KERNELS_CPU_MATMUL_H_
+#define KVSERVE_KERNELS_CPU_MATMUL_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
+
+namespace kvserve::cpu {
+
+/// y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n] if non-null), fp32 accumulation.
+struct MatmulArgs {
+  const float* x;    // [m, k] fp32, row i at x + i * x_stride
+  int64_t x_stride;  // elements
+  const void* w;     // [n, k] row-major in w_dtype; quantized rows are whole blocks (k % 32 == 0)
+  DType w_dtype;
+  const float* bias;  // [n] or nullptr
+  float* y;           // [m, n] fp32, row i at y + i * y_stride; must not alias x or w
+  int64_t y_stride;   // elements
+  int64_t m, n, k;
+};
+
+/// Runs the matmul on the ActiveCpuIsa() path, parallel over n on `pool` (nullptr = inline).
+///
+/// Determinism: y[i, j] depends only on x row i, W row j, bias[j], k and the ISA path — never on
+/// m, the row's position in the batch, the thread count or the chunking (each output element is
+/// reduced by one thread in an order fixed by k alone).
+void Matmul(const MatmulArgs& args, ThreadPool* pool);
+
+}  // namespace kvserve::cpu
+
+#endif  // KVSERVE_KERNELS_CPU_MATMUL_H_

@@ -1,0 +1,216 @@
+// AVX2 + FMA + F16C matmul path. Compiled with per-file target flags; see matmul_impl.h for why
+// only intrinsics and file-local code appear here.
+
+#include "kernels/cpu/matmul_impl.h"
+
+#if defined(__AVX2__)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace kvserve::cpu::internal {
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int kMaxRows = 4;  // x rows per register tile
+// Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
+// chains. Tile shapes never change any element's reduction order.
+constexpr int kColsFewRows = 4;
+constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
+
+// Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
+struct F32W {
+  static constexpr int kStep = 8, kVecs = 1, kElemBytes = 4;
+  static constexpr bool kBlocked = false;
+  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
+    out[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + kk);
+  }
+};
+
+struct F16W {
+  static constexpr int kStep = 8, kVecs = 1, kElemBytes = 2;
+  static constexpr bool kBlocked = false;
+  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
+    out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk)));
+  }
+};
+
+struct BF16W {
+  static constexpr int kStep = 8, kVecs = 1, kElemBytes = 2;
+  static constexpr bool kBlocked = false;
+  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk));
+    out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+__m256 BlockScale(const uint8_t* block) {
+  uint16_t d;
+  std::memcpy(&d, block, sizeof(d));
+  return _mm256_set1_ps(_cvtsh_ss(d));
+}
+
+struct Q8W {  // 34-byte blocks: fp16 d, 32 x int8
+  static constexpr int kStep = 32, kVecs = 4, kElemBytes = 1;
+  static constexpr bool kBlocked = true;
+  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
+    const uint8_t* block = row + kk / 32 * 34;
+    const __m256 d = BlockScale(block);
+    for (int v = 0; v < 4; ++v) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * v));
+      out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  }
+};
+
+struct Q4W {  // 18-byte blocks: fp16 d, 16 bytes; element j low nibble of byte j, j+16 high
+  static constexpr int kStep = 32, kVecs = 4, kElemBytes = 1;
+  static constexpr bool kBlocked = true;
+  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
+    const uint8_t* block = row + kk / 32 * 18;
+    const __m256 d = BlockScale(block);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m256i b0 = _mm256_cvtepu8_epi32(bytes);                     // bytes 0..7
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));  // bytes 8..15
+    const __m256i mask = _mm256_set1_epi32(15);
+    const __m256i eight = _mm256_set1_epi32(8);
+    const __m256i q[4] = {_mm256_and_si256(b0, mask), _mm256_and_si256(b1, mask),
+                          _mm256_srli_epi32(b0, 4), _mm256_srli_epi32(b1, 4)};
+    for (int v = 0; v < 4; ++v) {
+      out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[v], eight)), d);
+    }
+  }
+};
+
+// Fixed-order horizontal sum.
+float HorizontalSum(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+
+// One R x C register tile: rows row0.., weight rows col0...
+template <class W, int R, int C>
+void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0) {
+  const float* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride;
+  const uint8_t* w[C];
+  for (int c = 0; c < C; ++c) {
+    w[c] = static_cast<const uint8_t*>(a.w) + (col0 + c) * plan.w_row_bytes;
+  }
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  int64_t kk = 0;
+  for (; kk + W::kStep <= a.k; kk += W::kStep) {
+    __m256 wv[C][W::kVecs];
+    for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < W::kVecs; ++v) {
+        const __m256 xv = _mm256_loadu_ps(x[r] + kk + v * kLanes);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][v], acc[r][c]);
+      }
+    }
+  }
+  if constexpr (!W::kBlocked) {
+    if (kk < a.k) {  // zero-padded final step
+      const int64_t rest = a.k - kk;
+      __m256 wv[C][1];
+      for (int c = 0; c < C; ++c) {
+        alignas(32) uint8_t buf[kLanes * 4] = {};
+        std::memcpy(buf, w[c] + kk * W::kElemBytes, rest * W::kElemBytes);
+        W::Load(buf, 0, wv[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        alignas(32) float xb[kLanes] = {};
+        std::memcpy(xb, x[r] + kk, rest * sizeof(float));
+        const __m256 xv = _mm256_load_ps(xb);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][0], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* y = a.y + (row0 + r) * a.y_stride + col0;
+    for (int c = 0; c < C; ++c) {
+      float s = HorizontalSum(acc[r][c]);
+      if (a.bias != nullptr) s += a.bias[col0 + c];
+      y[c] = s;
+    }
+  }
+}
+
+template <class W, int C>
+void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, int64_t row_end,
+              int64_t col0) {
+  int64_t r = row_begin;
+  for (; r + kMaxRows <= row_end; r += kMaxRows) Tile<W, kMaxRows, C>(a, plan, r, col0);
+  switch (row_end - r) {
+    case 3:
+      Tile<W, 3, C>(a, plan, r, col0);
+      break;
+    case 2:
+      Tile<W, 2, C>(a, plan, r, col0);
+      break;
+    case 1:
+      Tile<W, 1, C>(a, plan, r, col0);
+      break;
+    default:
+      break;
+  }
+}
+
+template <class W>
+void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
+  for (int64_t row_begin = 0; row_begin < a.m; row_begin += plan.row_block) {
+    const int64_t row_end = a.m - row_begin < plan.row_block ? a.m : row_begin + plan.row_block;
+    int64_t col = n_begin;
+    if (row_end - row_begin < kMaxRows) {  // decode-like: more weight rows in flight instead
+      for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
+        RowRange<W, kColsFewRows>(a, plan, row_begin, row_end, col);
+      }
+    }
+    for (; col + kCols <= n_end; col += kCols) RowRange<W, kCols>(a, plan, row_begin, row_end, col);
+    for (; col < n_end; ++col) RowRange<W, 1>(a, plan, row_begin, row_end, col);
+  }
+}
+
+}  // namespace
+
+void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                       int64_t n_end) {
+  switch (args.w_dtype) {
+    case DType::kF32:
+      Columns<F32W>(args, plan, n_begin, n_end);
+      break;
+    case DType::kF16:
+      Columns<F16W>(args, plan, n_begin, n_end);
+      break;
+    case DType::kBF16:
+      Columns<BF16W>(args, plan, n_begin, n_end);
+      break;
+    case DType::kQ8_0:
+      Columns<Q8W>(args, plan, n_begin, n_end);
+      break;
+    case DType::kQ4_0:
+      Columns<Q4W>(args, plan, n_begin, n_end);
+      break;
+  }
+}
+
+}  // namespace kvserve::cpu::internal
+
+#else  // not built with the target flags (non-x86): never selected, forwards to scalar
+
+namespace kvserve::cpu::internal {
+
+void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                       int64_t n_end) {
+  MatmulColumnsScalar(args, plan, n_begin, n_end);
+}
+
+}  // namespace kvserve::cpu::internal
+
+#endif

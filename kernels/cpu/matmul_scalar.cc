@@ -1,0 +1,42 @@
+// Portable matmul path: converts each weight row to fp32 once and reuses it for all x rows.
+
+#include <vector>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/matmul_impl.h"
+
+namespace kvserve::cpu::internal {
+namespace {
+
+constexpr int kLanes = 8;
+
+// 8 lane sums in the order documented in matmul_impl.h.
+float Dot(const float* x, const float* w, int64_t k) {
+  float lane[kLanes] = {};
+  int64_t kk = 0;
+  for (; kk + kLanes <= k; kk += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += x[kk + l] * w[kk + l];
+  }
+  for (int l = 0; kk + l < k; ++l) lane[l] += x[kk + l] * w[kk + l];
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+}  // namespace
+
+void MatmulColumnsScalar(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                         int64_t n_end) {
+  thread_local std::vector<float> w_row;
+  w_row.resize(static_cast<size_t>(args.k));
+  const auto* w = static_cast<const uint8_t*>(args.w);
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    ConvertRowToF32(w + j * plan.w_row_bytes, args.w_dtype, args.k, w_row.data());
+    const float bias = args.bias != nullptr ? args.bias[j] : 0.0f;
+    for (int64_t i = 0; i < args.m; ++i) {
+      float s = Dot(args.x + i * args.x_stride, w_row.data(), args.k);
+      if (args.bias != nullptr) s += bias;
+      args.y[i * args.y_stride + j] = s;
+    }
+  }
+}
+
+}  // namespace kvserve::cpu::internal

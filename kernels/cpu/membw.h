@@ -1,0 +1,18 @@
+#ifndef KVSERVE_KERNELS_CPU_MEMBW_H_
+#define KVSERVE_KERNELS_CPU_MEMBW_H_
+
+#include <cstddef>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvserve::cpu {
+
+/// STREAM-style triad a = b + s * c over three float arrays of `bytes_per_array` bytes each,
+/// split over `pool` (nullptr = one thread); best of `reps` (>= 1) timed runs after one warm-up.
+/// Returns bytes/s counting 3 arrays moved per run — the machine's memory bandwidth when the
+/// arrays are well beyond the last-level cache (use >= 4x its size). Benchmarks compare to it.
+double MeasureTriadBandwidth(ThreadPool* pool, size_t bytes_per_array, int reps);
+
+}  // namespace kvserve::cpu
+
+#endif  // KVSERVE_KERNELS_CPU_MEMBW_H_

@@ -1,0 +1,153 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/cpu_isa.h"
+
+namespace kvserve::cpu {
+namespace {
+
+// Below this many multiply-adds per chunk, extra threads cost more than they save.
+constexpr int64_t kMinMacsPerChunk = int64_t{1} << 15;
+
+struct QueryToken {
+  int32_t seq;
+  int32_t index;  // j within the sequence's q_len new tokens
+};
+
+// Scratch reused across work items on one thread.
+struct Scratch {
+  std::vector<float> probs;    // [group][keys]
+  std::vector<float> acc;      // [group][head_dim]
+  std::vector<float> inv_sum;  // [group]
+};
+
+// Visits keys first..last of sequence `seq` as runs contiguous in one cache block:
+// fn(index of the run's first key relative to `first`, element offset of its row, run length).
+template <class Fn>
+void ForEachKeyRun(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, int64_t first,
+                   int64_t last, Fn&& fn) {
+  const PagedKvLayout& l = a.layout;
+  const int32_t* table = a.block_tables + seq * a.block_table_stride;
+  for (int64_t t = first; t <= last;) {
+    const int64_t block = table[t / l.block_size];
+    const int64_t slot = t % l.block_size;
+    const int64_t count = std::min(l.block_size - slot, last + 1 - t);
+    fn(t - first, ((block * l.num_kv_heads + kv_head) * l.block_size + slot) * l.head_dim, count);
+    t += count;
+  }
+}
+
+// All query heads of one kv head for one query token: K and V rows are read once per group.
+void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& kernels,
+                 const QueryToken& token, int64_t kv_head, Scratch& scratch) {
+  const int64_t hd = a.layout.head_dim;
+  const int64_t group = a.num_heads / a.layout.num_kv_heads;
+  const int64_t seq = token.seq;
+  const int64_t row = a.q_start[seq] + token.index;
+  const int64_t pos = a.context_len[seq] - a.q_len[seq] + token.index;
+  const int64_t first = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
+  const int64_t keys = pos - first + 1;
+  const float* q = a.q + row * a.q_stride + kv_head * group * hd;
+
+  scratch.probs.resize(static_cast<size_t>(group * keys));
+  float* probs = scratch.probs.data();
+  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t offset, int64_t count) {
+    for (int64_t g = 0; g < group; ++g) {
+      kernels.scores(q + g * hd, a.k_cache + offset, count, hd, a.scale, probs + g * keys + i);
+    }
+  });
+  scratch.inv_sum.resize(static_cast<size_t>(group));
+  float* inv_sum = scratch.inv_sum.data();
+  for (int64_t g = 0; g < group; ++g) {
+    float* p = probs + g * keys;
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < keys; ++i) max_score = std::max(max_score, p[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < keys; ++i) {
+      p[i] = std::exp(p[i] - max_score);
+      sum += p[i];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+  scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
+  float* acc = scratch.acc.data();
+  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t offset, int64_t count) {
+    for (int64_t g = 0; g < group; ++g) {
+      kernels.accumulate(probs + g * keys + i, a.v_cache + offset, count, hd, acc + g * hd);
+    }
+  });
+  float* out = a.out + row * a.out_stride + kv_head * group * hd;
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t d = 0; d < hd; ++d) out[g * hd + d] = acc[g * hd + d] * inv_sum[g];
+  }
+}
+
+internal::AttentionKernels SelectKernels(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return internal::AttentionKernelsAvx512();
+    case CpuIsa::kAvx2:
+      return internal::AttentionKernelsAvx2();
+    case CpuIsa::kScalar:
+      break;
+  }
+  return internal::AttentionKernelsScalar();
+}
+
+}  // namespace
+
+void WriteKvCache(const float* k, const float* v, int64_t n, int64_t k_stride, int64_t v_stride,
+                  const int64_t* slot_mapping, const PagedKvLayout& layout, float* k_cache,
+                  float* v_cache) {
+  const int64_t hd = layout.head_dim;
+  const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const int64_t block = slot / layout.block_size;
+    const int64_t offset = slot % layout.block_size;
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      const int64_t dst = ((block * layout.num_kv_heads + h) * layout.block_size + offset) * hd;
+      std::memcpy(k_cache + dst, k + i * k_stride + h * hd, bytes);
+      std::memcpy(v_cache + dst, v + i * v_stride + h * hd, bytes);
+    }
+  }
+}
+
+void PagedAttention(const PagedAttentionArgs& args, ThreadPool* pool) {
+  std::vector<QueryToken> tokens;
+  int64_t total_macs = 0;
+  for (int64_t s = 0; s < args.num_seqs; ++s) {
+    for (int32_t j = 0; j < args.q_len[s]; ++j) {
+      tokens.push_back({static_cast<int32_t>(s), j});
+      total_macs += 2 * (args.context_len[s] - args.q_len[s] + j + 1) * args.layout.head_dim;
+    }
+  }
+  // Work items: (query token, kv head), kv head fastest.
+  const int64_t kv_heads = args.layout.num_kv_heads;
+  const int64_t items = static_cast<int64_t>(tokens.size()) * kv_heads;
+  if (items == 0) return;
+  total_macs *= args.num_heads;
+  const internal::AttentionKernels kernels = SelectKernels(ActiveCpuIsa());
+  const auto run = [&](int64_t begin, int64_t end) {
+    thread_local Scratch scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      AttendGroup(args, kernels, tokens[item / kv_heads], item % kv_heads, scratch);
+    }
+  };
+  const int64_t min_chunk =
+      std::max<int64_t>(1, items * kMinMacsPerChunk / std::max<int64_t>(total_macs, 1));
+  if (pool == nullptr || items < 2 * min_chunk) {
+    run(0, items);
+  } else {
+    pool->ParallelFor(items, min_chunk, run);
+  }
+}
+
+}  // namespace kvserve::cpu

@@ -1,0 +1,29 @@
+#ifndef KVSERVE_KERNELS_CPU_RMS_NORM_H_
+#define KVSERVE_KERNELS_CPU_RMS_NORM_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvserve::cpu {
+
+/// Per row: if residual != nullptr, first x += residual (in place: x becomes the new residual
+/// stream); then y = x / sqrt(mean(x^2) + eps) * weight.
+struct RmsNormArgs {
+  float* x;               // [rows, dim], row i at x + i * x_stride
+  const float* residual;  // [rows, dim], row i at residual + i * residual_stride, or nullptr
+  const float* weight;    // [dim]
+  float* y;               // [rows, dim], row i at y + i * y_stride; aliases nothing else
+  int64_t rows, dim;
+  float eps;
+  int64_t x_stride, y_stride;   // elements
+  int64_t residual_stride = 0;  // elements; 0 means dim (contiguous rows)
+};
+
+/// Runs RmsNorm over rows, in parallel on `pool` (nullptr = inline). Each row's result depends
+/// only on that row (fixed 8-lane sum of squares), never on batch or thread count.
+void RmsNorm(const RmsNormArgs& args, ThreadPool* pool);
+
+}  // namespace kvserve::cpu
+
+#endif  // KVSERVE_KERNELS_CPU_RMS_NORM_H_

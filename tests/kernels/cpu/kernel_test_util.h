@@ -1,0 +1,136 @@
+#ifndef KVSERVE_TESTS_KERNELS_CPU_KERNEL_TEST_UTIL_H_
+#define KVSERVE_TESTS_KERNELS_CPU_KERNEL_TEST_UTIL_H_
+
+// Test-only helpers: deterministic random data, a simple quantizer for building weights, an
+// independent decoder of the dtype layouts (kernels/dtype.h) into doubles, and ISA iteration.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/dtype.h"
+
+namespace kvserve::cpu::testing {
+
+/// Uniform floats in [lo, hi) from a fixed-seed generator.
+inline std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo = -1.0f,
+                                       float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+/// Encodes a row-major [rows, k] float matrix in `dtype` (round to nearest; quantized types use
+/// one scale per 32-element block: Q8_0 d = amax/127, Q4_0 d = amax/7).
+inline std::vector<uint8_t> EncodeRows(DType dtype, const std::vector<float>& v, int64_t rows,
+                                       int64_t k) {
+  const int64_t row_bytes = DTypeRowBytes(dtype, k);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = v.data() + r * k;
+    uint8_t* dst = out.data() + r * row_bytes;
+    for (int64_t b = 0; b < k / DTypeBlockElems(dtype); ++b) {
+      if (dtype == DType::kF32) {
+        std::memcpy(dst + 4 * b, src + b, 4);
+      } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
+        const uint16_t h = dtype == DType::kF16 ? FloatToHalf(src[b]) : FloatToBF16(src[b]);
+        std::memcpy(dst + 2 * b, &h, 2);
+      } else {
+        const float* x = src + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const bool q8 = dtype == DType::kQ8_0;
+        const uint16_t dh = FloatToHalf(amax / (q8 ? 127.0f : 7.0f));
+        const float d = HalfToFloat(dh);
+        uint8_t* block = dst + b * DTypeBlockBytes(dtype);
+        std::memcpy(block, &dh, 2);
+        for (int j = 0; j < 32; ++j) {
+          const int q = d == 0.0f ? 0 : static_cast<int>(std::lround(x[j] / d));
+          if (q8) {
+            block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127, 127)));
+          } else {
+            const uint8_t nib = static_cast<uint8_t>(std::clamp(q, -8, 7) + 8);
+            uint8_t& byte = block[2 + j % 16];
+            byte = j < 16 ? static_cast<uint8_t>((byte & 0xf0) | nib)
+                          : static_cast<uint8_t>((byte & 0x0f) | (nib << 4));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/// Decodes `rows` rows of `k` elements from the dtype layout into doubles (the reference).
+inline std::vector<double> DecodeRows(DType dtype, const std::vector<uint8_t>& bytes, int64_t rows,
+                                      int64_t k) {
+  const int64_t row_bytes = DTypeRowBytes(dtype, k);
+  std::vector<double> out(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = bytes.data() + r * row_bytes;
+    for (int64_t e = 0; e < k; ++e) {
+      uint16_t h;
+      double value = 0.0;
+      switch (dtype) {
+        case DType::kF32: {
+          float f;
+          std::memcpy(&f, row + 4 * e, 4);
+          value = f;
+          break;
+        }
+        case DType::kF16:
+          std::memcpy(&h, row + 2 * e, 2);
+          value = HalfToFloat(h);
+          break;
+        case DType::kBF16:
+          std::memcpy(&h, row + 2 * e, 2);
+          value = BF16ToFloat(h);
+          break;
+        case DType::kQ8_0: {
+          const uint8_t* block = row + e / 32 * 34;
+          std::memcpy(&h, block, 2);
+          value = HalfToFloat(h) * static_cast<double>(static_cast<int8_t>(block[2 + e % 32]));
+          break;
+        }
+        case DType::kQ4_0: {
+          const uint8_t* block = row + e / 32 * 18;
+          std::memcpy(&h, block, 2);
+          const int j = static_cast<int>(e % 32);
+          const int nib = j < 16 ? (block[2 + j] & 15) : (block[2 + j - 16] >> 4);
+          value = HalfToFloat(h) * static_cast<double>(nib - 8);
+          break;
+        }
+      }
+      out[r * k + e] = value;
+    }
+  }
+  return out;
+}
+
+/// The ISA paths this machine can run (always includes scalar).
+inline std::vector<CpuIsa> SupportedIsas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuSupportsIsa(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+/// Forces an ISA for the scope.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(CpuIsa isa) { SetCpuIsaOverride(isa); }
+  ~ScopedIsa() { SetCpuIsaOverride(std::nullopt); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+};
+
+}  // namespace kvserve::cpu::testing
+
+#endif  // KVSERVE_TESTS_KERNELS_CPU_KERNEL_TEST_UTIL_H_

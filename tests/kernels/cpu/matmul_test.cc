@@ -1,0 +1,198 @@
+#include "kernels/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/cpu/kernel_test_util.h"
+
+namespace kvserve::cpu {
+namespace {
+
+using testing::DecodeRows;
+using testing::EncodeRows;
+using testing::RandomFloats;
+using testing::ScopedIsa;
+using testing::SupportedIsas;
+
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+
+bool IsQuantized(DType t) { return DTypeBlockElems(t) > 1; }
+
+// The weights reach every path exactly (fp16/bf16 widen exactly, q * d is exact in fp32), so the
+// only error is fp32 summation: bound it relative to sum |x| |w| (worst case ~ (k / lanes) * eps;
+// observed errors are far smaller). The same bound therefore fits every dtype.
+double Tolerance(DType /*dtype*/, double sum_abs) { return 2e-5 * sum_abs + 1e-30; }
+
+// One test problem: x [m, k] at stride k + 3, W [n, k] in dtype, bias, y at stride n + 5.
+struct Problem {
+  int64_t m, n, k;
+  DType dtype;
+  bool with_bias;
+  std::vector<float> x;
+  std::vector<uint8_t> w;
+  std::vector<double> w_ref;
+  std::vector<float> bias;
+
+  Problem(int64_t m_in, int64_t n_in, int64_t k_in, DType dtype_in, bool with_bias_in,
+          uint32_t seed)
+      : m(m_in), n(n_in), k(k_in), dtype(dtype_in), with_bias(with_bias_in) {
+    std::mt19937 rng(seed);
+    x = RandomFloats(static_cast<size_t>(m * x_stride()), rng);
+    const std::vector<float> wf = RandomFloats(static_cast<size_t>(n * k), rng);
+    w = EncodeRows(dtype, wf, n, k);
+    w_ref = DecodeRows(dtype, w, n, k);
+    bias = RandomFloats(static_cast<size_t>(n), rng);
+  }
+  int64_t x_stride() const { return k + 3; }
+  int64_t y_stride() const { return n + 5; }
+
+  std::vector<float> Run(ThreadPool* pool) const {
+    std::vector<float> y(static_cast<size_t>(m * y_stride()), -7.0f);
+    Matmul(Args(x.data(), m, y.data()), pool);
+    return y;
+  }
+  MatmulArgs Args(const float* xs, int64_t rows, float* y) const {
+    return MatmulArgs{xs, x_stride(), w.data(), dtype, with_bias ? bias.data() : nullptr,
+                      y,  y_stride(), rows,     n,     k};
+  }
+};
+
+void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double ref = p.with_bias ? p.bias[j] : 0.0;
+      double sum_abs = p.with_bias ? std::fabs(p.bias[j]) : 0.0;
+      for (int64_t e = 0; e < p.k; ++e) {
+        const double prod = static_cast<double>(p.x[i * p.x_stride() + e]) * p.w_ref[j * p.k + e];
+        ref += prod;
+        sum_abs += std::fabs(prod);
+      }
+      const float got = y[i * p.y_stride() + j];
+      ASSERT_NEAR(got, ref, Tolerance(p.dtype, sum_abs)) << "row " << i << " col " << j;
+    }
+    // Padding between rows is untouched.
+    for (int64_t j = p.n; j < p.y_stride() && i + 1 < p.m; ++j) {
+      ASSERT_EQ(y[i * p.y_stride() + j], -7.0f);
+    }
+  }
+}
+
+TEST(MatmulTest, EveryIsaAndDTypeMatchesDoubleReference) {
+  uint32_t seed = 1;
+  for (DType dtype : kAllDTypes) {
+    const std::vector<int64_t> ks = IsQuantized(dtype)
+                                        ? std::vector<int64_t>{32, 64, 96, 4096}
+                                        : std::vector<int64_t>{1, 7, 16, 33, 96, 4096};
+    for (int64_t k : ks) {
+      for (int64_t n : {1, 7, 33, 100}) {
+        for (int64_t m : {1, 3, 17}) {
+          const Problem p(m, n, k, dtype, /*with_bias=*/(n % 2) == 1, seed++);
+          for (CpuIsa isa : SupportedIsas()) {
+            SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                         " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                         " k=" + std::to_string(k));
+            const ScopedIsa scoped(isa);
+            ExpectMatchesReference(p, p.Run(nullptr));
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, SimdPathsAgreeWithScalar) {
+  for (DType dtype : kAllDTypes) {
+    const Problem p(5, 37, 4096, dtype, true, 99);
+    std::vector<float> scalar;
+    {
+      const ScopedIsa scoped(CpuIsa::kScalar);
+      scalar = p.Run(nullptr);
+    }
+    for (CpuIsa isa : SupportedIsas()) {
+      const ScopedIsa scoped(isa);
+      const std::vector<float> y = p.Run(nullptr);
+      for (int64_t i = 0; i < p.m; ++i) {
+        for (int64_t j = 0; j < p.n; ++j) {
+          const float a = scalar[i * p.y_stride() + j];
+          ASSERT_NEAR(y[i * p.y_stride() + j], a, 1e-4 * (1.0 + std::fabs(a)))
+              << DTypeName(dtype) << " " << CpuIsaName(isa);
+        }
+      }
+    }
+  }
+}
+
+// Bit-identical results whatever the batch size, the row's position in the batch, the thread
+// count or the chunking, on every ISA path.
+TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType dtype : kAllDTypes) {
+    for (int64_t k : {96, 4096}) {
+      const int64_t m = 17;
+      const Problem p(m, 37, k, dtype, true, 7);
+      for (CpuIsa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                     " k=" + std::to_string(k));
+        const ScopedIsa scoped(isa);
+        const std::vector<float> base = p.Run(nullptr);
+        for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
+          const std::vector<float> y = p.Run(pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float)))
+              << pool->num_threads() << " threads";
+        }
+        // Each row alone (m = 1), and rotated to a different position in the batch.
+        std::vector<float> rotated_x(p.x.size());
+        for (int64_t i = 0; i < m; ++i) {
+          std::memcpy(&rotated_x[(i + 5) % m * p.x_stride()], &p.x[i * p.x_stride()],
+                      p.x_stride() * sizeof(float));
+        }
+        std::vector<float> rotated_y(base.size());
+        Matmul(p.Args(rotated_x.data(), m, rotated_y.data()), &pool3);
+        for (int64_t i = 0; i < m; ++i) {
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+            std::vector<float> alone(static_cast<size_t>(p.n));
+            Matmul(p.Args(&p.x[i * p.x_stride()], 1, alone.data()), pool);
+            ASSERT_EQ(0, std::memcmp(alone.data(), &base[i * p.y_stride()], p.n * sizeof(float)))
+                << "row " << i << " alone";
+          }
+          ASSERT_EQ(0, std::memcmp(&rotated_y[(i + 5) % m * p.y_stride()], &base[i * p.y_stride()],
+                                   p.n * sizeof(float)))
+              << "row " << i << " moved";
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
+  // m = 70 rows at k = 4096 spans several row blocks (see MatmulPlan::row_block).
+  const Problem p(70, 9, 4096, DType::kQ8_0, false, 3);
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedIsas()) {
+    const ScopedIsa scoped(isa);
+    const std::vector<float> y = p.Run(&pool);
+    ExpectMatchesReference(p, y);
+    std::vector<float> alone(static_cast<size_t>(p.n));
+    Matmul(p.Args(&p.x[69 * p.x_stride()], 1, alone.data()), nullptr);
+    EXPECT_EQ(0, std::memcmp(alone.data(), &y[69 * p.y_stride()], p.n * sizeof(float)));
+  }
+}
+
+TEST(MatmulTest, EmptyShapesDoNothing) {
+  float y = 5.0f;
+  const float x = 1.0f;
+  const float w = 2.0f;
+  Matmul(MatmulArgs{&x, 1, &w, DType::kF32, nullptr, &y, 1, 0, 1, 1}, nullptr);
+  Matmul(MatmulArgs{&x, 1, &w, DType::kF32, nullptr, &y, 1, 1, 0, 1}, nullptr);
+  EXPECT_EQ(y, 5.0f);
+}
+
+}  // namespace
+}  // namespace kvserve::cpu
