@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/io/mapped_file.h"
 
 namespace kvserve {
@@ -78,8 +78,7 @@ class GgufValue {
     return GgufValue(Storage(std::in_place_index<8>, std::move(v)));
   }
   static GgufValue Array(GgufType element_type, std::vector<GgufValue> elements) {
-    return GgufValue(
-        Storage(std::in_place_index<9>, GgufArray{element_type, std::move(elements)}));
+    return GgufValue(Storage(std::in_place_index<9>, GgufArray{element_type, std::move(elements)}));
   }
   static GgufValue U64(uint64_t v) { return GgufValue(Storage(std::in_place_index<10>, v)); }
   static GgufValue I64(int64_t v) { return GgufValue(Storage(std::in_place_index<11>, v)); }
@@ -91,7 +90,7 @@ class GgufValue {
   /// Any integer type (not bool) whose value fits; nullopt otherwise.
   std::optional<int64_t> AsInt64() const;
   std::optional<uint64_t> AsUint64() const;
-  /// float32 or float64 (float64 narrowed); nullopt otherwise.
+  /// float32 or float64 as a double; nullopt otherwise.
   std::optional<double> AsDouble() const;
   /// bool only.
   std::optional<bool> AsBool() const;
@@ -144,26 +143,26 @@ class GgufFile {
   /// Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
   /// The value for `key`, or nullptr.
-  const GgufValue* Find(std::string_view key) const;
-  bool Has(std::string_view key) const { return Find(key) != nullptr; }
+  const GgufValue* Find(absl::string_view key) const;
+  bool Has(absl::string_view key) const { return Find(key) != nullptr; }
 
   /// Typed getters. Errors (NotFound when the key is absent, InvalidArgument on a type or range
   /// mismatch) name the path and the key. Integer getters accept any integer type whose value
   /// fits; float getters accept float32 and float64.
-  absl::StatusOr<uint32_t> GetU32(std::string_view key) const;
-  absl::StatusOr<uint64_t> GetU64(std::string_view key) const;
-  absl::StatusOr<int32_t> GetI32(std::string_view key) const;
-  absl::StatusOr<float> GetF32(std::string_view key) const;
-  absl::StatusOr<bool> GetBool(std::string_view key) const;
-  absl::StatusOr<std::string> GetString(std::string_view key) const;
-  absl::StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
-  absl::StatusOr<std::vector<float>> GetF32Array(std::string_view key) const;
-  absl::StatusOr<std::vector<int32_t>> GetI32Array(std::string_view key) const;
+  absl::StatusOr<uint32_t> GetU32(absl::string_view key) const;
+  absl::StatusOr<uint64_t> GetU64(absl::string_view key) const;
+  absl::StatusOr<int32_t> GetI32(absl::string_view key) const;
+  absl::StatusOr<float> GetF32(absl::string_view key) const;
+  absl::StatusOr<bool> GetBool(absl::string_view key) const;
+  absl::StatusOr<std::string> GetString(absl::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> GetStringArray(absl::string_view key) const;
+  absl::StatusOr<std::vector<float>> GetF32Array(absl::string_view key) const;
+  absl::StatusOr<std::vector<int32_t>> GetI32Array(absl::string_view key) const;
 
   /// Tensors in file order.
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   /// The tensor called `name`, or nullptr.
-  const GgufTensorInfo* FindTensor(std::string_view name) const;
+  const GgufTensorInfo* FindTensor(absl::string_view name) const;
 
   /// The underlying mapping; tensor data pointers stay valid if it is moved elsewhere.
   const MappedFile& file() const { return file_; }

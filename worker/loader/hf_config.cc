@@ -1,0 +1,428 @@
+#include "worker/loader/hf_config.h"
+
+#include <algorithm>
+#include <climits>
+#include <exception>
+#include <filesystem>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/io/mapped_file.h"
+#include "nlohmann/json.hpp"
+
+namespace kvserve {
+namespace {
+
+using nlohmann::json;
+
+/// Typed, defaulted field access on one JSON object; errors start with the file name.
+class JsonFields {
+ public:
+  JsonFields(const json& obj, std::string name) : obj_(obj), name_(std::move(name)) {}
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": ", what));
+  }
+
+  /// The field, or nullptr when absent or null.
+  const json* Get(const char* key) const {
+    auto it = obj_.find(key);
+    return (it == obj_.end() || it->is_null()) ? nullptr : &*it;
+  }
+
+  /// An integer that fits in int; `def` when absent or null (error when no default).
+  absl::Status Int(const char* key, int* out, std::optional<int> def = std::nullopt) const {
+    const json* v = Get(key);
+    if (v == nullptr) {
+      if (!def.has_value()) return Error(absl::StrCat("missing '", key, "'"));
+      *out = *def;
+      return absl::OkStatus();
+    }
+    if (!v->is_number_integer()) {
+      return Error(absl::StrCat("'", key, "' must be an integer, got ", v->dump()));
+    }
+    const int64_t i = v->get<int64_t>();
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT_MAX)) {
+      return Error(absl::StrCat("'", key, "' is out of range: ", v->dump()));
+    }
+    if (i < INT_MIN || i > INT_MAX) return Error(absl::StrCat("'", key, "' is out of range"));
+    *out = static_cast<int>(i);
+    return absl::OkStatus();
+  }
+
+  absl::Status Float(const char* key, float* out, std::optional<float> def = std::nullopt) const {
+    const json* v = Get(key);
+    if (v == nullptr) {
+      if (!def.has_value()) return Error(absl::StrCat("missing '", key, "'"));
+      *out = *def;
+      return absl::OkStatus();
+    }
+    if (!v->is_number())
+      return Error(absl::StrCat("'", key, "' must be a number, got ", v->dump()));
+    *out = v->get<float>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const char* key, bool* out, bool def) const {
+    const json* v = Get(key);
+    if (v == nullptr) {
+      *out = def;
+      return absl::OkStatus();
+    }
+    if (!v->is_boolean()) return Error(absl::StrCat("'", key, "' must be true or false"));
+    *out = v->get<bool>();
+    return absl::OkStatus();
+  }
+
+  /// A token id or a list of them (null / absent: nothing added).
+  absl::Status TokenIds(const char* key, std::vector<TokenId>* out) const {
+    const json* v = Get(key);
+    if (v == nullptr) return absl::OkStatus();
+    auto add = [&](const json& e) -> absl::Status {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) {
+        return Error(
+            absl::StrCat("'", key, "' must hold non-negative integer ids, got ", e.dump()));
+      }
+      const TokenId id = static_cast<TokenId>(e.get<int64_t>());
+      if (std::find(out->begin(), out->end(), id) == out->end()) out->push_back(id);
+      return absl::OkStatus();
+    };
+    if (v->is_array()) {
+      for (const json& e : *v) {
+        if (absl::Status s = add(e); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    }
+    return add(*v);
+  }
+
+ private:
+  const json& obj_;
+  std::string name_;
+};
+
+absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view name) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": invalid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
+  return j;
+}
+
+/// Resolves the architecture from model_type and architectures[0].
+absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
+  const json* model_type = f.Get("model_type");
+  const json* archs = f.Get("architectures");
+  std::optional<std::string> from_type;
+  if (model_type != nullptr) {
+    if (!model_type->is_string()) return f.Error("'model_type' must be a string");
+    from_type = model_type->get<std::string>();
+    if (*from_type != "llama" && *from_type != "mistral" && *from_type != "qwen2") {
+      return f.Error(absl::StrCat("unsupported architecture '", *from_type,
+                                  "' (supported: llama, mistral, qwen2)"));
+    }
+  }
+  std::optional<std::string> from_archs;
+  if (archs != nullptr) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      return f.Error("'architectures' must be a non-empty list of strings");
+    }
+    const std::string a = (*archs)[0].get<std::string>();
+    if (a == "LlamaForCausalLM") {
+      from_archs = "llama";
+    } else if (a == "MistralForCausalLM") {
+      from_archs = "mistral";
+    } else if (a == "Qwen2ForCausalLM") {
+      from_archs = "qwen2";
+    } else {
+      return f.Error(
+          absl::StrCat("unsupported architecture '", a, "' (supported: llama, mistral, qwen2)"));
+    }
+  }
+  if (from_type && from_archs && *from_type != *from_archs) {
+    return f.Error(absl::StrCat("model_type '", *from_type, "' does not match architectures '",
+                                (*archs)[0].get<std::string>(), "'"));
+  }
+  if (from_type) return *from_type;
+  if (from_archs) return *from_archs;
+  return f.Error("neither 'model_type' nor 'architectures' is set");
+}
+
+absl::Status ParseRopeScaling(const JsonFields& f, absl::string_view config_name,
+                              RopeScaling* out) {
+  const json* rs = f.Get("rope_scaling");
+  if (rs == nullptr) return absl::OkStatus();
+  if (!rs->is_object()) return f.Error("'rope_scaling' must be an object or null");
+  const JsonFields r(*rs, absl::StrCat(config_name, ": rope_scaling"));
+  const json* type = r.Get("rope_type");
+  if (type == nullptr) type = r.Get("type");
+  if (type == nullptr || !type->is_string()) return r.Error("no string 'rope_type' (or 'type')");
+  const std::string t = type->get<std::string>();
+  if (t == "default") return absl::OkStatus();  // transformers' spelling of "no scaling"
+  if (t == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+    return r.Float("factor", &out->factor);
+  }
+  if (t == "llama3") {
+    out->type = RopeScaling::Type::kLlama3;
+    if (absl::Status s = r.Float("factor", &out->factor); !s.ok()) return s;
+    if (absl::Status s = r.Float("low_freq_factor", &out->low_freq_factor, 1.0f); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = r.Float("high_freq_factor", &out->high_freq_factor, 4.0f); !s.ok()) {
+      return s;
+    }
+    return r.Int("original_max_position_embeddings", &out->original_max_position_embeddings, 8192);
+  }
+  return f.Error(
+      absl::StrCat("unsupported rope_scaling type '", t, "' (supported: linear, llama3)"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
+                                          absl::string_view generation_config_json,
+                                          absl::string_view config_name) {
+  absl::StatusOr<json> j = ParseObject(config_json, config_name);
+  if (!j.ok()) return j.status();
+  const JsonFields f(*j, std::string(config_name));
+  ModelConfig c;
+  absl::StatusOr<std::string> arch = ResolveArchitecture(f);
+  if (!arch.ok()) return arch.status();
+  c.architecture = *arch;
+  c.rope_style = RopeStyle::kHalfSplit;
+
+  struct IntField {
+    const char* key;
+    int* out;
+    std::optional<int> def;
+  };
+  const int default_max_pos = c.architecture == "llama" ? 2048 : 32768;
+  for (const IntField& field :
+       {IntField{"hidden_size", &c.hidden_size, std::nullopt},
+        IntField{"intermediate_size", &c.intermediate_size, std::nullopt},
+        IntField{"num_hidden_layers", &c.num_layers, std::nullopt},
+        IntField{"num_attention_heads", &c.num_heads, std::nullopt},
+        IntField{"vocab_size", &c.vocab_size, std::nullopt},
+        IntField{"max_position_embeddings", &c.max_position_embeddings, default_max_pos}}) {
+    if (absl::Status s = f.Int(field.key, field.out, field.def); !s.ok()) return s;
+  }
+  if (absl::Status s = f.Int("num_key_value_heads", &c.num_kv_heads, c.num_heads); !s.ok()) {
+    return s;
+  }
+  const int default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  if (absl::Status s = f.Int("head_dim", &c.head_dim, default_head_dim); !s.ok()) return s;
+  if (absl::Status s = f.Float("rms_norm_eps", &c.rms_norm_eps, 1e-6f); !s.ok()) return s;
+  if (absl::Status s = f.Float("rope_theta", &c.rope_theta, 10000.0f); !s.ok()) return s;
+  if (absl::Status s = f.Bool("tie_word_embeddings", &c.tie_word_embeddings, false); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ParseRopeScaling(f, config_name, &c.rope_scaling); !s.ok()) return s;
+  if (const json* act = f.Get("hidden_act");
+      act != nullptr && !(act->is_string() && act->get<std::string>() == "silu")) {
+    return f.Error(absl::StrCat("unsupported hidden_act ", act->dump(), " (supported: silu)"));
+  }
+
+  if (c.architecture == "llama") {
+    for (const char* key : {"attention_bias", "mlp_bias"}) {
+      bool bias = false;
+      if (absl::Status s = f.Bool(key, &bias, false); !s.ok()) return s;
+      if (bias) {
+        return f.Error(absl::StrCat("'", key,
+                                    "' true is not supported (llama models with "
+                                    "biased projections cannot be loaded)"));
+      }
+    }
+  } else if (c.architecture == "mistral") {
+    if (absl::Status s = f.Int("sliding_window", &c.sliding_window, 0); !s.ok()) return s;
+  } else {  // qwen2
+    c.qkv_bias = true;
+    bool use_sliding = false;
+    if (absl::Status s = f.Bool("use_sliding_window", &use_sliding, false); !s.ok()) return s;
+    if (use_sliding) {
+      if (absl::Status s = f.Int("sliding_window", &c.sliding_window, 0); !s.ok()) return s;
+    }
+  }
+
+  std::vector<TokenId> bos;
+  if (absl::Status s = f.TokenIds("bos_token_id", &bos); !s.ok()) return s;
+  if (absl::Status s = f.TokenIds("eos_token_id", &c.eos_token_ids); !s.ok()) return s;
+  if (!generation_config_json.empty()) {
+    const std::string gen_name = "generation_config.json";
+    absl::StatusOr<json> g = ParseObject(generation_config_json, gen_name);
+    if (!g.ok()) return g.status();
+    const JsonFields gf(*g, gen_name);
+    if (absl::Status s = gf.TokenIds("eos_token_id", &c.eos_token_ids); !s.ok()) return s;
+    if (bos.empty()) {
+      if (absl::Status s = gf.TokenIds("bos_token_id", &bos); !s.ok()) return s;
+    }
+  }
+  if (bos.size() > 1) return f.Error("'bos_token_id' must be a single id");
+  if (!bos.empty()) c.bos_token_id = bos[0];
+
+  if (absl::Status s = c.Validate(); !s.ok()) return f.Error(s.message());
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  absl::StatusOr<std::string> text = ReadFileToString(config_path);
+  if (!text.ok()) return text.status();
+  const std::string gen_path = (std::filesystem::path(dir) / "generation_config.json").string();
+  std::string gen_text;
+  std::error_code ec;
+  if (std::filesystem::exists(gen_path, ec)) {
+    absl::StatusOr<std::string> g = ReadFileToString(gen_path);
+    if (!g.ok()) return g.status();
+    gen_text = *std::move(g);
+  }
+  absl::StatusOr<ModelConfig> c = ParseHfConfig(*text, gen_text, config_path);
+  if (!c.ok() && !gen_text.empty() &&
+      absl::StartsWith(c.status().message(), "generation_config.json")) {
+    return absl::Status(c.status().code(), absl::StrCat(std::filesystem::path(dir).string(), "/",
+                                                        c.status().message()));
+  }
+  return c;
+}
+
+namespace {
+
+/// GGUF metadata reads for ModelConfigFromGguf; errors name the path and key.
+class GgufFields {
+ public:
+  explicit GgufFields(const GgufFile& file) : file_(file) {}
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(file_.path(), ": ", what));
+  }
+
+  /// A uint32-compatible value that fits in int; `def` when absent (error when no default).
+  absl::Status Int(const std::string& key, int* out, std::optional<int> def = std::nullopt) const {
+    if (!file_.Has(key) && def.has_value()) {
+      *out = *def;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<uint32_t> v = file_.GetU32(key);
+    if (!v.ok()) return v.status();
+    if (*v > static_cast<uint32_t>(INT_MAX)) {
+      return Error(absl::StrCat("metadata key '", key, "' value ", *v, " is too large"));
+    }
+    *out = static_cast<int>(*v);
+    return absl::OkStatus();
+  }
+
+  absl::Status Float(const std::string& key, float* out, std::optional<float> def) const {
+    if (!file_.Has(key) && def.has_value()) {
+      *out = *def;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<float> v = file_.GetF32(key);
+    if (!v.ok()) return v.status();
+    *out = *v;
+    return absl::OkStatus();
+  }
+
+  /// A special-token id; absent or 0xFFFFFFFF gives nullopt.
+  absl::StatusOr<std::optional<TokenId>> TokenIdKey(const std::string& key) const {
+    if (!file_.Has(key)) return std::optional<TokenId>();
+    absl::StatusOr<uint64_t> v = file_.GetU64(key);
+    if (!v.ok()) return v.status();
+    if (*v == 0xFFFFFFFFull) return std::optional<TokenId>();
+    if (*v > static_cast<uint64_t>(INT32_MAX)) {
+      return Error(absl::StrCat("metadata key '", key, "' value ", *v, " is not a token id"));
+    }
+    return std::optional<TokenId>(static_cast<TokenId>(*v));
+  }
+
+ private:
+  const GgufFile& file_;
+};
+
+absl::Status ReadGgufRopeScaling(const GgufFields& g, const GgufFile& file, RopeScaling* out) {
+  std::string type = "none";
+  if (file.Has("llama.rope.scaling.type")) {
+    absl::StatusOr<std::string> t = file.GetString("llama.rope.scaling.type");
+    if (!t.ok()) return t.status();
+    type = *t;
+  } else if (file.Has("llama.rope.scale_linear")) {  // older converters
+    out->type = RopeScaling::Type::kLinear;
+    return g.Float("llama.rope.scale_linear", &out->factor, std::nullopt);
+  }
+  if (type == "none") return absl::OkStatus();
+  if (type == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+    return g.Float("llama.rope.scaling.factor", &out->factor, std::nullopt);
+  }
+  return g.Error(
+      absl::StrCat("unsupported llama.rope.scaling.type '", type, "' (supported: none, linear)"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
+  const GgufFields g(file);
+  absl::StatusOr<std::string> arch = file.GetString("general.architecture");
+  if (!arch.ok()) return arch.status();
+  if (*arch != "llama") {
+    return g.Error(absl::StrCat("unsupported GGUF architecture '", *arch, "' (supported: llama)"));
+  }
+  ModelConfig c;
+  c.architecture = "llama";
+  c.rope_style = RopeStyle::kInterleaved;
+  for (auto [key, out] : {std::pair{"llama.context_length", &c.max_position_embeddings},
+                          std::pair{"llama.embedding_length", &c.hidden_size},
+                          std::pair{"llama.feed_forward_length", &c.intermediate_size},
+                          std::pair{"llama.attention.head_count", &c.num_heads},
+                          std::pair{"llama.block_count", &c.num_layers}}) {
+    if (absl::Status s = g.Int(key, out); !s.ok()) return s;
+  }
+  if (absl::Status s = g.Int("llama.attention.head_count_kv", &c.num_kv_heads, c.num_heads);
+      !s.ok()) {
+    return s;
+  }
+  const int default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  int rope_dims = 0;
+  if (absl::Status s = g.Int("llama.attention.key_length", &c.head_dim, -1); !s.ok()) return s;
+  if (absl::Status s = g.Int("llama.rope.dimension_count", &rope_dims, -1); !s.ok()) return s;
+  if (c.head_dim < 0) c.head_dim = rope_dims >= 0 ? rope_dims : default_head_dim;
+  if (rope_dims >= 0 && rope_dims != c.head_dim) {
+    return g.Error(absl::StrCat("llama.rope.dimension_count ", rope_dims, " differs from head_dim ",
+                                c.head_dim, " (partial rotary embeddings are not supported)"));
+  }
+  if (absl::Status s = g.Float("llama.attention.layer_norm_rms_epsilon", &c.rms_norm_eps, 1e-5f);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = g.Float("llama.rope.freq_base", &c.rope_theta, 10000.0f); !s.ok()) return s;
+  if (absl::Status s = ReadGgufRopeScaling(g, file, &c.rope_scaling); !s.ok()) return s;
+
+  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
+  if (embd == nullptr) return g.Error("tensor 'token_embd.weight' is missing");
+  if (embd->dims.size() != 2 || embd->dims[1] > INT_MAX) {
+    return g.Error("tensor 'token_embd.weight' must be 2-D [hidden, vocab] with a sane vocab");
+  }
+  c.vocab_size = static_cast<int>(embd->dims[1]);
+  c.tie_word_embeddings = file.FindTensor("output.weight") == nullptr;
+
+  absl::StatusOr<std::optional<TokenId>> bos = g.TokenIdKey("tokenizer.ggml.bos_token_id");
+  if (!bos.ok()) return bos.status();
+  if (bos->has_value()) c.bos_token_id = **bos;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.eom_token_id"}) {
+    absl::StatusOr<std::optional<TokenId>> id = g.TokenIdKey(key);
+    if (!id.ok()) return id.status();
+    if (id->has_value() &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), **id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(**id);
+    }
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return g.Error(s.message());
+  return c;
+}
+
+}  // namespace kvserve

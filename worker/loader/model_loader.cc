@@ -1,0 +1,404 @@
+#include "worker/loader/model_loader.h"
+
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/gguf/gguf_file.h"
+#include "nlohmann/json.hpp"
+#include "worker/loader/hf_config.h"
+#include "worker/loader/safetensors_file.h"
+
+namespace kvserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A tensor as found in some file, shape outermost first.
+struct RawTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  uint64_t nbytes = 0;
+  /// The file holding it, for error messages.
+  std::string file;
+};
+
+using TensorTable = std::unordered_map<std::string, RawTensor>;
+
+/// The roles of a decoder layer's tensors, named per format by a LayerNamer.
+enum class Role { kAttnNorm, kWq, kWk, kWv, kBq, kBk, kBv, kWo, kFfnNorm, kGate, kUp, kDown };
+using LayerNamer = std::function<std::string(int layer, Role role)>;
+
+/// Tensor names of one file format.
+struct NameScheme {
+  std::string embedding;
+  std::string final_norm;
+  std::string output;
+  std::string rope_freqs;  // empty: the format has none
+  LayerNamer layer;
+};
+
+NameScheme HfNames() {
+  return NameScheme{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "",
+                    [](int i, Role r) {
+                      const std::string p = absl::StrCat("model.layers.", i, ".");
+                      switch (r) {
+                        case Role::kAttnNorm:
+                          return p + "input_layernorm.weight";
+                        case Role::kWq:
+                          return p + "self_attn.q_proj.weight";
+                        case Role::kWk:
+                          return p + "self_attn.k_proj.weight";
+                        case Role::kWv:
+                          return p + "self_attn.v_proj.weight";
+                        case Role::kBq:
+                          return p + "self_attn.q_proj.bias";
+                        case Role::kBk:
+                          return p + "self_attn.k_proj.bias";
+                        case Role::kBv:
+                          return p + "self_attn.v_proj.bias";
+                        case Role::kWo:
+                          return p + "self_attn.o_proj.weight";
+                        case Role::kFfnNorm:
+                          return p + "post_attention_layernorm.weight";
+                        case Role::kGate:
+                          return p + "mlp.gate_proj.weight";
+                        case Role::kUp:
+                          return p + "mlp.up_proj.weight";
+                        case Role::kDown:
+                          return p + "mlp.down_proj.weight";
+                      }
+                      return std::string();
+                    }};
+}
+
+NameScheme GgufNames() {
+  return NameScheme{"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                    [](int i, Role r) {
+                      const std::string p = absl::StrCat("blk.", i, ".");
+                      switch (r) {
+                        case Role::kAttnNorm:
+                          return p + "attn_norm.weight";
+                        case Role::kWq:
+                          return p + "attn_q.weight";
+                        case Role::kWk:
+                          return p + "attn_k.weight";
+                        case Role::kWv:
+                          return p + "attn_v.weight";
+                        case Role::kBq:
+                          return p + "attn_q.bias";
+                        case Role::kBk:
+                          return p + "attn_k.bias";
+                        case Role::kBv:
+                          return p + "attn_v.bias";
+                        case Role::kWo:
+                          return p + "attn_output.weight";
+                        case Role::kFfnNorm:
+                          return p + "ffn_norm.weight";
+                        case Role::kGate:
+                          return p + "ffn_gate.weight";
+                        case Role::kUp:
+                          return p + "ffn_up.weight";
+                        case Role::kDown:
+                          return p + "ffn_down.weight";
+                      }
+                      return std::string();
+                    }};
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+/// Turns RawTensors into TensorViews inside one ModelWeights, checking shapes and dtypes.
+class Binder {
+ public:
+  Binder(const TensorTable& table, std::string source, ModelWeights* weights)
+      : table_(table), source_(std::move(source)), weights_(weights) {}
+
+  /// A matmul weight or the embedding: any dtype, zero-copy unless misaligned.
+  absl::Status Matrix(const std::string& name, std::vector<int64_t> expected, TensorView* out) {
+    absl::StatusOr<const RawTensor*> t = Lookup(name, expected);
+    if (!t.ok()) return t.status();
+    const RawTensor& r = **t;
+    if (DTypeBlockElems(r.dtype) > 1 && (r.shape.size() != 2 || r.shape[1] % 32 != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
+                       " must be 2-D with a row length that is a multiple of 32"));
+    }
+    const uintptr_t need = DTypeBlockElems(r.dtype) > 1 ? 2 : DTypeBlockBytes(r.dtype);
+    const void* data = r.data;
+    if (reinterpret_cast<uintptr_t>(r.data) % need != 0) {  // safetensors offsets need not align
+      auto copy = std::make_unique<uint8_t[]>(r.nbytes);
+      std::memcpy(copy.get(), r.data, r.nbytes);
+      data = copy.get();
+      weights_->owned_buffers.push_back(std::move(copy));
+    }
+    *out = TensorView{r.name, r.dtype, r.shape, data};
+    return absl::OkStatus();
+  }
+
+  /// A norm weight, bias or rope_freqs: converted to an owned F32 buffer.
+  absl::Status Vector(const std::string& name, std::vector<int64_t> expected, TensorView* out) {
+    absl::StatusOr<const RawTensor*> t = Lookup(name, expected);
+    if (!t.ok()) return t.status();
+    const RawTensor& r = **t;
+    if (DTypeBlockElems(r.dtype) > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(r.file, ": tensor '", name, "' has type ",
+                                                     std::string(DTypeName(r.dtype)),
+                                                     "; expected f32, f16 or bf16"));
+    }
+    const int64_t n = expected[0];
+    auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(n) * sizeof(float));
+    float* dst = reinterpret_cast<float*>(buf.get());
+    for (int64_t i = 0; i < n; ++i) {
+      if (r.dtype == DType::kF32) {
+        std::memcpy(&dst[i], r.data + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, r.data + 2 * i, 2);
+        dst[i] = r.dtype == DType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
+      }
+    }
+    *out = TensorView{r.name, DType::kF32, r.shape, buf.get()};
+    weights_->owned_buffers.push_back(std::move(buf));
+    return absl::OkStatus();
+  }
+
+  bool Has(const std::string& name) const { return table_.count(name) != 0; }
+
+ private:
+  absl::StatusOr<const RawTensor*> Lookup(const std::string& name,
+                                          const std::vector<int64_t>& expected) const {
+    auto it = table_.find(name);
+    if (it == table_.end()) {
+      return absl::NotFoundError(absl::StrCat(source_, ": missing tensor '", name, "'"));
+    }
+    const RawTensor& r = it->second;
+    if (r.shape != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(r.file, ": tensor '", name, "' has shape ",
+                                                     ShapeString(r.shape), ", expected ",
+                                                     ShapeString(expected)));
+    }
+    return &r;
+  }
+
+  const TensorTable& table_;
+  std::string source_;
+  ModelWeights* weights_;
+};
+
+/// Fills every view of `w` (whose config is set) from `table` using `names`.
+absl::Status BindAll(const TensorTable& table, const NameScheme& names, const std::string& source,
+                     ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  const int64_t vocab = c.vocab_size;
+  Binder b(table, source, w);
+  if (absl::Status s = b.Matrix(names.embedding, {vocab, hidden}, &w->token_embedding); !s.ok()) {
+    return s;
+  }
+  w->layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& l = w->layers[i];
+    const LayerNamer& n = names.layer;
+    struct Item {
+      Role role;
+      std::vector<int64_t> shape;
+      TensorView* out;
+      bool matrix;
+    };
+    std::vector<Item> items = {
+        {Role::kAttnNorm, {hidden}, &l.attn_norm, false},
+        {Role::kWq, {q_dim, hidden}, &l.wq, true},
+        {Role::kWk, {kv_dim, hidden}, &l.wk, true},
+        {Role::kWv, {kv_dim, hidden}, &l.wv, true},
+        {Role::kWo, {hidden, q_dim}, &l.wo, true},
+        {Role::kFfnNorm, {hidden}, &l.ffn_norm, false},
+        {Role::kGate, {inter, hidden}, &l.w_gate, true},
+        {Role::kUp, {inter, hidden}, &l.w_up, true},
+        {Role::kDown, {hidden, inter}, &l.w_down, true},
+    };
+    if (c.qkv_bias) {
+      items.push_back({Role::kBq, {q_dim}, &l.bq, false});
+      items.push_back({Role::kBk, {kv_dim}, &l.bk, false});
+      items.push_back({Role::kBv, {kv_dim}, &l.bv, false});
+    }
+    for (const Item& it : items) {
+      const std::string name = n(i, it.role);
+      absl::Status s =
+          it.matrix ? b.Matrix(name, it.shape, it.out) : b.Vector(name, it.shape, it.out);
+      if (!s.ok()) return s;
+    }
+  }
+  if (absl::Status s = b.Vector(names.final_norm, {hidden}, &w->final_norm); !s.ok()) return s;
+  if (c.tie_word_embeddings) {
+    w->output = w->token_embedding;
+  } else if (absl::Status s = b.Matrix(names.output, {vocab, hidden}, &w->output); !s.ok()) {
+    return s;
+  }
+  if (!names.rope_freqs.empty() && b.Has(names.rope_freqs)) {
+    if (absl::Status s = b.Vector(names.rope_freqs, {c.head_dim / 2}, &w->rope_freqs); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<DType> FromGgml(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    case GgmlType::kQ8_0:
+      return DType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return DType::kQ4_0;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) {
+  absl::StatusOr<GgufFile> gguf = GgufFile::Open(path);
+  if (!gguf.ok()) return gguf.status();
+  if (!gguf->Has("tokenizer.ggml.tokens")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no tokenizer in GGUF metadata (tokenizer.ggml.tokens)"));
+  }
+  auto w = std::make_unique<ModelWeights>();
+  absl::StatusOr<ModelConfig> config = ModelConfigFromGguf(*gguf);
+  if (!config.ok()) return config.status();
+  w->config = *std::move(config);
+  w->format = "gguf";
+  w->source_path = path;
+  TensorTable table;
+  for (const GgufTensorInfo& t : gguf->tensors()) {
+    std::optional<DType> dtype = FromGgml(t.type);
+    if (!dtype.has_value()) continue;  // the parser admits only the types above
+    RawTensor r{t.name, *dtype,   std::vector<int64_t>(t.dims.rbegin(), t.dims.rend()),
+                t.data, t.nbytes, path};
+    table.emplace(t.name, std::move(r));
+  }
+  if (absl::Status s = BindAll(table, GgufNames(), path, w.get()); !s.ok()) return s;
+  w->files.push_back(std::move(*gguf).TakeFile());
+  return w;
+}
+
+/// Reads model.safetensors.index.json: tensor name -> shard file name.
+absl::StatusOr<std::map<std::string, std::string>> ReadShardIndex(const std::string& index_path) {
+  absl::StatusOr<std::string> text = ReadFileToString(index_path);
+  if (!text.ok()) return text.status();
+  auto error = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", what));
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(*text);
+  } catch (const std::exception& e) {
+    return error(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return error("no 'weight_map' object");
+  }
+  std::map<std::string, std::string> map;
+  for (const auto& [name, shard] : j["weight_map"].items()) {
+    if (!shard.is_string())
+      return error(absl::StrCat("weight_map entry '", name, "' is not a string"));
+    const std::string file = shard.get<std::string>();
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos) {
+      return error(
+          absl::StrCat("weight_map entry '", name, "' names an invalid shard '", file, "'"));
+    }
+    map[name] = file;
+  }
+  return map;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tokenizer.json"));
+  }
+  absl::StatusOr<ModelConfig> config = LoadHfConfig(dir);
+  if (!config.ok()) return config.status();
+  auto w = std::make_unique<ModelWeights>();
+  w->config = *std::move(config);
+  w->format = "safetensors";
+  w->source_path = dir;
+
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  const std::string single_path = (fs::path(dir) / "model.safetensors").string();
+  std::vector<SafetensorsFile> files;
+  TensorTable table;
+  auto add = [&table](const SafetensorsTensor& t, const std::string& file) {
+    table.emplace(t.name, RawTensor{t.name, t.dtype, t.shape, t.data, t.nbytes(), file});
+  };
+  std::string source;
+  if (fs::exists(index_path, ec)) {
+    source = index_path;
+    absl::StatusOr<std::map<std::string, std::string>> index = ReadShardIndex(index_path);
+    if (!index.ok()) return index.status();
+    std::map<std::string, size_t> shard_slot;  // shard file name -> index into files
+    for (const auto& [name, shard] : *index) {
+      auto [it, inserted] = shard_slot.emplace(shard, files.size());
+      if (inserted) {
+        absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open((fs::path(dir) / shard).string());
+        if (!f.ok()) {
+          return absl::Status(f.status().code(), absl::StrCat(index_path, ": cannot load shard '",
+                                                              shard, "': ", f.status().message()));
+        }
+        files.push_back(*std::move(f));
+      }
+      const SafetensorsFile& f = files[it->second];
+      const SafetensorsTensor* t = f.Find(name);
+      if (t == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f.path(), ": tensor '", name, "' is listed in ", index_path, " but not in the shard"));
+      }
+      add(*t, f.path());
+    }
+  } else if (fs::exists(single_path, ec)) {
+    source = single_path;
+    absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(single_path);
+    if (!f.ok()) return f.status();
+    files.push_back(*std::move(f));
+    for (const SafetensorsTensor& t : files.back().tensors()) add(t, single_path);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
+  }
+  if (absl::Status s = BindAll(table, HfNames(), source, w.get()); !s.ok()) return s;
+  for (SafetensorsFile& f : files) w->files.push_back(std::move(f).TakeFile());
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file or directory"));
+  }
+  if (fs::is_directory(st)) return LoadHfDir(path);
+  return LoadGguf(path);
+}
+
+}  // namespace kvserve
