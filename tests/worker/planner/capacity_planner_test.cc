@@ -1,0 +1,269 @@
+#include "worker/planner/capacity_planner.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/worker/planner/model_configs.h"
+#include "tests/worker/planner/planner_test_util.h"
+#include "worker/planner/model_spec_loader.h"
+
+namespace kvserve {
+namespace {
+
+namespace cfg = testing_configs;
+
+ModelSpec Spec(const char* json) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecFromConfigJson(json, "config.json");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : ModelSpec();
+}
+
+int64_t KvBytes(const char* json, KvCacheDType dtype, int tp) {
+  absl::StatusOr<int64_t> bytes = KvBytesPerToken(Spec(json), dtype, tp);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.value_or(-1);
+}
+
+constexpr KvCacheDType kBF16 = KvCacheDType::kBF16;
+
+// Reference figures: layers × 2 (K, V) × KV heads × head_dim × 2 bytes (bf16), as published in
+// many KV-cache sizing guides for these models.
+TEST(KvBytesPerTokenTest, PublishedBf16Figures) {
+  EXPECT_EQ(KvBytes(cfg::kLlama3_8B, kBF16, 1), 131072);
+  EXPECT_EQ(KvBytes(cfg::kLlama2_7B, kBF16, 1), 524288);
+  EXPECT_EQ(KvBytes(cfg::kLlama3_70B, kBF16, 1), 327680);
+  EXPECT_EQ(KvBytes(cfg::kLlama3_70B, kBF16, 8), 40960);
+  EXPECT_EQ(KvBytes(cfg::kMistral7B, kBF16, 1), 131072);
+  EXPECT_EQ(KvBytes(cfg::kMixtral8x7B, kBF16, 1), 131072);
+  // Qwen2-7B: 28 layers × 2 × 4 heads × 128 × 2.
+  EXPECT_EQ(KvBytes(cfg::kQwen2_7B, kBF16, 1), 57344);
+  EXPECT_EQ(KvBytes(cfg::kQwen2_7B, kBF16, 4), 14336);
+  // tp 8 > 4 KV heads: each head is cached on two GPUs, one head per GPU.
+  EXPECT_EQ(*KvHeadsPerGpu(Spec(cfg::kQwen2_7B), 8), 1);
+  EXPECT_EQ(KvBytes(cfg::kQwen2_7B, kBF16, 8), 14336);
+}
+
+TEST(KvBytesPerTokenTest, MlaCachesOneLatentOnEveryRank) {
+  // (kv_lora_rank 512 + rope 64) × 60 layers × 2 bytes.
+  for (int tp : {1, 2, 8, 16}) {
+    EXPECT_EQ(KvBytes(cfg::kDeepSeekV2, kBF16, tp), (512 + 64) * 60 * 2) << tp;
+  }
+  EXPECT_EQ(KvBytes(cfg::kDeepSeekV3, kBF16, 8), (512 + 64) * 61 * 2);
+  EXPECT_EQ(KvBytes(cfg::kDeepSeekV2, KvCacheDType::kInt8, 1), (576 + 4) * 60);
+  EXPECT_EQ(KvBytes(cfg::kDeepSeekV2, KvCacheDType::kF32, 1), 576 * 4 * 60);
+}
+
+TEST(KvBytesPerTokenTest, OtherDTypes) {
+  EXPECT_EQ(KvBytes(cfg::kLlama3_8B, KvCacheDType::kF32, 1), 262144);
+  EXPECT_EQ(KvBytes(cfg::kLlama3_8B, KvCacheDType::kF16, 1), 131072);
+  // 32 layers × 2 × 8 heads × (128 bytes + a 4-byte scale).
+  EXPECT_EQ(KvBytes(cfg::kLlama3_8B, KvCacheDType::kInt8, 1), 67584);
+  EXPECT_EQ(KvBytes(cfg::kLlama3_8B, KvCacheDType::kFp8E4M3, 1), 67584);
+  EXPECT_EQ(KvBytes(cfg::kLlama3_70B, KvCacheDType::kFp8E4M3, 8), 80 * 2 * 132);
+}
+
+TEST(KvBytesPerTokenTest, TpMustDivideOrBeAMultipleOfKvHeads) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  EXPECT_EQ(KvHeadsPerGpu(spec, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvHeadsPerGpu(spec, 12).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*KvHeadsPerGpu(spec, 16), 1);
+  EXPECT_EQ(KvHeadsPerGpu(spec, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvBlocksForBudgetTest, Floors) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  // 131072 bytes/token × 16 = 2 MiB per block.
+  EXPECT_EQ(*KvBytesPerBlock(spec, kBF16, 1, 16), int64_t{2} << 20);
+  EXPECT_EQ(*KvBlocksForBudget(spec, kBF16, 1, 16, int64_t{10} << 30), 5120);
+  EXPECT_EQ(*KvBlocksForBudget(spec, kBF16, 1, 16, (int64_t{10} << 30) - 1), 5119);
+  EXPECT_EQ(*KvBlocksForBudget(spec, kBF16, 1, 16, 0), 0);
+  EXPECT_FALSE(KvBlocksForBudget(spec, kBF16, 1, 16, -1).ok());
+  EXPECT_FALSE(KvBlocksForBudget(spec, kBF16, 1, 0, 1 << 30).ok());
+  EXPECT_FALSE(KvBlocksForBudget(spec, kBF16, 3, 16, 1 << 30).ok());
+}
+
+TEST(ConcurrencyTest, SharedPrefixArithmetic) {
+  // 100 blocks of 16 tokens; sequences of 200 tokens need ceil(200/16) = 13 blocks.
+  EXPECT_EQ(MaxConcurrentSeqs(100, 200, 16), 7);
+  // A 150-token shared prefix has floor(150/16) = 9 full blocks held once: each sequence needs
+  // 13 − 9 = 4 blocks of its own, out of 100 − 9 = 91 → 22 sequences.
+  EXPECT_EQ(MaxConcurrentSeqsSharedPrefix(100, 200, 150, 16), 22);
+  // A prefix shorter than a block shares nothing.
+  EXPECT_EQ(MaxConcurrentSeqsSharedPrefix(100, 200, 15, 16), 7);
+  EXPECT_EQ(MaxConcurrentSeqsSharedPrefix(100, 200, 0, 16), 7);
+  // Exactly 32 tokens: 2 shared blocks → (10 − 2) / (4 − 2) = 4 (vs 10 / 4 = 2).
+  EXPECT_EQ(MaxConcurrentSeqs(10, 64, 16), 2);
+  EXPECT_EQ(MaxConcurrentSeqsSharedPrefix(10, 64, 32, 16), 4);
+  // Not even the shared blocks fit.
+  EXPECT_EQ(MaxConcurrentSeqsSharedPrefix(5, 200, 150, 16), 0);
+  EXPECT_EQ(MaxConcurrentSeqs(0, 200, 16), 0);
+}
+
+// stories260K f32 (weights 1040128 bytes) with every figure worked out by hand:
+//   KV bf16: 5 layers × 2 × 4 heads × 8 × 2 = 640 bytes/token, 10240 per 16-token block.
+//   activations, elements per token: residual 64 + normed 64 + q 64 + k 32 + v 32 + attn_out 64
+//     + gate 172 + up 172 = 664; × 64 tokens × 4 bytes = 169984; logits 4 seqs × 512 × 4 = 8192.
+//   GPU memory = weights + activations + 1029000 → KV budget 1029000.
+TEST(PlanCapacityTest, HandWorkedStories260K) {
+  absl::StatusOr<ModelSpec> spec = LoadModelSpec(planner_testing::Stories260KDir());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  PlanOptions options;
+  options.gpu_memory_bytes = 1040128 + 169984 + 8192 + 1029000;
+  options.gpu_memory_utilization = 1.0;
+  options.max_num_batched_tokens = 64;
+  options.max_num_seqs = 4;
+  options.workspace_bytes = 0;
+  options.max_model_len = 200;
+  options.shared_prefix_len = 150;
+  options.kv_dtype = KvCacheDType::kInt8;
+  absl::StatusOr<Plan> plan = PlanCapacity(*spec, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_params, 260032);
+  EXPECT_TRUE(plan->weight_bytes_exact);
+  EXPECT_EQ(plan->weight_bytes, 1040128);
+  EXPECT_EQ(plan->activations.elements_per_token, 664);
+  EXPECT_EQ(plan->activations.buffer_bytes, 169984);
+  EXPECT_EQ(plan->activations.logits_bytes, 8192);
+  EXPECT_EQ(plan->kv_budget_bytes, 1029000);
+  EXPECT_EQ(plan->kv_heads_per_gpu, 4);
+  ASSERT_EQ(plan->by_kv_dtype.size(), 5u);
+
+  const KvDTypePlan& bf16 = plan->by_kv_dtype[2];
+  EXPECT_EQ(bf16.dtype, kBF16);
+  EXPECT_EQ(bf16.kv_bytes_per_token, 640);
+  EXPECT_EQ(bf16.bytes_per_block, 10240);
+  EXPECT_EQ(bf16.num_kv_blocks, 100);  // 1029000 / 10240 = 100.5
+  EXPECT_EQ(bf16.kv_tokens, 1600);
+  EXPECT_EQ(bf16.max_concurrent_seqs, 7);                 // 100 / 13
+  EXPECT_EQ(bf16.max_concurrent_seqs_shared_prefix, 22);  // 91 / 4
+
+  const KvDTypePlan& f32 = plan->by_kv_dtype[0];
+  EXPECT_EQ(f32.kv_bytes_per_token, 1280);
+  EXPECT_EQ(f32.num_kv_blocks, 50);  // 1029000 / 20480
+  EXPECT_EQ(f32.max_concurrent_seqs, 3);
+  EXPECT_EQ(f32.max_concurrent_seqs_shared_prefix, 10);  // 41 / 4
+
+  // int8: 8 bytes + a 4-byte scale per head → 5 × 2 × 4 × 12 = 480 bytes/token.
+  const KvDTypePlan& chosen = plan->chosen();
+  EXPECT_EQ(chosen.dtype, KvCacheDType::kInt8);
+  EXPECT_EQ(chosen.kv_bytes_per_token, 480);
+  EXPECT_EQ(chosen.num_kv_blocks, 133);  // 1029000 / 7680
+  EXPECT_EQ(chosen.max_concurrent_seqs, 10);
+  EXPECT_EQ(chosen.max_concurrent_seqs_shared_prefix, 31);  // 124 / 4
+  EXPECT_EQ(plan->by_kv_dtype[4].num_kv_blocks, 133);
+}
+
+TEST(PlanCapacityTest, WeightsPerGpuUnderTp) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  // Config only: parameters × bf16. tp 1 is the whole model.
+  EXPECT_EQ(*WeightBytesPerGpu(spec, std::nullopt, 1), 2 * 8'030'261'248);
+  // tp 2: everything halves but the 266240 replicated norm weights.
+  const int64_t replicated = 32 * 2 * 4096 + 4096;
+  EXPECT_EQ(*WeightBytesPerGpu(spec, std::nullopt, 2), 8'030'261'248 - replicated + 2 * replicated);
+  // tp 16: split and vocab / 16, one of 8 KV heads' k/v rows, norms whole.
+  const int64_t split = int64_t{32} * (2 * 4096 * 4096 + 3 * 4096 * 14336);
+  const int64_t kv = int64_t{32} * 2 * 4096 * 1024;
+  const int64_t vocab = 2 * 128256 * 4096;
+  EXPECT_EQ(*WeightBytesPerGpu(spec, std::nullopt, 16),
+            2 * (split / 16 + kv / 8 + vocab / 16 + replicated));
+  EXPECT_EQ(*WeightBytesPerGpu(spec, WeightDType::kF32, 1), 4 * 8'030'261'248);
+}
+
+TEST(PlanCapacityTest, Llama3_8BOnOneH100) {
+  PlanOptions options;  // 80 GiB × 0.9, bf16 KV, 8192 batched tokens.
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->usable_bytes, 77309411328);
+  EXPECT_EQ(plan->weight_bytes, 16'060'522'496);
+  EXPECT_FALSE(plan->weight_bytes_exact);
+  EXPECT_EQ(plan->max_model_len, 8192);
+  EXPECT_EQ(plan->kv_budget_bytes,
+            plan->usable_bytes - plan->weight_bytes - plan->activations.total());
+  const KvDTypePlan& bf16 = plan->chosen();
+  EXPECT_EQ(bf16.kv_bytes_per_token, 131072);
+  EXPECT_EQ(bf16.num_kv_blocks, plan->kv_budget_bytes / (131072 * 16));
+  EXPECT_EQ(bf16.max_concurrent_seqs, bf16.num_kv_blocks / 512);
+  // fp8 holds (256 / 132) as many tokens as bf16, give or take a block.
+  EXPECT_NEAR(static_cast<double>(plan->by_kv_dtype[4].num_kv_blocks),
+              bf16.num_kv_blocks * 256.0 / 132.0, 1.0);
+}
+
+TEST(PlanCapacityTest, ReplicatedKvHeadsAtTp16) {
+  PlanOptions options;
+  options.tp = 16;
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->kv_heads_replicated);
+  EXPECT_EQ(plan->kv_heads_per_gpu, 1);
+  EXPECT_EQ(plan->chosen().kv_bytes_per_token, 32 * 2 * 256);
+}
+
+TEST(PlanCapacityTest, TpMustDivideAttentionHeads) {
+  PlanOptions options;
+  options.tp = 8;  // Qwen2-7B has 28 query heads: 8 does not divide them.
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kQwen2_7B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("num_attention_heads (28)"), std::string::npos)
+      << plan.status();
+  options.tp = 3;
+  EXPECT_EQ(PlanCapacity(Spec(cfg::kLlama3_8B), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.tp = 4;
+  EXPECT_TRUE(PlanCapacity(Spec(cfg::kQwen2_7B), options).ok());
+}
+
+TEST(PlanCapacityTest, BudgetSmallerThanWeightsIsAnError) {
+  PlanOptions options;  // Llama-3-70B in bf16 is 141 GB: it does not fit one 80 GiB GPU.
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_70B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("weights need"), std::string::npos) << plan.status();
+  options.tp = 4;
+  EXPECT_TRUE(PlanCapacity(Spec(cfg::kLlama3_70B), options).ok());
+  // Weights fit, but activations leave nothing for the cache.
+  options.tp = 2;
+  options.workspace_bytes = int64_t{10} << 30;
+  plan = PlanCapacity(Spec(cfg::kLlama3_70B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("no memory left"), std::string::npos) << plan.status();
+}
+
+TEST(PlanCapacityTest, MlaPlan) {
+  PlanOptions options;
+  options.gpu_memory_bytes = int64_t{141} << 30;
+  options.tp = 8;
+  options.weight_dtype = WeightDType::kFp8;
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kDeepSeekV3), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->kv_heads_per_gpu, 1);
+  EXPECT_FALSE(plan->kv_heads_replicated);
+  EXPECT_EQ(plan->chosen().kv_bytes_per_token, 576 * 61 * 2);
+  EXPECT_GT(plan->chosen().max_concurrent_seqs, 0);
+}
+
+TEST(PlanCapacityTest, RejectsBadOptions) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  PlanOptions options;
+  options.gpu_memory_utilization = 0;
+  EXPECT_EQ(PlanCapacity(spec, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.gpu_memory_utilization = 1.5;
+  EXPECT_EQ(PlanCapacity(spec, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = PlanOptions();
+  options.block_size = 0;
+  EXPECT_EQ(PlanCapacity(spec, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = PlanOptions();
+  options.shared_prefix_len = 8192;  // not below max_model_len
+  absl::StatusOr<Plan> plan = PlanCapacity(spec, options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("shared_prefix_len"), std::string::npos);
+  // A model that does not state its length needs max_model_len.
+  ModelSpec no_len = spec;
+  no_len.max_position_embeddings = 0;
+  EXPECT_EQ(PlanCapacity(no_len, PlanOptions()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PlanOptions with_len;
+  with_len.max_model_len = 4096;
+  EXPECT_TRUE(PlanCapacity(no_len, with_len).ok());
+}
+
+}  // namespace
+}  // namespace kvserve

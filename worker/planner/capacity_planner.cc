@@ -1,0 +1,246 @@
+#include "worker/planner/capacity_planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "worker/planner/byte_size.h"
+
+namespace kvserve {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of one f32 activation element.
+constexpr int64_t kActivationElementBytes = 4;
+
+absl::Status CheckTp(const ModelSpec& spec, int tp) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp must be >= 1 (got ", tp, ")"));
+  if (spec.num_heads % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.source, ": tp ", tp, " does not divide num_attention_heads (",
+                     spec.num_heads, "): attention heads cannot be split evenly"));
+  }
+  return KvHeadsPerGpu(spec, tp).status();
+}
+
+}  // namespace
+
+absl::Status PlanOptions::Validate() const {
+  auto bad = [](absl::string_view option, auto value, absl::string_view rule) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(option, " must be ", rule, " (got ", value, ")"));
+  };
+  if (gpu_memory_bytes <= 0) return bad("gpu_memory", gpu_memory_bytes, "positive");
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    return bad("gpu_memory_utilization", gpu_memory_utilization, "in (0, 1]");
+  }
+  if (tp < 1) return bad("tp", tp, ">= 1");
+  if (max_model_len < 0) return bad("max_model_len", max_model_len, ">= 0");
+  if (block_size < 1) return bad("block_size", block_size, ">= 1");
+  if (shared_prefix_len < 0) return bad("shared_prefix_len", shared_prefix_len, ">= 0");
+  if (max_num_batched_tokens < 1) {
+    return bad("max_num_batched_tokens", max_num_batched_tokens, ">= 1");
+  }
+  if (max_num_seqs < 1) return bad("max_num_seqs", max_num_seqs, ">= 1");
+  if (workspace_bytes < 0) return bad("workspace_bytes", workspace_bytes, ">= 0");
+  return absl::OkStatus();
+}
+
+const KvDTypePlan& Plan::chosen() const {
+  for (const KvDTypePlan& entry : by_kv_dtype) {
+    if (entry.dtype == kv_dtype) return entry;
+  }
+  return by_kv_dtype.front();
+}
+
+absl::StatusOr<int> KvHeadsPerGpu(const ModelSpec& spec, int tp) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp must be >= 1 (got ", tp, ")"));
+  if (spec.IsMla()) return 1;
+  const int kv = spec.num_kv_heads;
+  if (kv <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.source, ": num_key_value_heads must be positive"));
+  }
+  if (kv % tp == 0) return kv / tp;
+  if (tp % kv == 0) return 1;
+  return absl::InvalidArgumentError(absl::StrCat(spec.source, ": tp ", tp,
+                                                 " must divide num_key_value_heads (", kv,
+                                                 ") or be a multiple of it"));
+}
+
+absl::StatusOr<int64_t> KvBytesPerToken(const ModelSpec& spec, KvCacheDType dtype, int tp) {
+  absl::StatusOr<int> heads = KvHeadsPerGpu(spec, tp);
+  if (!heads.ok()) return heads.status();
+  if (spec.IsMla()) {
+    return int64_t{spec.num_layers} *
+           KvBytesPerHeadVector(dtype, spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim);
+  }
+  return int64_t{spec.num_layers} * 2 * *heads * KvBytesPerHeadVector(dtype, spec.head_dim);
+}
+
+absl::StatusOr<int64_t> KvBytesPerBlock(const ModelSpec& spec, KvCacheDType dtype, int tp,
+                                        int block_size) {
+  if (block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size must be >= 1 (got ", block_size, ")"));
+  }
+  absl::StatusOr<int64_t> per_token = KvBytesPerToken(spec, dtype, tp);
+  if (!per_token.ok()) return per_token.status();
+  return *per_token * block_size;
+}
+
+absl::StatusOr<int64_t> KvBlocksForBudget(const ModelSpec& spec, KvCacheDType dtype, int tp,
+                                          int block_size, int64_t kv_budget_bytes) {
+  if (kv_budget_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV budget must not be negative (got ", kv_budget_bytes, " bytes)"));
+  }
+  absl::StatusOr<int64_t> per_block = KvBytesPerBlock(spec, dtype, tp, block_size);
+  if (!per_block.ok()) return per_block.status();
+  return kv_budget_bytes / *per_block;
+}
+
+absl::StatusOr<int64_t> WeightBytesPerGpu(const ModelSpec& spec,
+                                          std::optional<WeightDType> dtype_override, int tp) {
+  if (absl::Status s = CheckTp(spec, tp); !s.ok()) return s;
+  const ShardedSizes bytes = ModelWeightBytes(spec, dtype_override);
+  int64_t per_gpu = CeilDiv(bytes.split, tp) + bytes.replicated + CeilDiv(bytes.vocab_parallel, tp);
+  if (bytes.kv_heads > 0) {
+    // k/v projections: each rank holds the rows of the heads it caches.
+    const int heads = *KvHeadsPerGpu(spec, tp);
+    per_gpu += CeilDiv(bytes.kv_heads * heads, spec.num_kv_heads);
+  }
+  return per_gpu;
+}
+
+// Activation peak of one step, per GPU. With T = max_num_batched_tokens, H = hidden, the f32
+// buffers live at the same time in one layer are, in elements per token:
+//   residual H + normed H
+//   standard attention: q (nh/tp)·d, k and v kv_heads_per_gpu·d each, attn_out (nh/tp)·d
+//   MLA: q and expanded k (nh/tp)·(nope + rope) each, v and attn_out (nh/tp)·v_head each,
+//        the compressed latent kv_lora + rope and, with a q LoRA, its q_lora latent
+//   MLP, the larger of the layer kinds present:
+//        dense  gate + up 2·ceil(I/tp)
+//        MoE    router logits E + gate + up for the top-k routed and the shared experts of each
+//               token, 2·(top_k + shared)·ceil(Ie/tp)
+// buffers = elements × T × 4 bytes; logits = max_num_seqs × vocab × 4 (the full vocabulary, as
+// gathered for sampling); plus the fixed workspace_bytes.
+absl::StatusOr<ActivationEstimate> EstimateActivations(const ModelSpec& spec,
+                                                       const PlanOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (absl::Status s = CheckTp(spec, options.tp); !s.ok()) return s;
+  const int64_t tp = options.tp;
+  const int64_t heads = spec.num_heads / tp;
+  int64_t elements = 2 * int64_t{spec.hidden_size};
+  if (spec.IsMla()) {
+    const MlaSpec& m = spec.mla;
+    elements += 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
+    elements += 2 * heads * m.v_head_dim;
+    elements += m.kv_lora_rank + m.qk_rope_head_dim + m.q_lora_rank;
+  } else {
+    const int64_t kv_heads = *KvHeadsPerGpu(spec, options.tp);
+    elements += 2 * heads * spec.head_dim + 2 * kv_heads * spec.head_dim;
+  }
+  int64_t mlp = 0;
+  const int moe_layers = spec.NumMoeLayers();
+  if (moe_layers < spec.num_layers) mlp = 2 * CeilDiv(spec.intermediate_size, tp);
+  if (moe_layers > 0) {
+    const MoeSpec& moe = spec.moe;
+    mlp = std::max(mlp, moe.num_routed_experts +
+                            2 * int64_t{moe.num_experts_per_tok + moe.num_shared_experts} *
+                                CeilDiv(moe.moe_intermediate_size, tp));
+  }
+  elements += mlp;
+
+  ActivationEstimate estimate;
+  estimate.elements_per_token = elements;
+  estimate.buffer_bytes = elements * options.max_num_batched_tokens * kActivationElementBytes;
+  estimate.logits_bytes = int64_t{options.max_num_seqs} * spec.vocab_size * kActivationElementBytes;
+  estimate.workspace_bytes = options.workspace_bytes;
+  return estimate;
+}
+
+int64_t MaxConcurrentSeqs(int64_t num_blocks, int64_t seq_len, int64_t block_size) {
+  if (num_blocks <= 0 || seq_len <= 0 || block_size <= 0) return 0;
+  return num_blocks / CeilDiv(seq_len, block_size);
+}
+
+int64_t MaxConcurrentSeqsSharedPrefix(int64_t num_blocks, int64_t seq_len, int64_t prefix_len,
+                                      int64_t block_size) {
+  if (num_blocks <= 0 || seq_len <= 0 || block_size <= 0) return 0;
+  const int64_t shared = std::clamp<int64_t>(prefix_len, 0, seq_len - 1) / block_size;
+  if (num_blocks < shared) return 0;
+  return (num_blocks - shared) / (CeilDiv(seq_len, block_size) - shared);
+}
+
+absl::StatusOr<Plan> PlanCapacity(const ModelSpec& spec, const PlanOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (absl::Status s = spec.Validate(); !s.ok()) return s;
+  if (absl::Status s = CheckTp(spec, options.tp); !s.ok()) return s;
+
+  Plan plan;
+  plan.tp = options.tp;
+  plan.block_size = options.block_size;
+  plan.shared_prefix_len = options.shared_prefix_len;
+  plan.kv_dtype = options.kv_dtype;
+  plan.max_model_len =
+      options.max_model_len > 0 ? options.max_model_len : spec.max_position_embeddings;
+  if (plan.max_model_len <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.source, ": the model does not state max_position_embeddings; give max_model_len"));
+  }
+  if (options.shared_prefix_len >= plan.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("shared_prefix_len (", options.shared_prefix_len,
+                                                   ") must be smaller than max_model_len (",
+                                                   plan.max_model_len, ")"));
+  }
+  plan.kv_heads_per_gpu = *KvHeadsPerGpu(spec, options.tp);
+  plan.kv_heads_replicated = !spec.IsMla() && options.tp > spec.num_kv_heads;
+  plan.num_params = CountParameters(spec).total();
+  plan.weight_bytes_exact = !options.weight_dtype.has_value() && spec.tensor_bytes.has_value();
+
+  absl::StatusOr<int64_t> weights = WeightBytesPerGpu(spec, options.weight_dtype, options.tp);
+  if (!weights.ok()) return weights.status();
+  plan.weight_bytes = *weights;
+  absl::StatusOr<ActivationEstimate> activations = EstimateActivations(spec, options);
+  if (!activations.ok()) return activations.status();
+  plan.activations = *activations;
+
+  // The small epsilon keeps e.g. 80 GiB × 0.9 from flooring one byte low.
+  plan.usable_bytes = static_cast<int64_t>(std::floor(
+      static_cast<long double>(options.gpu_memory_bytes) * options.gpu_memory_utilization + 1e-3L));
+  const std::string budget_text =
+      absl::StrCat(FormatBytes(plan.usable_bytes), " (", FormatBytes(options.gpu_memory_bytes),
+                   " x ", options.gpu_memory_utilization, ")");
+  if (plan.weight_bytes > plan.usable_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(spec.source, ": the weights need ", FormatBytes(plan.weight_bytes),
+                     " per GPU at tp ", options.tp, " but only ", budget_text,
+                     " is usable; raise --tp or --gpu-memory, or pick a smaller --weight-dtype"));
+  }
+  plan.kv_budget_bytes = plan.usable_bytes - plan.weight_bytes - plan.activations.total();
+  if (plan.kv_budget_bytes <= 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        spec.source, ": no memory left for the KV cache: weights ", FormatBytes(plan.weight_bytes),
+        " + activations ", FormatBytes(plan.activations.total()), " per GPU exceed ", budget_text,
+        "; lower --max-num-batched-tokens or raise --tp / --gpu-memory"));
+  }
+
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    KvDTypePlan entry;
+    entry.dtype = dtype;
+    entry.kv_bytes_per_token = *KvBytesPerToken(spec, dtype, options.tp);
+    entry.bytes_per_block = entry.kv_bytes_per_token * options.block_size;
+    entry.num_kv_blocks = plan.kv_budget_bytes / entry.bytes_per_block;
+    entry.kv_tokens = entry.num_kv_blocks * options.block_size;
+    entry.max_concurrent_seqs =
+        MaxConcurrentSeqs(entry.num_kv_blocks, plan.max_model_len, options.block_size);
+    entry.max_concurrent_seqs_shared_prefix = MaxConcurrentSeqsSharedPrefix(
+        entry.num_kv_blocks, plan.max_model_len, options.shared_prefix_len, options.block_size);
+    plan.by_kv_dtype.push_back(entry);
+  }
+  return plan;
+}
+
+}  // namespace kvserve

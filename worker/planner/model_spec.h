@@ -1,0 +1,131 @@
+#ifndef KVSERVE_WORKER_PLANNER_MODEL_SPEC_H_
+#define KVSERVE_WORKER_PLANNER_MODEL_SPEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvserve {
+
+/// Storage type assumed for model weights when the source has no tensors to measure (or when the
+/// caller overrides it).
+enum class WeightDType { kF32, kF16, kBF16, kInt8, kFp8, kInt4 };
+
+/// Parses "f32", "f16", "bf16", "int8", "fp8" or "int4" (also "float32", "float16", "bfloat16").
+absl::StatusOr<WeightDType> ParseWeightDType(std::string_view name);
+
+/// The canonical short name ("f32", ..., "int4").
+std::string_view WeightDTypeName(WeightDType dtype);
+
+/// int4 weights carry one f16 scale per group of this many consecutive weights.
+inline constexpr int64_t kInt4GroupSize = 128;
+
+/// Bytes of `params` weights stored as `dtype`: f32 4, f16/bf16 2, int8/fp8 1 (their per-channel
+/// or per-tensor scales are under 0.1% and left out), int4 half a byte plus a 2-byte f16 scale
+/// per group of kInt4GroupSize weights (≈ 0.516 bytes per weight, as GPTQ/AWQ with group 128).
+int64_t WeightBytesForParams(WeightDType dtype, int64_t params);
+
+/// An amount (parameters or bytes) split by how tensor parallelism lays it out across ranks.
+struct ShardedSizes {
+  /// Matmul weights divided evenly between ranks: q/o projections, MLP and expert matrices
+  /// (column- or row-parallel), MLA's up-projections.
+  int64_t split = 0;
+  /// Held whole on every rank: norms, MoE routers, MLA's down-projections (q_a, kv_a).
+  int64_t replicated = 0;
+  /// Token embedding and output head: rows split by vocabulary (ceil(vocab / tp) per rank).
+  int64_t vocab_parallel = 0;
+  /// k/v projections: split by KV head, replicated when tp exceeds the KV head count.
+  int64_t kv_heads = 0;
+
+  int64_t total() const { return split + replicated + vocab_parallel + kv_heads; }
+};
+
+/// Mixture-of-experts shape. num_routed_experts == 0 means a dense model.
+struct MoeSpec {
+  int num_routed_experts = 0;
+  /// Always-active experts (DeepSeek `n_shared_experts`); 0 for Mixtral.
+  int num_shared_experts = 0;
+  /// Hidden width of one expert (Mixtral: `intermediate_size`).
+  int moe_intermediate_size = 0;
+  int num_experts_per_tok = 0;
+  /// The first k layers keep a dense MLP (DeepSeek `first_k_dense_replace`).
+  int first_k_dense_replace = 0;
+  /// Of the remaining layers, every n-th is MoE (DeepSeek `moe_layer_freq`).
+  int moe_layer_freq = 1;
+  /// DeepSeek-V3's router carries a per-expert score-correction bias.
+  bool router_bias = false;
+};
+
+/// Multi-head latent attention (DeepSeek-V2/V3). kv_lora_rank == 0 means standard attention.
+struct MlaSpec {
+  int kv_lora_rank = 0;
+  /// 0 means q is projected directly from the hidden state (DeepSeek-V2-Lite).
+  int q_lora_rank = 0;
+  int qk_rope_head_dim = 0;
+  int qk_nope_head_dim = 0;
+  int v_head_dim = 0;
+};
+
+/// What the capacity planner needs to know about a model, whatever file it was read from.
+struct ModelSpec {
+  /// Hugging Face model_type ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2", ...).
+  std::string model_type;
+  /// Where the spec came from (a directory, config.json or GGUF path), for messages.
+  std::string source;
+  /// True when model_type was not one the planner knows and the llama formula was assumed.
+  bool assumed_llama_like = false;
+
+  int num_layers = 0;
+  int hidden_size = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  /// Per-head width of q and k (MLA: qk_nope_head_dim + qk_rope_head_dim).
+  int head_dim = 0;
+  /// Dense MLP hidden width.
+  int intermediate_size = 0;
+  int vocab_size = 0;
+  bool tie_word_embeddings = false;
+  /// q/k/v projections carry a bias (Qwen2, or Llama `attention_bias`).
+  bool qkv_bias = false;
+  /// The o projection carries a bias too (Llama `attention_bias`).
+  bool o_bias = false;
+  /// 0 when the source does not say.
+  int max_position_embeddings = 0;
+  /// Attention window in tokens; 0 means full attention.
+  int sliding_window = 0;
+
+  MoeSpec moe;
+  MlaSpec mla;
+
+  /// The checkpoint's declared dtype (config.json `torch_dtype`), if any.
+  std::optional<WeightDType> checkpoint_dtype;
+  /// Exact weight bytes by sharding kind, when the source has tensors (safetensors headers or
+  /// GGUF tensor infos). Absent for a bare config.json.
+  std::optional<ShardedSizes> tensor_bytes;
+
+  bool IsMla() const { return mla.kv_lora_rank > 0; }
+  bool IsMoe() const { return moe.num_routed_experts > 0; }
+  /// Whether decoder layer `layer` (0-based) has an MoE block rather than a dense MLP.
+  bool IsMoeLayer(int layer) const;
+  /// Number of layers with an MoE block.
+  int NumMoeLayers() const;
+
+  /// Checks that the numbers are positive and consistent; errors name the source and field.
+  absl::Status Validate() const;
+};
+
+/// Parameter count by sharding kind, from the architecture alone (formulas in model_spec.cc).
+ShardedSizes CountParameters(const ModelSpec& spec);
+
+/// Weight bytes by sharding kind: the exact tensor bytes when the spec has them and no dtype is
+/// forced; otherwise parameters × bytes of `dtype_override`, else of the checkpoint dtype,
+/// else bf16.
+ShardedSizes ModelWeightBytes(const ModelSpec& spec, std::optional<WeightDType> dtype_override);
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_PLANNER_MODEL_SPEC_H_
