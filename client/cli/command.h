@@ -21,6 +21,7 @@ int ReportError(std::string_view command, const absl::Status& status);
 
 Command AddTokenizeCommand(CLI::App& app);
 Command AddGenerateCommand(CLI::App& app);
+Command AddPlanCommand(CLI::App& app);
 
 }  // namespace kvserve::cli
 

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kvserve 0.1.0");
   std::vector<kvserve::cli::Command> commands;
   commands.push_back(kvserve::cli::AddGenerateCommand(app));
+  commands.push_back(kvserve::cli::AddPlanCommand(app));
   commands.push_back(kvserve::cli::AddTokenizeCommand(app));
   try {
     app.parse(argc, argv);

@@ -1,5 +1,6 @@
 #include "worker/kv/kv_cache.h"
 
+#include <cstring>
 #include <limits>
 #include <new>
 #include <utility>
@@ -34,6 +35,14 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
     cache->v_.push_back(std::move(v));
   }
   return cache;
+}
+
+void KvCache::CopyBlock(int64_t src, int64_t dst) {
+  const int64_t elems = layout_.num_kv_heads * layout_.block_size * layout_.head_dim;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    std::memcpy(k_[l].get() + dst * elems, k_[l].get() + src * elems, elems * sizeof(float));
+    std::memcpy(v_[l].get() + dst * elems, v_[l].get() + src * elems, elems * sizeof(float));
+  }
 }
 
 int64_t KvCache::BytesPerToken(const ModelConfig& config) {

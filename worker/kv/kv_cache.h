@@ -31,6 +31,9 @@ class KvCache {
   int64_t block_size() const { return layout_.block_size; }
   int num_layers() const { return static_cast<int>(k_.size()); }
 
+  /// Copies block `src` to block `dst` in every layer (copy-on-write of a shared block).
+  void CopyBlock(int64_t src, int64_t dst);
+
   /// Bytes of K and V for one token across all layers.
   static int64_t BytesPerToken(const ModelConfig& config);
 

@@ -1,0 +1,257 @@
+// `kvserve generate`: run a model on one or more prompts on this machine through the engine
+// (continuous batching over the paged KV pool) and stream the text.
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/cli/command.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/engine.h"
+#include "worker/model/loaded_model.h"
+
+namespace kvserve::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model;
+  std::vector<std::string> prompts;
+  std::string prompts_file;
+  int32_t n = 1;
+  std::string cache_salt;
+  EngineOptions engine;
+  int32_t max_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<TokenId> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t logprobs = -1;
+  bool no_special = false;
+  bool json = false;
+};
+
+SamplingParams ToSamplingParams(const GenerateOptions& o) {
+  SamplingParams p;
+  p.max_tokens = o.max_tokens;
+  p.temperature = o.temperature;
+  p.top_p = o.top_p;
+  p.top_k = o.top_k;
+  p.min_p = o.min_p;
+  p.repetition_penalty = o.repetition_penalty;
+  p.presence_penalty = o.presence_penalty;
+  p.frequency_penalty = o.frequency_penalty;
+  p.seed = o.seed;
+  p.stop = o.stop;
+  p.stop_token_ids = o.stop_token_ids;
+  p.ignore_eos = o.ignore_eos;
+  p.logprobs = o.logprobs;
+  return p;
+}
+
+nlohmann::json LogprobsJson(const std::vector<TokenId>& ids, const std::vector<SampleResult>& lp) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < lp.size() && i < ids.size(); ++i) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const TokenLogprob& t : lp[i].top_logprobs) {
+      top.push_back({{"token_id", t.id}, {"logprob", t.logprob}});
+    }
+    out.push_back({{"token_id", ids[i]},
+                   {"logprob", lp[i].logprob.value_or(0.0f)},
+                   {"top_logprobs", std::move(top)}});
+  }
+  return out;
+}
+
+// One sample's output, gathered from the stream.
+struct SampleOutput {
+  std::vector<TokenId> token_ids;
+  std::string text;
+  std::vector<SampleResult> logprobs;
+  RequestOutput final_output;
+};
+
+nlohmann::json SampleJson(const std::vector<TokenId>& prompt_ids, const SampleOutput& s) {
+  const RequestOutput& f = s.final_output;
+  nlohmann::json j = {{"prompt_token_ids", prompt_ids},
+                      {"token_ids", s.token_ids},
+                      {"text", s.text},
+                      {"finish_reason", std::string(FinishReasonName(f.finish_reason))},
+                      {"usage",
+                       {{"prompt_tokens", f.usage.prompt_tokens},
+                        {"completion_tokens", f.usage.completion_tokens},
+                        {"cached_prompt_tokens", f.usage.cached_prompt_tokens},
+                        {"peak_kv_blocks", f.usage.peak_kv_blocks}}}};
+  if (!f.stop_string.empty()) j["stop_reason"] = f.stop_string;
+  if (!s.logprobs.empty()) j["logprobs"] = LogprobsJson(s.token_ids, s.logprobs);
+  return j;
+}
+
+nlohmann::json PoolJson(const EngineStats& st) {
+  return {{"pool",
+           {{"total_blocks", st.total_blocks},
+            {"used_blocks", st.used_blocks},
+            {"cached_free_blocks", st.cached_free_blocks},
+            {"free_blocks", st.free_blocks},
+            {"prefix_query_tokens", st.prefix_query_tokens},
+            {"prefix_hit_tokens", st.prefix_hit_tokens},
+            {"preemptions", st.num_preemptions},
+            {"engine_steps", st.num_steps}}}};
+}
+
+void PrintJson(const nlohmann::json& j) {
+  const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::printf("%s\n", line.c_str());
+}
+
+absl::Status ReadPromptsFile(const std::string& path, std::vector<std::string>& prompts) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(path + ": cannot open prompts file");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) prompts.push_back(line);
+  }
+  return absl::OkStatus();
+}
+
+int RunGenerate(GenerateOptions opts) {
+  if (!opts.prompts_file.empty()) {
+    if (absl::Status s = ReadPromptsFile(opts.prompts_file, opts.prompts); !s.ok()) {
+      return ReportError("generate", s);
+    }
+  }
+  if (opts.prompts.empty()) {
+    return ReportError("generate", absl::InvalidArgumentError("no prompt: use --prompt or --prompts-file"));
+  }
+  absl::StatusOr<LoadedModel> model = LoadModel(opts.model);
+  if (!model.ok()) return ReportError("generate", model.status());
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&*model, opts.engine);
+  if (!engine.ok()) return ReportError("generate", engine.status());
+
+  // Submit everything first so the prompts run concurrently, then read the streams in order.
+  std::vector<std::vector<TokenId>> prompt_ids;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < opts.prompts.size(); ++i) {
+    absl::StatusOr<std::vector<TokenId>> ids =
+        model->tokenizer->Encode(opts.prompts[i], {.add_special_tokens = !opts.no_special});
+    if (!ids.ok()) return ReportError("generate", ids.status());
+    EngineRequest request;
+    request.request_id = std::to_string(i);
+    request.prompt_ids = *ids;
+    request.params = ToSamplingParams(opts);
+    request.n = opts.n;
+    request.cache_salt = opts.cache_salt;
+    absl::StatusOr<std::shared_ptr<RequestStream>> stream = (*engine)->Submit(std::move(request));
+    if (!stream.ok()) return ReportError("generate", stream.status());
+    prompt_ids.push_back(std::move(*ids));
+    streams.push_back(std::move(*stream));
+  }
+  // Plain output streams the first prompt's text as it is generated, and prints the others
+  // (and further samples) whole, one after another, as they finish.
+  const bool stream_text = !opts.json && opts.prompts.size() == 1 && opts.n == 1;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<SampleOutput> samples(opts.n);
+    RequestOutput msg;
+    while (streams[i]->Next(&msg)) {
+      SampleOutput& s = samples[msg.sample_index];
+      s.token_ids.insert(s.token_ids.end(), msg.token_ids.begin(), msg.token_ids.end());
+      s.logprobs.insert(s.logprobs.end(), msg.logprobs.begin(), msg.logprobs.end());
+      s.text += msg.text;
+      if (stream_text && !msg.text.empty()) {
+        std::fwrite(msg.text.data(), 1, msg.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (msg.finished) {
+        if (!msg.status.ok()) return ReportError("generate", msg.status);
+        s.final_output = std::move(msg);
+      }
+    }
+    for (const SampleOutput& s : samples) {
+      if (opts.json) {
+        PrintJson(SampleJson(prompt_ids[i], s));
+      } else if (stream_text) {
+        std::printf("\n");
+      } else {
+        std::printf("%s%s\n", opts.prompts[i].c_str(), s.text.c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  if (opts.json && (opts.prompts.size() > 1 || opts.n > 1)) PrintJson(PoolJson((*engine)->stats()));
+  return 0;
+}
+
+}  // namespace
+
+Command AddGenerateCommand(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "generate", "Generate text from prompts with a local model, streaming it to stdout.");
+  sub->add_option("--model", o->model, "GGUF file or Hugging Face model directory")->required();
+  sub->add_option("--prompt", o->prompts, "Prompt text; repeat for several prompts");
+  sub->add_option("--max-tokens", o->max_tokens, "Most tokens to generate per prompt")
+      ->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 is greedy")
+      ->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  sub->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 disables")
+      ->capture_default_str();
+  sub->add_option("--min-p", o->min_p, "Drop tokens below min_p x the top probability")
+      ->capture_default_str();
+  sub->add_option("--repetition-penalty", o->repetition_penalty,
+                  "Penalty (> 0) on tokens seen in prompt or output; 1 disables")
+      ->capture_default_str();
+  sub->add_option("--presence-penalty", o->presence_penalty,
+                  "Subtracted once per generated token id, in [-2, 2]")
+      ->capture_default_str();
+  sub->add_option("--frequency-penalty", o->frequency_penalty,
+                  "Subtracted per occurrence in the output, in [-2, 2]")
+      ->capture_default_str();
+  sub->add_option("--seed", o->seed, "Random seed for reproducible sampling");
+  sub->add_option("--stop", o->stop, "Stop string; repeat for several");
+  sub->add_option("--stop-token-id", o->stop_token_ids, "Extra stop token id; repeatable");
+  sub->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the model's EOS");
+  sub->add_option("--logprobs", o->logprobs,
+                  "Report each token's log-probability and the N most likely alternatives "
+                  "(JSON output)");
+  sub->add_flag("--no-special", o->no_special, "Do not add BOS/special tokens to the prompt");
+  sub->add_flag("--json", o->json,
+                "Print one JSON object per prompt and sample: prompt_token_ids, token_ids, "
+                "text, finish_reason, usage; with several, then one with the pool statistics");
+  sub->add_option("--prompts-file", o->prompts_file, "File with one prompt per line");
+  sub->add_option("-n,--n", o->n, "Samples per prompt (they share the prompt's KV blocks)")
+      ->capture_default_str();
+  sub->add_option("--cache-salt", o->cache_salt,
+                  "Prefix-cache namespace: only requests with the same salt share blocks");
+  EngineOptions& e = o->engine;
+  sub->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
+  sub->add_option("--num-kv-blocks", e.num_kv_blocks,
+                  "KV pool size in blocks; 0 sizes it from --kv-cache-memory")
+      ->capture_default_str();
+  sub->add_option("--kv-cache-memory", e.kv_cache_memory,
+                  "KV pool bytes; 0: room for --max-num-seqs full-length sequences, at most 4 GiB")
+      ->capture_default_str();
+  sub->add_option("--max-num-seqs", e.scheduler.max_num_seqs, "Most sequences running at once")
+      ->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", e.scheduler.max_num_batched_tokens,
+                  "Token budget of one engine step (prefill chunks + decodes)")
+      ->capture_default_str();
+  sub->add_flag("!--no-prefix-caching", e.scheduler.enable_prefix_caching,
+                "Do not reuse KV blocks of identical prefixes");
+  sub->add_flag("!--no-chunked-prefill", e.scheduler.enable_chunked_prefill,
+                "Only admit a prompt when all of it fits in one step");
+  sub->add_option("--threads", e.num_threads, "Compute threads; 0 uses every core")
+      ->capture_default_str();
+  return {sub, [o] { return RunGenerate(*o); }};
+}
+
+}  // namespace kvserve::cli

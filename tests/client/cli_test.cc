@@ -1,0 +1,126 @@
+// End-to-end tests of the `kvserve` binary: golden generations, tokenize output, and one-line
+// errors for bad model files.
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/worker/model/golden.h"
+
+namespace kvserve {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+RunResult Kvserve(const std::string& args) {
+  const std::string cmd = std::string(KVSERVE_BINARY) + " " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class GenerateGoldenTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GenerateGoldenTest, GreedyJsonMatchesReference) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  for (const auto& c : golden.cases) {
+    RunResult r = Kvserve("generate --model " + Quote(GetParam()) + " --prompt " + Quote(c.prompt) +
+                          " --max-tokens " + std::to_string(c.generated_ids.size()) +
+                          " --temperature 0 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["prompt_token_ids"].get<std::vector<TokenId>>(), c.prompt_ids);
+    EXPECT_EQ(j["token_ids"].get<std::vector<TokenId>>(), c.generated_ids) << c.prompt;
+    EXPECT_EQ(j["finish_reason"], "length");
+    // The reference text is the prompt followed by the continuation.
+    EXPECT_EQ(c.prompt + j["text"].get<std::string>(), c.text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GenerateGoldenTest,
+                         ::testing::Values(testing_golden::kStoriesGguf,
+                                           testing_golden::kStoriesHf),
+                         [](const auto& info) { return info.index == 0 ? "gguf" : "hf"; });
+
+TEST(CliTest, StreamsTextAndStopsAtStopString) {
+  RunResult r = Kvserve(std::string("generate --model ") + testing_golden::kStoriesGguf +
+                        " --prompt 'Once upon a time' --temperature 0 --max-tokens 60 --stop Lily");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, ", there was a little girl named \n");
+}
+
+TEST(CliTest, SeededSamplingIsReproducible) {
+  const std::string args = std::string("generate --model ") + testing_golden::kStoriesGguf +
+                           " --prompt 'Lily and Tom' --temperature 0.9 --top-p 0.9 --seed 42 "
+                           "--max-tokens 40 --json";
+  RunResult a = Kvserve(args);
+  RunResult b = Kvserve(args);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST(CliTest, TokenizeJson) {
+  RunResult r = Kvserve(std::string("tokenize --tokenizer ") + testing_golden::kStoriesGguf +
+                        " --text 'Once upon a time' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], nlohmann::json({1, 403, 407, 261, 378}));
+  r = Kvserve(std::string("tokenize --tokenizer ") + KVSERVE_SHARED_DIR +
+              "/models/tokenizers/gpt2 --text 'Hello, world!' --no-special --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], nlohmann::json({15496, 11, 995, 0}));
+}
+
+TEST(CliTest, HelpListsFlags) {
+  RunResult r = Kvserve("generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
+                           "--top-k", "--seed", "--json"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST(CliTest, BadModelFilesGiveOneLineErrors) {
+  const std::string dir = testing::TempDir();
+  // A GGUF cut in half, and a file that is not GGUF at all.
+  std::ifstream in(testing_golden::kStoriesGguf, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string truncated = dir + "/truncated.gguf";
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  const std::string garbage = dir + "/garbage.gguf";
+  std::ofstream(garbage, std::ios::binary) << "NOTGGUF and some more bytes to read";
+  for (const std::string& path : {truncated, garbage, dir + "/missing.gguf"}) {
+    RunResult r = Kvserve("generate --model " + Quote(path) + " --prompt hi");
+    EXPECT_NE(r.exit_code, 0) << path;
+    EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,320 @@
+// The engine end to end on stories260K: batching, chunked prefill, preemption and prefix caching
+// must not change any request's output, the pool's invariants hold after every step, and every
+// test ends with the pool fully free.
+
+#include "worker/engine/engine.h"
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/worker/model/golden.h"
+
+namespace kvserve {
+namespace {
+
+struct Collected {
+  std::vector<TokenId> tokens;
+  std::vector<float> logprobs;  // chosen token's logprob per step: a fingerprint of the logits
+  std::string text;
+  RequestOutput final_output;
+};
+
+// Reads a stream to its end.
+std::map<int, Collected> Drain(RequestStream& stream) {
+  std::map<int, Collected> out;
+  RequestOutput msg;
+  while (stream.Next(&msg)) {
+    Collected& c = out[msg.sample_index];
+    c.tokens.insert(c.tokens.end(), msg.token_ids.begin(), msg.token_ids.end());
+    for (const SampleResult& lp : msg.logprobs) c.logprobs.push_back(lp.logprob.value_or(0));
+    c.text += msg.text;
+    if (msg.finished) c.final_output = msg;
+  }
+  return out;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new LoadedModel(*LoadModel(testing_golden::kStoriesGguf));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  static EngineOptions Options() {
+    EngineOptions o;
+    o.num_threads = 1;
+    o.check_invariants = true;
+    return o;
+  }
+
+  static EngineRequest Greedy(std::string id, std::vector<TokenId> prompt, int max_tokens) {
+    EngineRequest r;
+    r.request_id = std::move(id);
+    r.prompt_ids = std::move(prompt);
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.logprobs = 0;
+    r.params.ignore_eos = true;
+    return r;
+  }
+
+  // 64 requests of mixed lengths; groups of them share prefixes of 0, 40 or 130 tokens.
+  static std::vector<EngineRequest> MixedWorkload() {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<TokenId> tok(3, 511);
+    std::vector<std::vector<TokenId>> prefixes(3);
+    for (int len : {40, 130}) {
+      std::vector<TokenId> p = {1};
+      while (static_cast<int>(p.size()) < len) p.push_back(tok(rng));
+      prefixes[len == 40 ? 1 : 2] = p;
+    }
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 64; ++i) {
+      std::vector<TokenId> prompt = prefixes[i % 3];
+      if (prompt.empty()) prompt.push_back(1);
+      const int extra = 1 + static_cast<int>(rng() % 150);
+      for (int j = 0; j < extra; ++j) prompt.push_back(tok(rng));
+      requests.push_back(Greedy(absl::StrCat("r", i), prompt, 4 + static_cast<int>(rng() % 40)));
+    }
+    return requests;
+  }
+
+  // Runs each request alone on a fresh engine.
+  static std::vector<Collected> RunAlone(const std::vector<EngineRequest>& requests) {
+    std::vector<Collected> out;
+    EngineOptions o = Options();
+    o.scheduler.enable_prefix_caching = false;
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+    for (const EngineRequest& r : requests) {
+      std::shared_ptr<RequestStream> s = *engine->Submit(r);
+      out.push_back(Drain(*s)[0]);
+    }
+    return out;
+  }
+
+  static void ExpectPoolFree(const Engine& engine) {
+    const EngineStats st = engine.stats();
+    EXPECT_EQ(st.used_blocks, 0);
+    EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
+  }
+
+  static LoadedModel* model_;
+};
+LoadedModel* EngineTest::model_ = nullptr;
+
+TEST_F(EngineTest, GoldenPromptsAlone) {
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
+  const auto golden = testing_golden::LoadStoriesGolden();
+  for (const auto& c : golden.cases) {
+    EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
+    r.params.ignore_eos = false;
+    std::shared_ptr<RequestStream> s = *engine->Submit(r);
+    Collected got = Drain(*s)[0];
+    EXPECT_EQ(got.tokens, c.generated_ids);
+    EXPECT_EQ(c.prompt + got.text, c.text);
+    EXPECT_EQ(got.final_output.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(got.final_output.usage.prompt_tokens, static_cast<int>(c.prompt_ids.size()));
+    EXPECT_EQ(got.final_output.usage.completion_tokens, static_cast<int>(c.generated_ids.size()));
+  }
+  ExpectPoolFree(*engine);
+}
+
+struct BatchCase {
+  const char* name;
+  int32_t max_num_batched_tokens;
+  int64_t num_kv_blocks;
+  bool prefix_caching;
+  bool expect_preemption;
+};
+
+class EngineBatchTest : public EngineTest, public ::testing::WithParamInterface<BatchCase> {};
+
+TEST_P(EngineBatchTest, ConcurrentRequestsMatchAlone) {
+  const BatchCase& bc = GetParam();
+  const std::vector<EngineRequest> requests = MixedWorkload();
+  const std::vector<Collected> alone = RunAlone(requests);
+  EngineOptions o = Options();
+  o.scheduler.max_num_batched_tokens = bc.max_num_batched_tokens;
+  o.scheduler.enable_prefix_caching = bc.prefix_caching;
+  o.num_kv_blocks = bc.num_kv_blocks;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Collected got = Drain(*streams[i])[0];
+    EXPECT_EQ(got.tokens, alone[i].tokens) << requests[i].request_id;
+    // Bit-identical logits give bit-identical log-probabilities.
+    EXPECT_EQ(got.logprobs, alone[i].logprobs) << requests[i].request_id;
+    EXPECT_EQ(got.text, alone[i].text);
+  }
+  const EngineStats st = engine->stats();
+  if (bc.expect_preemption) {
+    EXPECT_GT(st.num_preemptions, 0);
+  }
+  if (bc.prefix_caching) {
+    EXPECT_GT(st.prefix_hit_tokens, 0);
+  } else {
+    EXPECT_EQ(st.prefix_hit_tokens, 0);
+  }
+  ExpectPoolFree(*engine);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, EngineBatchTest,
+    ::testing::Values(BatchCase{"default", 2048, 0, true, false},
+                      BatchCase{"chunked_prefill", 48, 0, true, false},
+                      BatchCase{"preemption", 96, 40, true, true},
+                      BatchCase{"preemption_no_prefix_cache", 96, 40, false, true},
+                      BatchCase{"no_prefix_cache", 2048, 0, false, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(EngineTest, SharedPrefixBlocksAreHeldOnce) {
+  EngineOptions o = Options();
+  o.run_loop_thread = false;
+  o.scheduler.max_num_batched_tokens = 32 * 300;
+  o.num_kv_blocks = 400;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::vector<TokenId> prefix = {1};
+  for (int i = 1; i < 256; ++i) prefix.push_back(3 + (i * 37) % 500);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  auto submit = [&](int i) {
+    std::vector<TokenId> prompt = prefix;
+    for (int j = 0; j < 8; ++j) prompt.push_back(3 + (i * 11 + j * 5) % 500);
+    streams.push_back(*engine->Submit(Greedy(absl::StrCat("p", i), prompt, 4)));
+  };
+  submit(0);
+  ASSERT_TRUE(engine->StepOnce());  // prefill of the first request fills the prefix cache
+  EXPECT_EQ(engine->stats().used_blocks, 17);
+  for (int i = 1; i < 32; ++i) submit(i);
+  ASSERT_TRUE(engine->StepOnce());
+  // 16 prefix blocks held once, plus one block of its own per request for the 8-token suffix.
+  EngineStats st = engine->stats();
+  EXPECT_EQ(st.used_blocks, 16 + 32);
+  EXPECT_EQ(st.prefix_hit_tokens, 31 * 256);
+  while (engine->StepOnce()) {
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    auto out = Drain(*streams[i]);
+    EXPECT_EQ(out[0].tokens.size(), 4u);
+    EXPECT_EQ(out[0].final_output.usage.cached_prompt_tokens, i == 0 ? 0 : 256);
+    EXPECT_EQ(out[0].final_output.usage.peak_kv_blocks, 17);
+  }
+  ExpectPoolFree(*engine);
+}
+
+TEST_F(EngineTest, AbortFreesBlocksAtOnce) {
+  EngineOptions o = Options();
+  o.run_loop_thread = false;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::vector<TokenId> prompt(100, 300);
+  prompt[0] = 1;
+  std::shared_ptr<RequestStream> s = *engine->Submit(Greedy("a", prompt, 200));
+  ASSERT_TRUE(engine->StepOnce());
+  ASSERT_TRUE(engine->StepOnce());
+  EXPECT_GT(engine->stats().used_blocks, 0);
+  engine->Abort("a");
+  engine->StepOnce();
+  EXPECT_EQ(engine->stats().used_blocks, 0);
+  auto out = Drain(*s);
+  EXPECT_TRUE(out[0].final_output.finished);
+  EXPECT_TRUE(absl::IsCancelled(out[0].final_output.status)) << out[0].final_output.status;
+  // The id can be reused once the request is gone.
+  EXPECT_TRUE(engine->Submit(Greedy("a", prompt, 1)).ok());
+  while (engine->StepOnce()) {
+  }
+  ExpectPoolFree(*engine);
+}
+
+TEST_F(EngineTest, SamplesShareThePromptAndMatchSingleRequests) {
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
+  const std::vector<TokenId> prompt = {1, 403, 407, 261, 378, 432, 383};  // not block aligned
+  EngineRequest r;
+  r.request_id = "n3";
+  r.prompt_ids = prompt;
+  r.n = 3;
+  r.params.temperature = 0.8f;
+  r.params.seed = 1234;
+  r.params.max_tokens = 30;
+  r.params.ignore_eos = true;
+  auto samples = Drain(**engine->Submit(r));
+  ASSERT_EQ(samples.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EngineRequest single = r;
+    single.request_id = absl::StrCat("single", i);
+    single.n = 1;
+    single.params.seed = 1234 + i;
+    auto alone = Drain(**engine->Submit(single));
+    EXPECT_EQ(samples[i].tokens, alone[0].tokens) << "sample " << i;
+    EXPECT_EQ(samples[i].final_output.usage.completion_tokens, 30);
+  }
+  EXPECT_NE(samples[0].tokens, samples[1].tokens);
+  ExpectPoolFree(*engine);
+}
+
+TEST_F(EngineTest, RejectsBadRequests) {
+  EngineOptions o = Options();
+  o.num_kv_blocks = 8;  // 7 usable blocks = 112 tokens
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->Submit(Greedy("e", {}, 4)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->Submit(Greedy("v", {1, 512}, 4)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->Submit(Greedy("l", std::vector<TokenId>(512, 5), 4)).status()));
+  absl::Status big = engine->Submit(Greedy("b", std::vector<TokenId>(200, 5), 4)).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
+  EXPECT_NE(big.message().find("KV blocks"), std::string::npos) << big;
+  EngineRequest bad_n = Greedy("n", {1, 5}, 4);
+  bad_n.n = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->Submit(bad_n).status()));
+  EngineRequest bad_p = Greedy("t", {1, 5}, 4);
+  bad_p.params.top_p = 2.0f;
+  absl::Status s = engine->Submit(bad_p).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("top_p"), std::string::npos) << s;
+}
+
+TEST_F(EngineTest, RandomWorkloadKeepsInvariants) {
+  // Random arrivals, lengths, samples and aborts on a small pool, stepped by hand; the engine
+  // checks the pool after every step.
+  EngineOptions o = Options();
+  o.run_loop_thread = false;
+  o.num_kv_blocks = 60;
+  o.scheduler.max_num_batched_tokens = 80;
+  o.scheduler.max_num_seqs = 12;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::mt19937 rng(99);
+  std::vector<std::pair<std::string, std::shared_ptr<RequestStream>>> live;
+  int next = 0;
+  for (int step = 0; step < 400; ++step) {
+    if (rng() % 3 == 0) {
+      std::vector<TokenId> prompt = {1};
+      const int len = 1 + static_cast<int>(rng() % 120);
+      for (int j = 0; j < len; ++j) prompt.push_back(3 + static_cast<TokenId>(rng() % (j < 20 ? 4 : 500)));
+      EngineRequest r = Greedy(absl::StrCat("w", next++), prompt, 1 + static_cast<int>(rng() % 60));
+      r.n = 1 + static_cast<int>(rng() % 3);
+      r.params.temperature = 0.7f;
+      r.params.seed = rng();
+      auto s = engine->Submit(r);
+      if (s.ok()) live.emplace_back(r.request_id, *s);
+    }
+    if (!live.empty() && rng() % 17 == 0) engine->Abort(live[rng() % live.size()].first);
+    engine->StepOnce();
+  }
+  while (engine->StepOnce()) {
+  }
+  for (auto& [id, s] : live) {
+    RequestOutput msg;
+    while (s->TryNext(&msg)) {
+    }
+  }
+  ExpectPoolFree(*engine);
+  EXPECT_GT(engine->stats().num_preemptions, 0);
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,444 @@
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+
+/// A request inside the engine: its samples and where their output goes.
+struct RequestState {
+  EngineRequest request;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  bool forked = false;
+  int32_t samples_unfinished = 0;
+};
+
+absl::Status EngineOptions::Validate() const {
+  if (block_size <= 0 || block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be in [1, 1024], got ",
+                                                   block_size));
+  }
+  if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
+  if (kv_cache_memory < 0) return absl::InvalidArgumentError("kv_cache_memory must be >= 0");
+  if (max_n <= 0) return absl::InvalidArgumentError("max_n must be positive");
+  return scheduler.Validate();
+}
+
+Engine::Engine(const LoadedModel* model, const EngineOptions& options)
+    : model_(model), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
+                                                       const EngineOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<Engine> engine(new Engine(model, options));
+  const ModelConfig& config = model->config();
+  engine->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
+      LlamaModel::Create(model->weights.get(), engine->pool_.get());
+  if (!llama.ok()) return llama.status();
+  engine->llama_ = std::move(*llama);
+
+  int64_t num_blocks = options.num_kv_blocks;
+  const int64_t block_bytes = KvCache::BytesPerToken(config) * options.block_size;
+  if (num_blocks == 0) {
+    int64_t memory = options.kv_cache_memory;
+    if (memory == 0) {
+      const int64_t full = int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings *
+                           KvCache::BytesPerToken(config);
+      memory = std::min<int64_t>(full, int64_t{4} << 30);
+    }
+    num_blocks = memory / block_bytes;
+  }
+  if (num_blocks < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pool of ", num_blocks, " blocks is too small: need at least 2 (one is reserved); a block is ",
+        block_bytes, " bytes"));
+  }
+  absl::StatusOr<std::unique_ptr<KvCache>> cache =
+      KvCache::Create(config, num_blocks, options.block_size);
+  if (!cache.ok()) return cache.status();
+  engine->cache_ = std::move(*cache);
+
+  KvManagerOptions kv_options;
+  kv_options.num_blocks = static_cast<int32_t>(num_blocks);
+  kv_options.block_size = options.block_size;
+  kv_options.enable_prefix_caching = options.scheduler.enable_prefix_caching;
+  kv_options.sliding_window = config.sliding_window;
+  absl::StatusOr<KvManager> kv = KvManager::Create(kv_options);
+  if (!kv.ok()) return kv.status();
+  engine->kv_ = std::make_unique<KvManager>(std::move(*kv));
+  engine->scheduler_ = std::make_unique<Scheduler>(options.scheduler, engine->kv_.get());
+  engine->stop_token_ids_ = model->StopTokenIds();
+  engine->logits_.resize(static_cast<size_t>(config.vocab_size));
+  engine->PublishStats();
+  if (options.run_loop_thread) engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  return engine;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Requests still queued or running end with CANCELLED so no reader waits forever.
+  for (auto& state : inbox_) {
+    for (int i = 0; i < state->request.n; ++i) {
+      RequestOutput out;
+      out.sample_index = i;
+      out.finished = true;
+      out.status = absl::CancelledError("engine shut down");
+      state->stream->Push(std::move(out));
+    }
+  }
+  std::vector<RequestState*> live;
+  for (auto& [id, state] : requests_) live.push_back(state.get());
+  for (RequestState* state : live) AbortRequest(state, absl::CancelledError("engine shut down"));
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
+  const ModelConfig& config = model_->config();
+  if (request.prompt_ids.empty()) return absl::InvalidArgumentError("prompt is empty");
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
+  if (prompt_len >= config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len,
+                                                   " tokens; the model's context is ",
+                                                   config.max_position_embeddings));
+  }
+  for (TokenId id : request.prompt_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: id ", id,
+                                                     " is outside the vocabulary of ",
+                                                     config.vocab_size));
+    }
+  }
+  if (request.n < 1 || request.n > options_.max_n) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", options_.max_n, "], got ",
+                                                   request.n));
+  }
+  if (absl::Status s = request.params.Validate(config.vocab_size); !s.ok()) return s;
+  // The prompt plus the first generated token must fit in the pool on its own.
+  const int64_t needed = (prompt_len + 1 + options_.block_size - 1) / options_.block_size;
+  const int64_t usable = cache_->num_blocks() - 1;
+  if (needed > usable) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt of ", prompt_len, " tokens needs ", needed, " KV blocks; the pool has ", usable));
+  }
+  auto state = std::make_unique<RequestState>();
+  state->stream = std::make_shared<RequestStream>(request.n);
+  state->samples_unfinished = request.n;
+  state->request = std::move(request);
+  std::shared_ptr<RequestStream> stream = state->stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (!live_ids_.emplace(state->request.request_id, true).second) {
+      return absl::AlreadyExistsError(absl::StrCat("request_id '", state->request.request_id,
+                                                   "' is already running"));
+    }
+    inbox_.push_back(std::move(state));
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void Engine::Abort(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborts_.push_back(request_id);
+  }
+  cv_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] {
+        return stop_ || !inbox_.empty() || !aborts_.empty() ||
+               scheduler_->num_running() + scheduler_->num_waiting() > 0;
+      });
+      if (stop_) return;
+    }
+    DrainInbox();
+    if (scheduler_->num_running() + scheduler_->num_waiting() > 0) Step();
+    PublishStats();
+  }
+}
+
+bool Engine::StepOnce() {
+  DrainInbox();
+  const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
+  if (busy) Step();
+  PublishStats();
+  return busy;
+}
+
+void Engine::DrainInbox() {
+  std::vector<std::unique_ptr<RequestState>> incoming;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(inbox_);
+    aborts.swap(aborts_);
+  }
+  for (auto& state : incoming) {
+    const EngineRequest& r = state->request;
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_seq_id_++;
+    seq->request = state.get();
+    seq->tokens = r.prompt_ids;
+    seq->cache_salt = r.cache_salt;
+    seq->num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+    Sequence* raw = seq.get();
+    state->sequences.push_back(std::move(seq));
+    const std::string id = r.request_id;
+    requests_[id] = std::move(state);
+    scheduler_->AddWaiting(raw);
+  }
+  for (const std::string& id : aborts) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) {
+      AbortRequest(it->second.get(), absl::CancelledError(absl::StrCat("request '", id, "' aborted")));
+    }
+  }
+}
+
+void Engine::Step() {
+  SchedulerOutput out = scheduler_->Schedule();
+  for (const BlockCopy& copy : kv_->TakeCopies()) cache_->CopyBlock(copy.src, copy.dst);
+  if (out.scheduled.empty()) {
+    // Nothing runs and the oldest waiting sequence does not fit in an empty pool: it grew past
+    // the pool's capacity (its output is kept). End it rather than spin.
+    if (scheduler_->num_running() == 0 && scheduler_->front_waiting() != nullptr) {
+      RequestOutput final_output;
+      final_output.finish_reason = FinishReason::kLength;
+      FinishSequence(scheduler_->front_waiting(), std::move(final_output));
+    }
+    return;
+  }
+  RunModel(out);
+  ++num_steps_;
+  if (options_.check_invariants) CheckInvariants();
+}
+
+void Engine::RunModel(const SchedulerOutput& out) {
+  builder_.Clear();
+  std::vector<Sequence*> sampled;
+  for (const ScheduledSequence& s : out.scheduled) {
+    Sequence* seq = s.seq;
+    std::span<const TokenId> tokens(seq->tokens.data() + seq->num_computed, s.num_tokens);
+    builder_.AddSequence(tokens, seq->num_computed, kv_->BlockTable(seq->id), options_.block_size,
+                         s.wants_logits);
+    if (s.wants_logits) sampled.push_back(seq);
+  }
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  if (logits_.size() < sampled.size() * vocab) logits_.resize(sampled.size() * vocab);
+  absl::Status status = llama_->Forward(builder_.Build(), *cache_, logits_.data());
+  if (!status.ok()) {
+    // A failed forward pass is a bug (inputs were validated); fail the requests involved.
+    std::vector<RequestState*> failed;
+    for (const ScheduledSequence& s : out.scheduled) {
+      auto* state = s.seq->request;
+      if (std::find(failed.begin(), failed.end(), state) == failed.end()) failed.push_back(state);
+    }
+    for (RequestState* state : failed) {
+      AbortRequest(state, absl::InternalError(absl::StrCat("forward pass failed: ", status.message())));
+    }
+    return;
+  }
+  scheduler_->OnStepDone(out);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence* seq = sampled[i];
+    std::span<const float> logits(logits_.data() + i * vocab, vocab);
+    auto* state = seq->request;
+    if (!state->forked && state->request.n > 1) ForkSamples(seq);
+    if (state->forked && seq->sample_index == 0 && seq->num_output_tokens() == 0) {
+      // All samples of the request start from the prompt's last logits.
+      for (auto& sibling : state->sequences) SampleAndEmit(sibling.get(), logits);
+    } else {
+      SampleAndEmit(seq, logits);
+    }
+  }
+}
+
+void Engine::ForkSamples(Sequence* parent) {
+  auto* state = parent->request;
+  state->forked = true;
+  for (int32_t i = 1; i < state->request.n; ++i) {
+    auto child = std::make_unique<Sequence>();
+    child->id = next_seq_id_++;
+    child->sample_index = i;
+    child->request = parent->request;
+    child->tokens = parent->tokens;
+    child->cache_salt = parent->cache_salt;
+    child->num_prompt_tokens = parent->num_prompt_tokens;
+    child->num_computed = parent->num_computed;
+    child->num_cached_prompt_tokens = parent->num_cached_prompt_tokens;
+    child->admitted_before = true;
+    child->peak_kv_blocks = parent->peak_kv_blocks;
+    kv_->Fork(parent->id, child->id);
+    scheduler_->AddRunning(child.get());
+    state->sequences.push_back(std::move(child));
+  }
+}
+
+void Engine::SampleAndEmit(Sequence* seq, std::span<const float> logits) {
+  auto* state = seq->request;
+  const EngineRequest& r = state->request;
+  if (!seq->sampler.has_value()) {
+    SamplingParams params = r.params;
+    // Samples of one request draw from different streams of the same seed.
+    if (params.seed.has_value()) params.seed = *params.seed + seq->sample_index;
+    absl::StatusOr<Sampler> sampler = Sampler::Create(params, model_->config().vocab_size);
+    StopCheckerOptions stop_options;
+    stop_options.eos_token_ids = stop_token_ids_;
+    stop_options.prompt_tokens = seq->num_prompt_tokens;
+    stop_options.max_total_tokens = model_->config().max_position_embeddings;
+    absl::StatusOr<StopChecker> stop = StopChecker::Create(r.params, stop_options);
+    if (!sampler.ok() || !stop.ok()) {
+      AbortRequest(state, !sampler.ok() ? sampler.status() : stop.status());
+      return;
+    }
+    seq->sampler.emplace(std::move(*sampler));
+    seq->stop.emplace(std::move(*stop));
+    seq->detokenizer = std::make_unique<IncrementalDecoder>(
+        *model_->tokenizer, DecodeOptions{.skip_special_tokens = true});
+    seq->detokenizer->SetPrompt(std::span<const TokenId>(seq->tokens.data(), seq->num_prompt_tokens));
+  }
+  std::span<const TokenId> prompt(seq->tokens.data(), seq->num_prompt_tokens);
+  std::span<const TokenId> output(seq->tokens.data() + seq->num_prompt_tokens,
+                                  seq->num_output_tokens());
+  absl::StatusOr<SampleResult> sample = seq->sampler->Sample(logits, prompt, output);
+  if (!sample.ok()) {
+    AbortRequest(state, sample.status());
+    return;
+  }
+  const TokenId token = sample->token;
+  seq->tokens.push_back(token);
+  RequestOutput msg;
+  msg.sample_index = seq->sample_index;
+  msg.token_ids.push_back(token);
+  if (r.params.logprobs >= 0) msg.logprobs.push_back(*sample);
+  absl::StatusOr<std::string> piece = seq->detokenizer->Add(token);
+  StopDecision decision = seq->stop->Append(token, piece.ok() ? *piece : std::string());
+  msg.text = std::move(decision.text);
+  if (!decision.finished()) {
+    state->stream->Push(std::move(msg));
+    return;
+  }
+  if (decision.finish_reason == FinishReason::kLength) msg.text += seq->detokenizer->Finish();
+  msg.finish_reason = decision.finish_reason;
+  msg.stop_string = decision.stop_string;
+  FinishSequence(seq, std::move(msg));
+}
+
+void Engine::FinishSequence(Sequence* seq, RequestOutput final_output) {
+  RequestState* state = seq->request;
+  scheduler_->Remove(seq);
+  final_output.sample_index = seq->sample_index;
+  final_output.finished = true;
+  final_output.usage.prompt_tokens = seq->num_prompt_tokens;
+  final_output.usage.cached_prompt_tokens = seq->num_cached_prompt_tokens;
+  final_output.usage.completion_tokens = seq->num_output_tokens();
+  final_output.usage.peak_kv_blocks = seq->peak_kv_blocks;
+  std::vector<RequestOutput> outputs;
+  outputs.push_back(std::move(final_output));
+  --state->samples_unfinished;
+  if (!state->forked && state->request.n > 1) {
+    // The request ended before its samples were forked off: they end the same way.
+    for (int32_t i = 1; i < state->request.n; ++i) {
+      RequestOutput out;
+      out.sample_index = i;
+      out.finished = true;
+      out.finish_reason = outputs[0].finish_reason;
+      outputs.push_back(std::move(out));
+    }
+    state->samples_unfinished = 0;
+  }
+  std::shared_ptr<RequestStream> stream = state->stream;
+  if (state->samples_unfinished == 0) {
+    ++num_finished_;
+    ForgetRequest(state);
+  }
+  // Readers that see a request finish also see the pool without its blocks.
+  PublishStats();
+  for (RequestOutput& out : outputs) stream->Push(std::move(out));
+}
+
+void Engine::ForgetRequest(RequestState* state) {
+  const std::string id = state->request.request_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ids_.erase(id);
+  }
+  requests_.erase(id);
+}
+
+void Engine::AbortRequest(RequestState* state, absl::Status status) {
+  std::vector<RequestOutput> outputs;
+  for (auto& seq : state->sequences) {
+    if (seq->status == Sequence::Status::kFinished) continue;
+    scheduler_->Remove(seq.get());
+    RequestOutput out;
+    out.sample_index = seq->sample_index;
+    out.finished = true;
+    out.status = status;
+    outputs.push_back(std::move(out));
+  }
+  // Samples never forked.
+  for (int32_t i = static_cast<int32_t>(state->sequences.size()); i < state->request.n; ++i) {
+    RequestOutput out;
+    out.sample_index = i;
+    out.finished = true;
+    out.status = status;
+    outputs.push_back(std::move(out));
+  }
+  std::shared_ptr<RequestStream> stream = state->stream;
+  ForgetRequest(state);
+  PublishStats();
+  for (RequestOutput& out : outputs) stream->Push(std::move(out));
+}
+
+void Engine::CheckInvariants() {
+  auto record = [this](std::string message) {
+    if (invariant_violations_++ == 0) first_violation_ = std::move(message);
+  };
+  if (absl::Status s = kv_->CheckInvariants(); !s.ok()) record(std::string(s.message()));
+  for (const Sequence* seq : scheduler_->running()) {
+    const int32_t unused = kv_->NumSlots(seq->id) - seq->num_computed;
+    if (unused < 0 || unused > options_.block_size - 1) {
+      record(absl::StrCat("sequence ", seq->id, " has ", unused, " allocated but unused slots"));
+    }
+  }
+}
+
+void Engine::PublishStats() {
+  const KvManager::Stats kv = kv_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.num_running = scheduler_->num_running();
+  stats_.num_waiting = scheduler_->num_waiting();
+  stats_.total_blocks = kv.total_blocks;
+  stats_.used_blocks = kv.used_blocks;
+  stats_.cached_free_blocks = kv.cached_free_blocks;
+  stats_.free_blocks = kv.free_blocks;
+  stats_.prefix_query_tokens = kv.prefix_query_tokens;
+  stats_.prefix_hit_tokens = kv.prefix_hit_tokens;
+  stats_.num_preemptions = scheduler_->num_preemptions();
+  stats_.num_steps = num_steps_;
+  stats_.num_finished_requests = num_finished_;
+  stats_.invariant_violations = invariant_violations_;
+  stats_.first_violation = first_violation_;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,145 @@
+#ifndef KVSERVE_WORKER_ENGINE_ENGINE_H_
+#define KVSERVE_WORKER_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/engine/request.h"
+#include "worker/engine/scheduler.h"
+#include "worker/engine/sequence.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/kv/kv_manager.h"
+#include "worker/model/batch_builder.h"
+#include "worker/model/llama_model.h"
+#include "worker/model/loaded_model.h"
+
+namespace kvserve {
+
+/// How an engine sizes its KV pool and batches its work. Defaults suit the CPU backend.
+struct EngineOptions {
+  /// Tokens per KV block.
+  int32_t block_size = 16;
+  /// KV pool size in blocks (including the reserved null block). 0: derive from kv_cache_memory.
+  int64_t num_kv_blocks = 0;
+  /// Bytes of KV memory when num_kv_blocks is 0; 0: enough for max_num_seqs full-length
+  /// sequences, capped at 4 GiB.
+  int64_t kv_cache_memory = 0;
+  SchedulerOptions scheduler;
+  /// Most samples per request (n).
+  int32_t max_n = 16;
+  /// Compute threads; 0 uses every core.
+  int32_t num_threads = 0;
+  /// Tests: after every step check the pool's invariants and that no live sequence holds more
+  /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
+  bool check_invariants = false;
+  /// Run steps on an engine thread. When false nothing runs until the owner calls StepOnce():
+  /// tests use this to observe the pool between steps.
+  bool run_loop_thread = true;
+
+  absl::Status Validate() const;
+};
+
+/// A consistent snapshot of the engine, taken at the end of a step.
+struct EngineStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t total_blocks = 0;
+  int32_t used_blocks = 0;
+  int32_t cached_free_blocks = 0;
+  int32_t free_blocks = 0;
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_finished_requests = 0;
+  int64_t invariant_violations = 0;
+  std::string first_violation;
+};
+
+/// The worker's engine: one loop thread owns the scheduler, the KV pool and the model, and runs
+/// steps while there is work; any thread submits, reads its request's stream, and aborts.
+class Engine {
+ public:
+  /// `model` must outlive the engine. Starts the loop thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const LoadedModel* model,
+                                                        const EngineOptions& options);
+  /// Stops the loop; unfinished requests end with CANCELLED.
+  ~Engine();
+
+  /// Validates and queues a request. INVALID_ARGUMENT names the bad field; RESOURCE_EXHAUSTED
+  /// when the prompt cannot fit in the KV pool even alone; ALREADY_EXISTS for a live id.
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request);
+  /// Ends a request at once, freeing its blocks; its stream gets a CANCELLED final message.
+  /// Unknown or finished ids are ignored.
+  void Abort(const std::string& request_id);
+
+  /// Manual mode (run_loop_thread == false): takes queued submissions and aborts and runs one
+  /// step. Returns false when there was nothing to do.
+  bool StepOnce();
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  int64_t num_kv_blocks() const { return cache_->num_blocks(); }
+
+ private:
+  Engine(const LoadedModel* model, const EngineOptions& options);
+  void Loop();
+  /// Moves submitted and aborted requests from the inbox into the scheduler.
+  void DrainInbox();
+  void Step();
+  void RunModel(const SchedulerOutput& out);
+  /// Samples the next token of `seq` from `logits` and streams it; finishes it if it stops.
+  void SampleAndEmit(Sequence* seq, std::span<const float> logits);
+  /// Forks the remaining samples of a request off its first sequence after prefill.
+  void ForkSamples(Sequence* parent);
+  void FinishSequence(Sequence* seq, RequestOutput final_output);
+  void AbortRequest(RequestState* request, absl::Status status);
+  /// Drops a request that has no unfinished sample left.
+  void ForgetRequest(RequestState* request);
+  void CheckInvariants();
+  void PublishStats();
+
+  const LoadedModel* model_;
+  EngineOptions options_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::unique_ptr<LlamaModel> llama_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<TokenId> stop_token_ids_;
+
+  // Loop-thread state.
+  absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;
+  SeqId next_seq_id_ = 1;
+  BatchBuilder builder_;
+  std::vector<float> logits_;
+  int64_t num_steps_ = 0;
+  int64_t num_finished_ = 0;
+  int64_t invariant_violations_ = 0;
+  std::string first_violation_;
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<RequestState>> inbox_;
+  std::vector<std::string> aborts_;
+  absl::flat_hash_map<std::string, bool> live_ids_;
+  bool stop_ = false;
+  EngineStats stats_;
+
+  std::thread thread_;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_ENGINE_ENGINE_H_

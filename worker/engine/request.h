@@ -1,0 +1,83 @@
+#ifndef KVSERVE_WORKER_ENGINE_REQUEST_H_
+#define KVSERVE_WORKER_ENGINE_REQUEST_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/token.h"
+#include "worker/engine/sampler.h"
+#include "worker/engine/sampling_params.h"
+#include "worker/engine/stop_checker.h"
+
+namespace kvserve {
+
+/// A generation request as the engine takes it (already tokenized).
+struct EngineRequest {
+  /// Unique among live requests; used by Abort.
+  std::string request_id;
+  std::vector<TokenId> prompt_ids;
+  SamplingParams params;
+  /// Independent samples of the same prompt; they share the prompt's KV blocks.
+  int32_t n = 1;
+  /// Requests only share cached prefix blocks with requests of the same salt.
+  std::string cache_salt;
+};
+
+/// What a finished sample reports.
+struct SequenceUsage {
+  int32_t prompt_tokens = 0;
+  /// Prompt tokens whose K/V came from the prefix cache instead of being computed.
+  int32_t cached_prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  /// Most KV blocks the sample's block table held at once.
+  int32_t peak_kv_blocks = 0;
+};
+
+/// One message of a request's output stream: the next token(s) of one sample, and on the last
+/// message of that sample its finish reason and usage.
+struct RequestOutput {
+  int32_t sample_index = 0;
+  std::vector<TokenId> token_ids;
+  /// Text released since the previous message of this sample.
+  std::string text;
+  /// Parallel to token_ids when logprobs were asked for.
+  std::vector<SampleResult> logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_string;
+  SequenceUsage usage;
+  /// Not OK when the request failed or was aborted (then `finished` is true).
+  absl::Status status;
+};
+
+/// The thread-safe queue between the engine loop (producer) and a request's consumer. Bounded
+/// by the request's length: the engine pushes at most one message per sample per step.
+class RequestStream {
+ public:
+  explicit RequestStream(int32_t num_samples) : samples_left_(num_samples) {}
+
+  /// Blocks until a message is available; returns false once every sample has finished and
+  /// every message was read.
+  bool Next(RequestOutput* out);
+  /// Non-blocking variant: false when nothing is queued right now.
+  bool TryNext(RequestOutput* out);
+
+  /// Engine side.
+  void Push(RequestOutput output);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestOutput> queue_;
+  int32_t samples_left_;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_ENGINE_REQUEST_H_

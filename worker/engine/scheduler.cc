@@ -1,0 +1,120 @@
+#include "worker/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+
+absl::Status SchedulerOptions::Validate() const {
+  if (max_num_seqs <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_num_seqs must be positive, got ",
+                                                   max_num_seqs));
+  }
+  if (max_num_batched_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_num_batched_tokens must be positive, got ", max_num_batched_tokens));
+  }
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, KvManager* kv)
+    : options_(options), kv_(kv) {}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  seq->status = Sequence::Status::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::AddRunning(Sequence* seq) {
+  seq->status = Sequence::Status::kRunning;
+  running_.push_back(seq);
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) {
+    running_.erase(it);
+    kv_->Free(seq->id);
+  } else if (auto w = std::find(waiting_.begin(), waiting_.end(), seq); w != waiting_.end()) {
+    waiting_.erase(w);
+  }
+  seq->status = Sequence::Status::kFinished;
+}
+
+Sequence* Scheduler::PreemptNewest() {
+  Sequence* victim = running_.back();
+  running_.pop_back();
+  kv_->Free(victim->id);
+  victim->num_computed = 0;
+  victim->status = Sequence::Status::kWaiting;
+  waiting_.push_front(victim);
+  ++num_preemptions_;
+  return victim;
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int32_t budget = options_.max_num_batched_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    const int32_t n = std::min(seq->num_pending(), budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    bool preempted_self = false;
+    while (!kv_->Append(seq->id, n)) {
+      Sequence* victim = PreemptNewest();
+      out.preempted.push_back(victim);
+      if (victim == seq) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    out.scheduled.push_back({seq, n, seq->num_computed + n == static_cast<int32_t>(seq->tokens.size())});
+    budget -= n;
+    ++i;
+  }
+  // Admitting new work while evicting running work would only thrash.
+  if (out.preempted.empty()) AdmitWaiting(out, budget);
+  out.num_batched_tokens = options_.max_num_batched_tokens - budget;
+  return out;
+}
+
+void Scheduler::AdmitWaiting(SchedulerOutput& out, int32_t& budget) {
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < options_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    PrefixMatch match;
+    if (options_.enable_prefix_caching) match = kv_->FindCachedPrefix(seq->tokens, seq->cache_salt);
+    const int32_t remaining = static_cast<int32_t>(seq->tokens.size()) - match.num_tokens;
+    const int32_t n = std::min(remaining, budget);
+    if (n < remaining && !options_.enable_chunked_prefill) break;
+    if (!kv_->AllocateNew(seq->id, match, n, seq->cache_salt)) break;
+    waiting_.pop_front();
+    seq->num_computed = match.num_tokens;
+    if (!seq->admitted_before) {
+      seq->num_cached_prompt_tokens = std::min(match.num_tokens, seq->num_prompt_tokens);
+      seq->admitted_before = true;
+    }
+    seq->status = Sequence::Status::kRunning;
+    running_.push_back(seq);
+    out.scheduled.push_back({seq, n, n == remaining});
+    budget -= n;
+  }
+}
+
+void Scheduler::OnStepDone(const SchedulerOutput& output) {
+  for (const ScheduledSequence& s : output.scheduled) {
+    Sequence* seq = s.seq;
+    if (seq->status != Sequence::Status::kRunning) continue;
+    seq->num_computed += s.num_tokens;
+    kv_->Commit(seq->id, seq->tokens, seq->num_computed);
+    kv_->ReleaseOutOfWindow(seq->id, seq->num_computed);
+    seq->peak_kv_blocks =
+        std::max(seq->peak_kv_blocks, static_cast<int32_t>(kv_->BlockTable(seq->id).size()));
+  }
+}
+
+}  // namespace kvserve
