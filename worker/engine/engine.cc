@@ -86,6 +86,8 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  for (auto& s : subscribers_) s->Close();
+  for (auto& s : new_subscribers_) s->Close();
   // Requests still queued or running end with CANCELLED so no reader waits forever.
   for (auto& state : inbox_) {
     for (int i = 0; i < state->request.n; ++i) {
@@ -137,6 +139,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (draining_) return absl::UnavailableError("worker is draining: not accepting requests");
     if (!live_ids_.emplace(state->request.request_id, true).second) {
       return absl::AlreadyExistsError(absl::StrCat("request_id '", state->request.request_id,
                                                    "' is already running"));
@@ -155,6 +158,56 @@ void Engine::Abort(const std::string& request_id) {
   cv_.notify_all();
 }
 
+void Engine::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool Engine::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+bool Engine::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_ids_.empty();
+}
+
+std::shared_ptr<KvEventStream> Engine::SubscribeKvEvents() {
+  auto stream = std::make_shared<KvEventStream>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    new_subscribers_.push_back(stream);
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void Engine::PublishKvEvents() {
+  std::vector<std::shared_ptr<KvEventStream>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(new_subscribers_);
+  }
+  std::vector<KvEvent> events = kv_->TakeEvents();
+  if (!events.empty()) {
+    std::erase_if(subscribers_, [&](const std::shared_ptr<KvEventStream>& s) {
+      return !s->Push(KvEventBatch{false, events});
+    });
+  }
+  for (auto& s : fresh) {
+    // The snapshot is taken on the loop thread, so it and the deltas after it are consistent.
+    KvEventBatch snapshot{true, {}};
+    const BlockPool& pool = kv_->pool();
+    for (BlockId b = 1; b <= pool.capacity(); ++b) {
+      if (std::optional<BlockKey> key = pool.key(b)) {
+        snapshot.events.push_back({KvEvent::Type::kStored, *key});
+      }
+    }
+    if (s->Push(std::move(snapshot))) subscribers_.push_back(std::move(s));
+  }
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -165,13 +218,14 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] {
-        return stop_ || !inbox_.empty() || !aborts_.empty() ||
+        return stop_ || !inbox_.empty() || !aborts_.empty() || !new_subscribers_.empty() ||
                scheduler_->num_running() + scheduler_->num_waiting() > 0;
       });
       if (stop_) return;
     }
     DrainInbox();
     if (scheduler_->num_running() + scheduler_->num_waiting() > 0) Step();
+    PublishKvEvents();
     PublishStats();
   }
 }
@@ -180,6 +234,7 @@ bool Engine::StepOnce() {
   DrainInbox();
   const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
   if (busy) Step();
+  PublishKvEvents();
   PublishStats();
   return busy;
 }

@@ -83,6 +83,16 @@ class Engine {
   /// Unknown or finished ids are ignored.
   void Abort(const std::string& request_id);
 
+  /// Stops admitting requests (Submit answers UNAVAILABLE); queued and running ones finish.
+  void Drain();
+  bool draining() const;
+  /// True when no request is queued or running.
+  bool idle() const;
+
+  /// Subscribes to prefix-cache changes: the first batch is a snapshot of every cached block
+  /// (reset), then one batch per step that stored or evicted blocks.
+  std::shared_ptr<KvEventStream> SubscribeKvEvents();
+
   /// Manual mode (run_loop_thread == false): takes queued submissions and aborts and runs one
   /// step. Returns false when there was nothing to do.
   bool StepOnce();
@@ -107,6 +117,8 @@ class Engine {
   /// Drops a request that has no unfinished sample left.
   void ForgetRequest(RequestState* request);
   void CheckInvariants();
+  /// Sends new subscribers their snapshot and everyone the step's events.
+  void PublishKvEvents();
   void PublishStats();
 
   const LoadedModel* model_;
@@ -135,6 +147,10 @@ class Engine {
   std::vector<std::string> aborts_;
   absl::flat_hash_map<std::string, bool> live_ids_;
   bool stop_ = false;
+  bool draining_ = false;
+  std::vector<std::shared_ptr<KvEventStream>> new_subscribers_;
+  // Loop-thread side of the subscriptions.
+  std::vector<std::shared_ptr<KvEventStream>> subscribers_;
   EngineStats stats_;
 
   std::thread thread_;

@@ -30,4 +30,43 @@ void RequestStream::Push(RequestOutput output) {
   cv_.notify_all();
 }
 
+bool KvEventStream::Next(KvEventBatch* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [this] { return !queue_.empty() || closed_; });
+  if (queue_.empty() || closed_) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void KvEventStream::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+}
+
+bool KvEventStream::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+bool KvEventStream::Push(KvEventBatch batch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    if (queue_.size() >= kMaxPending) {
+      // The reader fell too far behind to catch up by deltas: make it resubscribe.
+      closed_ = true;
+      queue_.clear();
+    } else {
+      queue_.push_back(std::move(batch));
+    }
+  }
+  cv_.notify_all();
+  return true;
+}
+
 }  // namespace kvserve

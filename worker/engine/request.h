@@ -1,6 +1,7 @@
 #ifndef KVSERVE_WORKER_ENGINE_REQUEST_H_
 #define KVSERVE_WORKER_ENGINE_REQUEST_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -14,6 +15,7 @@
 #include "worker/engine/sampler.h"
 #include "worker/engine/sampling_params.h"
 #include "worker/engine/stop_checker.h"
+#include "worker/kv/block_pool.h"
 
 namespace kvserve {
 
@@ -54,6 +56,36 @@ struct RequestOutput {
   SequenceUsage usage;
   /// Not OK when the request failed or was aborted (then `finished` is true).
   absl::Status status;
+};
+
+/// A batch of prefix-cache changes for the router's global index.
+struct KvEventBatch {
+  /// Replace everything known about this worker with `events` (a snapshot of cached blocks).
+  bool reset = false;
+  std::vector<KvEvent> events;
+};
+
+/// The queue of KV events one subscriber reads. The engine pushes after every step that changed
+/// the prefix cache; a subscriber that stops reading is bounded: past `kMaxPending` batches the
+/// queue collapses into "resubscribe" (closed()) instead of growing.
+class KvEventStream {
+ public:
+  static constexpr size_t kMaxPending = 4096;
+
+  /// Waits up to `timeout` for a batch; false on timeout or when closed.
+  bool Next(KvEventBatch* out, std::chrono::milliseconds timeout);
+  /// Stops the subscription; the engine drops it at its next push.
+  void Close();
+  bool closed() const;
+
+  /// Engine side. Returns false once closed.
+  bool Push(KvEventBatch batch);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<KvEventBatch> queue_;
+  bool closed_ = false;
 };
 
 /// The thread-safe queue between the engine loop (producer) and a request's consumer. Bounded

@@ -112,8 +112,11 @@ void Scheduler::OnStepDone(const SchedulerOutput& output) {
     seq->num_computed += s.num_tokens;
     kv_->Commit(seq->id, seq->tokens, seq->num_computed);
     kv_->ReleaseOutOfWindow(seq->id, seq->num_computed);
-    seq->peak_kv_blocks =
-        std::max(seq->peak_kv_blocks, static_cast<int32_t>(kv_->BlockTable(seq->id).size()));
+    // Sliding-window holes (the null block) are not held.
+    const std::span<const BlockId> table = kv_->BlockTable(seq->id);
+    const auto held = static_cast<int32_t>(
+        table.size() - std::count(table.begin(), table.end(), kNullBlock));
+    seq->peak_kv_blocks = std::max(seq->peak_kv_blocks, held);
   }
 }
 

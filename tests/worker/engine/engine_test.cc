@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "common/block_hash/block_hash.h"
 #include "tests/worker/model/golden.h"
 
 namespace kvserve {
@@ -276,6 +277,85 @@ TEST_F(EngineTest, RejectsBadRequests) {
   absl::Status s = engine->Submit(bad_p).status();
   EXPECT_TRUE(absl::IsInvalidArgument(s));
   EXPECT_NE(s.message().find("top_p"), std::string::npos) << s;
+}
+
+TEST_F(EngineTest, SlidingWindowReleasesBlocksAndKeepsOutputs) {
+  // stories260K with a 32-token window: blocks wholly before the window are freed while the
+  // sequence decodes, and the output does not depend on chunking or batching.
+  LoadedModel windowed = *LoadModel(testing_golden::kStoriesGguf);
+  windowed.weights->config.sliding_window = 32;
+  std::vector<TokenId> prompt = {1, 403, 407, 261, 378};
+  for (int i = 0; i < 35; ++i) prompt.push_back(3 + (i * 29) % 500);
+  auto run = [&](int32_t budget, bool together) {
+    EngineOptions o = Options();
+    o.scheduler.max_num_batched_tokens = budget;
+    std::unique_ptr<Engine> engine = *Engine::Create(&windowed, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < (together ? 8 : 1); ++i) {
+      streams.push_back(*engine->Submit(Greedy(absl::StrCat("s", i), prompt, 200)));
+    }
+    std::vector<Collected> out;
+    for (auto& s : streams) out.push_back(Drain(*s)[0]);
+    ExpectPoolFree(*engine);
+    return out;
+  };
+  const std::vector<Collected> alone = run(2048, false);
+  ASSERT_EQ(alone[0].tokens.size(), 200u);
+  // 240 tokens would need 15 blocks; the window keeps at most 3 (prompt allocation aside).
+  EXPECT_LE(alone[0].final_output.usage.peak_kv_blocks, 4);
+  for (const Collected& c : run(8, true)) {
+    EXPECT_EQ(c.tokens, alone[0].tokens);
+    EXPECT_EQ(c.logprobs, alone[0].logprobs);
+  }
+  // The window changes the output compared with full attention over the same model.
+  std::unique_ptr<Engine> full = *Engine::Create(model_, Options());
+  EXPECT_NE(Drain(**full->Submit(Greedy("f", prompt, 200)))[0].tokens, alone[0].tokens);
+}
+
+TEST_F(EngineTest, KvEventsReportCachedBlocks) {
+  EngineOptions o = Options();
+  o.run_loop_thread = false;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::shared_ptr<KvEventStream> events = engine->SubscribeKvEvents();
+  engine->StepOnce();
+  KvEventBatch batch;
+  ASSERT_TRUE(events->Next(&batch, std::chrono::milliseconds(0)));
+  EXPECT_TRUE(batch.reset);
+  EXPECT_TRUE(batch.events.empty());
+  std::vector<TokenId> prompt = {1};
+  for (int i = 1; i < 40; ++i) prompt.push_back(3 + i);
+  std::shared_ptr<RequestStream> s = *engine->Submit(Greedy("k", prompt, 2));
+  while (engine->StepOnce()) {
+  }
+  // The prompt's two full blocks are stored, with the keys the router computes.
+  std::vector<BlockKey> stored;
+  while (events->Next(&batch, std::chrono::milliseconds(0))) {
+    EXPECT_FALSE(batch.reset);
+    for (const KvEvent& e : batch.events) {
+      if (e.type == KvEvent::Type::kStored) stored.push_back(e.key);
+    }
+  }
+  const std::vector<BlockKey> expected = HashFullBlocks(prompt, 16, "");
+  ASSERT_EQ(expected.size(), 2u);
+  EXPECT_EQ(stored, expected);
+  // A late subscriber gets them as a snapshot.
+  std::shared_ptr<KvEventStream> late = engine->SubscribeKvEvents();
+  engine->StepOnce();
+  ASSERT_TRUE(late->Next(&batch, std::chrono::milliseconds(0)));
+  EXPECT_TRUE(batch.reset);
+  std::vector<BlockKey> snapshot;
+  for (const KvEvent& e : batch.events) snapshot.push_back(e.key);
+  EXPECT_EQ(snapshot, expected);
+}
+
+TEST_F(EngineTest, DrainRefusesNewRequestsAndFinishesRunningOnes) {
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
+  std::shared_ptr<RequestStream> s = *engine->Submit(Greedy("d", {1, 403, 407}, 30));
+  engine->Drain();
+  EXPECT_TRUE(engine->draining());
+  EXPECT_TRUE(absl::IsUnavailable(engine->Submit(Greedy("e", {1, 5}, 3)).status()));
+  EXPECT_EQ(Drain(*s)[0].tokens.size(), 30u);
+  EXPECT_TRUE(engine->idle());
 }
 
 TEST_F(EngineTest, RandomWorkloadKeepsInvariants) {
