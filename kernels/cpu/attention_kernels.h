@@ -1,40 +1,50 @@
 #ifndef KVSERVE_KERNELS_CPU_ATTENTION_KERNELS_H_
 #define KVSERVE_KERNELS_CPU_ATTENTION_KERNELS_H_
 
-// Internal to kernels/cpu: per-ISA inner loops of PagedAttention over a run of keys that are
-// contiguous in one cache block (rows head_dim floats apart). Same rules as matmul_impl.h: the
-// ISA files use only intrinsics and file-local code.
+// Internal to kernels/cpu: per-ISA, per-KV-dtype inner loops of PagedAttention over a run of keys
+// that are contiguous in one cache block (rows head_dim elements apart). Same rules as
+// matmul_impl.h: the ISA files use only intrinsics and file-local code (plus the fp8 decode table
+// pointer, passed in as data).
 //
-// Orders (fixed per ISA, independent of how a context is cut into runs):
-//   scores: per key one dot product — scalar 8 lane sums + fixed combine; avx2 one 8-lane FMA
-//           accumulator, fixed horizontal sum, then the d % 8 tail in order; avx512 one 16-lane
-//           FMA accumulator with a masked tail, fixed horizontal sum; then * scale.
-//   accumulate: per output element d, acc[d] += p_i * v_i[d] for keys i in order (FMA on SIMD
-//           paths), so carrying acc across runs changes nothing.
+// Elements are decoded to f32 exactly (f16 / bf16 / int8 / fp8 values are all exact in f32);
+// int8 / fp8 rows carry an f32 scale that is applied outside the element loops.
+//
+// Orders (fixed per ISA and dtype, independent of how a context is cut into runs):
+//   scores: per key one dot product of q with the decoded row — scalar 8 lane sums + fixed
+//           combine; avx2 one 8-lane FMA accumulator over the 8-element chunks, the last partial
+//           chunk zero-padded, fixed horizontal sum; avx512 the same with 16 lanes; then
+//           * row scale (int8 / fp8 only), then * scale.
+//   accumulate: per output element d, acc[d] += w_i * decoded v_i[d] for keys i in order (FMA on
+//           SIMD paths), where w_i = probs[i] (times the row scale for int8 / fp8), so carrying
+//           acc across runs changes nothing.
 
 #include <cstdint>
 
+#include "kernels/kv_dtype.h"
+
 namespace kvserve::cpu::internal {
 
-/// scores[i] = dot(q, k + i * head_dim) * scale for i in [0, count).
-using AttentionScoresFn = void (*)(const float* q, const float* k, int64_t count, int64_t head_dim,
-                                   float scale, float* scores);
-/// acc[d] += probs[i] * v[i * head_dim + d] for i in [0, count), in order of i.
-using AttentionAccumulateFn = void (*)(const float* probs, const float* v, int64_t count,
-                                       int64_t head_dim, float* acc);
+/// scores[i] = dot(q, decoded row i) [* row_scales[i]] * scale for i in [0, count); row i starts
+/// at element i * head_dim of `k` (a pointer to the run's first row, in the dtype's storage).
+/// row_scales is read only for int8 / fp8.
+using AttentionScoresFn = void (*)(const float* q, const void* k, const float* row_scales,
+                                   int64_t count, int64_t head_dim, float scale, float* scores);
+/// acc[d] += probs[i] [* row_scales[i]] * decoded v row i [d] for i in [0, count), in order of i.
+using AttentionAccumulateFn = void (*)(const float* probs, const void* v, const float* row_scales,
+                                       int64_t count, int64_t head_dim, float* acc);
 
-/// One ISA's pair of inner loops.
+/// One ISA's pair of inner loops for one KV dtype.
 struct AttentionKernels {
   AttentionScoresFn scores;
   AttentionAccumulateFn accumulate;
 };
 
 /// Portable loops.
-AttentionKernels AttentionKernelsScalar();
-/// AVX2 + FMA loops (attention_kernels_avx2.cc).
-AttentionKernels AttentionKernelsAvx2();
-/// AVX-512 F loops (attention_kernels_avx512.cc).
-AttentionKernels AttentionKernelsAvx512();
+AttentionKernels AttentionKernelsScalar(KvCacheDType dtype);
+/// AVX2 + FMA + F16C loops (attention_kernels_avx2.cc).
+AttentionKernels AttentionKernelsAvx2(KvCacheDType dtype);
+/// AVX-512 F/BW/VL loops (attention_kernels_avx512.cc).
+AttentionKernels AttentionKernelsAvx512(KvCacheDType dtype);
 
 }  // namespace kvserve::cpu::internal
 
