@@ -3,11 +3,11 @@
 
 // Internal to kernels/cpu: per-ISA, per-KV-dtype inner loops of PagedAttention over a run of keys
 // that are contiguous in one cache block (rows head_dim elements apart). Same rules as
-// matmul_impl.h: the ISA files use only intrinsics and file-local code (plus the fp8 decode table
-// pointer, passed in as data).
+// matmul_impl.h: the ISA files use only intrinsics and file-local code.
 //
-// Elements are decoded to f32 exactly (f16 / bf16 / int8 / fp8 values are all exact in f32);
-// int8 / fp8 rows carry an f32 scale that is applied outside the element loops.
+// Elements are decoded to f32 exactly (f16 / bf16 / int8 / fp8 values are all exact in f32):
+// scalar fp8 through kv_quant.h's 256-entry table, SIMD fp8 by a bit move to f16 (see
+// Fp8ToHalfBits); int8 / fp8 rows carry an f32 scale applied outside the element loops.
 //
 // Orders (fixed per ISA and dtype, independent of how a context is cut into runs):
 //   scores: per key one dot product of q with the decoded row — scalar 8 lane sums + fixed

@@ -1,4 +1,5 @@
-// AVX-512 F attention inner loops. Compiled with per-file target flags (attention_kernels.h).
+// AVX-512 F/BW/VL attention inner loops. Compiled with per-file target flags
+// (attention_kernels.h).
 
 #include "kernels/cpu/attention_kernels.h"
 
@@ -23,6 +24,60 @@ __mmask16 TailMask(int64_t remaining) {
                              : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
+// Loads the 16 consecutive elements of a cache row selected by `m` as exact floats (unselected
+// lanes are 0 and their memory is not touched).
+template <KvCacheDType T>
+struct Elem;
+template <>
+struct Elem<KvCacheDType::kF32> {
+  using Type = float;
+  static __m512 Load(const float* p, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, p);
+  }
+};
+template <>
+struct Elem<KvCacheDType::kF16> {
+  using Type = uint16_t;
+  static __m512 Load(const uint16_t* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+template <>
+struct Elem<KvCacheDType::kBF16> {
+  using Type = uint16_t;
+  static __m512 Load(const uint16_t* p, __mmask16 m) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+};
+template <>
+struct Elem<KvCacheDType::kInt8> {
+  using Type = int8_t;
+  static __m512 Load(const int8_t* p, __mmask16 m) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+  }
+};
+// FP8 E4M3FN -> f16 by moving bits: s.eeee.mmm becomes the half s.0eeee.mmm0000000, which is the
+// fp8 value times 2^-8 for every finite code (normal and subnormal alike, as both formats put the
+// subnormal boundary at exponent field 0); times 256 is exact. 0x7f / 0xff get an all-ones half
+// exponent (NaN).
+__m256i Fp8ToHalfBits(__m256i codes16) {
+  const __m256i low7 = _mm256_and_si256(codes16, _mm256_set1_epi16(0x7f));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(codes16, _mm256_set1_epi16(0x80)), 8);
+  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(low7, _mm256_set1_epi16(0x7f)),
+                                       _mm256_set1_epi16(0x7c00));
+  return _mm256_or_si256(_mm256_or_si256(sign, _mm256_slli_epi16(low7, 7)), nan);
+}
+
+template <>
+struct Elem<KvCacheDType::kFp8E4M3> {
+  using Type = uint8_t;
+  static __m512 Load(const uint8_t* p, __mmask16 m) {
+    const __m256i codes = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));  // masked lanes: 0
+    return _mm512_mul_ps(_mm512_cvtph_ps(Fp8ToHalfBits(codes)), _mm512_set1_ps(256.0f));
+  }
+};
+
 float HorizontalSum(__m512 v) {  // fixed order, as in matmul_avx512.cc
   alignas(64) float t[16];
   _mm512_store_ps(t, v);
@@ -32,61 +87,106 @@ float HorizontalSum(__m512 v) {  // fixed order, as in matmul_avx512.cc
   return t[0];
 }
 
-template <int N>
-void ScoresN(const float* q, const float* k, int64_t head_dim, float scale, float* scores) {
+template <KvCacheDType T, int N>
+void ScoresN(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+             int64_t head_dim, float scale, float* scores) {
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += kLanes) {
     const __mmask16 m = TailMask(head_dim - d);
     const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
     for (int j = 0; j < N; ++j) {
-      acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + j * head_dim + d), acc[j]);
+      acc[j] = _mm512_fmadd_ps(qv, Elem<T>::Load(k + j * head_dim + d, m), acc[j]);
     }
   }
-  for (int j = 0; j < N; ++j) scores[j] = HorizontalSum(acc[j]) * scale;
+  for (int j = 0; j < N; ++j) {
+    float s = HorizontalSum(acc[j]);
+    if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[j];
+    scores[j] = s * scale;
+  }
 }
 
-void Scores(const float* q, const float* k, int64_t count, int64_t head_dim, float scale,
-            float* scores) {
+template <KvCacheDType T>
+void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
+            int64_t head_dim, float scale, float* scores) {
+  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
   int64_t key = 0;
   for (; key + kKeysPerPass <= count; key += kKeysPerPass) {
-    ScoresN<kKeysPerPass>(q, k + key * head_dim, head_dim, scale, scores + key);
+    ScoresN<T, kKeysPerPass>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim,
+                             scale, scores + key);
   }
-  for (; key < count; ++key) ScoresN<1>(q, k + key * head_dim, head_dim, scale, scores + key);
+  for (; key < count; ++key) {
+    ScoresN<T, 1>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+                  scores + key);
+  }
 }
 
-void Accumulate(const float* probs, const float* v, int64_t count, int64_t head_dim, float* acc) {
-  for (int64_t d0 = 0; d0 < head_dim; d0 += kLanes * kChunksPerPass) {
-    __mmask16 m[kChunksPerPass];
+template <KvCacheDType T>
+float Weight(const float* probs, const float* row_scales, int64_t key) {
+  if constexpr (KvCacheDTypeHasScales(T)) return probs[key] * row_scales[key];
+  return probs[key];
+}
+
+template <KvCacheDType T>
+void Accumulate(const float* probs, const void* v_bytes, const float* row_scales, int64_t count,
+                int64_t head_dim, float* acc) {
+  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
+  const __mmask16 all = TailMask(kLanes);
+  int64_t d0 = 0;
+  for (; d0 + kLanes * kChunksPerPass <= head_dim; d0 += kLanes * kChunksPerPass) {
     __m512 a[kChunksPerPass];
-    for (int c = 0; c < kChunksPerPass; ++c) {
-      const int64_t d = d0 + c * kLanes;
-      m[c] = d < head_dim ? TailMask(head_dim - d) : static_cast<__mmask16>(0);
-      a[c] = _mm512_maskz_loadu_ps(m[c], acc + d);
-    }
+    for (int c = 0; c < kChunksPerPass; ++c) a[c] = _mm512_loadu_ps(acc + d0 + c * kLanes);
     for (int64_t key = 0; key < count; ++key) {
-      const __m512 p = _mm512_set1_ps(probs[key]);
-      const float* vr = v + key * head_dim + d0;
+      const __m512 p = _mm512_set1_ps(Weight<T>(probs, row_scales, key));
+      const auto* vr = v + key * head_dim + d0;
       for (int c = 0; c < kChunksPerPass; ++c) {
-        a[c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m[c], vr + c * kLanes), a[c]);
+        a[c] = _mm512_fmadd_ps(p, Elem<T>::Load(vr + c * kLanes, all), a[c]);
       }
     }
-    for (int c = 0; c < kChunksPerPass; ++c) {
-      _mm512_mask_storeu_ps(acc + d0 + c * kLanes, m[c], a[c]);
-    }
+    for (int c = 0; c < kChunksPerPass; ++c) _mm512_storeu_ps(acc + d0 + c * kLanes, a[c]);
   }
+  for (; d0 < head_dim; d0 += kLanes) {  // remaining chunks, the last one masked
+    const __mmask16 m = TailMask(head_dim - d0);
+    __m512 a = _mm512_maskz_loadu_ps(m, acc + d0);
+    for (int64_t key = 0; key < count; ++key) {
+      const __m512 p = _mm512_set1_ps(Weight<T>(probs, row_scales, key));
+      a = _mm512_fmadd_ps(p, Elem<T>::Load(v + key * head_dim + d0, m), a);
+    }
+    _mm512_mask_storeu_ps(acc + d0, m, a);
+  }
+}
+
+template <KvCacheDType T>
+AttentionKernels Kernels() {
+  return {&Scores<T>, &Accumulate<T>};
 }
 
 }  // namespace
 
-AttentionKernels AttentionKernelsAvx512() { return {&Scores, &Accumulate}; }
+AttentionKernels AttentionKernelsAvx512(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      return Kernels<KvCacheDType::kF32>();
+    case KvCacheDType::kF16:
+      return Kernels<KvCacheDType::kF16>();
+    case KvCacheDType::kBF16:
+      return Kernels<KvCacheDType::kBF16>();
+    case KvCacheDType::kInt8:
+      return Kernels<KvCacheDType::kInt8>();
+    case KvCacheDType::kFp8E4M3:
+      return Kernels<KvCacheDType::kFp8E4M3>();
+  }
+  return Kernels<KvCacheDType::kF32>();
+}
 
 }  // namespace kvserve::cpu::internal
 
 #else  // not built with the target flags (non-x86): never selected
 
 namespace kvserve::cpu::internal {
-AttentionKernels AttentionKernelsAvx512() { return AttentionKernelsScalar(); }
+AttentionKernels AttentionKernelsAvx512(KvCacheDType dtype) {
+  return AttentionKernelsScalar(dtype);
+}
 }  // namespace kvserve::cpu::internal
 
 #endif

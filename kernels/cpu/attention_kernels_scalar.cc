@@ -1,38 +1,101 @@
 // Portable attention inner loops.
 
+#include <cstring>
+
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/kv_quant.h"
+#include "kernels/dtype.h"
 
 namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
 
-void Scores(const float* q, const float* k, int64_t count, int64_t head_dim, float scale,
-            float* scores) {
+// Storage element and exact decode of each dtype (scales are applied by the loops).
+template <KvCacheDType T>
+struct Elem;
+template <>
+struct Elem<KvCacheDType::kF32> {
+  using Type = float;
+  static float Get(const float* p, int64_t i, const float*) { return p[i]; }
+};
+template <>
+struct Elem<KvCacheDType::kF16> {
+  using Type = uint16_t;
+  static float Get(const uint16_t* p, int64_t i, const float*) { return HalfToFloat(p[i]); }
+};
+template <>
+struct Elem<KvCacheDType::kBF16> {
+  using Type = uint16_t;
+  static float Get(const uint16_t* p, int64_t i, const float*) { return BF16ToFloat(p[i]); }
+};
+template <>
+struct Elem<KvCacheDType::kInt8> {
+  using Type = int8_t;
+  static float Get(const int8_t* p, int64_t i, const float*) { return static_cast<float>(p[i]); }
+};
+template <>
+struct Elem<KvCacheDType::kFp8E4M3> {
+  using Type = uint8_t;
+  static float Get(const uint8_t* p, int64_t i, const float* table) { return table[p[i]]; }
+};
+
+template <KvCacheDType T>
+void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
+            int64_t head_dim, float scale, float* scores) {
+  using E = Elem<T>;
+  const auto* k = static_cast<const typename E::Type*>(k_bytes);
+  const float* table = T == KvCacheDType::kFp8E4M3 ? Fp8E4M3DecodeTable() : nullptr;
   for (int64_t key = 0; key < count; ++key) {
-    const float* kr = k + key * head_dim;
+    const auto* kr = k + key * head_dim;
     float lane[kLanes] = {};
     int64_t d = 0;
     for (; d + kLanes <= head_dim; d += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lane[l] += q[d + l] * kr[d + l];
+      for (int l = 0; l < kLanes; ++l) lane[l] += q[d + l] * E::Get(kr, d + l, table);
     }
-    for (int l = 0; d + l < head_dim; ++l) lane[l] += q[d + l] * kr[d + l];
-    const float dot =
+    for (int l = 0; d + l < head_dim; ++l) lane[l] += q[d + l] * E::Get(kr, d + l, table);
+    float dot =
         ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    if constexpr (KvCacheDTypeHasScales(T)) dot *= row_scales[key];
     scores[key] = dot * scale;
   }
 }
 
-void Accumulate(const float* probs, const float* v, int64_t count, int64_t head_dim, float* acc) {
+template <KvCacheDType T>
+void Accumulate(const float* probs, const void* v_bytes, const float* row_scales, int64_t count,
+                int64_t head_dim, float* acc) {
+  using E = Elem<T>;
+  const auto* v = static_cast<const typename E::Type*>(v_bytes);
+  const float* table = T == KvCacheDType::kFp8E4M3 ? Fp8E4M3DecodeTable() : nullptr;
   for (int64_t key = 0; key < count; ++key) {
-    const float p = probs[key];
-    const float* vr = v + key * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * vr[d];
+    float p = probs[key];
+    if constexpr (KvCacheDTypeHasScales(T)) p *= row_scales[key];
+    const auto* vr = v + key * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * E::Get(vr, d, table);
   }
+}
+
+template <KvCacheDType T>
+AttentionKernels Kernels() {
+  return {&Scores<T>, &Accumulate<T>};
 }
 
 }  // namespace
 
-AttentionKernels AttentionKernelsScalar() { return {&Scores, &Accumulate}; }
+AttentionKernels AttentionKernelsScalar(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      return Kernels<KvCacheDType::kF32>();
+    case KvCacheDType::kF16:
+      return Kernels<KvCacheDType::kF16>();
+    case KvCacheDType::kBF16:
+      return Kernels<KvCacheDType::kBF16>();
+    case KvCacheDType::kInt8:
+      return Kernels<KvCacheDType::kInt8>();
+    case KvCacheDType::kFp8E4M3:
+      return Kernels<KvCacheDType::kFp8E4M3>();
+  }
+  return Kernels<KvCacheDType::kF32>();
+}
 
 }  // namespace kvserve::cpu::internal

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/kv_quant.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -28,7 +29,7 @@ struct Scratch {
 };
 
 // Visits keys first..last of sequence `seq` as runs contiguous in one cache block:
-// fn(index of the run's first key relative to `first`, element offset of its row, run length).
+// fn(index of the run's first key relative to `first`, layout row of that key, run length).
 template <class Fn>
 void ForEachKeyRun(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, int64_t first,
                    int64_t last, Fn&& fn) {
@@ -38,7 +39,7 @@ void ForEachKeyRun(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, in
     const int64_t block = table[t / l.block_size];
     const int64_t slot = t % l.block_size;
     const int64_t count = std::min(l.block_size - slot, last + 1 - t);
-    fn(t - first, ((block * l.num_kv_heads + kv_head) * l.block_size + slot) * l.head_dim, count);
+    fn(t - first, (block * l.num_kv_heads + kv_head) * l.block_size + slot, count);
     t += count;
   }
 }
@@ -54,12 +55,18 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   const int64_t first = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
   const int64_t keys = pos - first + 1;
   const float* q = a.q + row * a.q_stride + kv_head * group * hd;
+  const int64_t row_bytes = hd * KvCacheDTypeElemBytes(a.layout.dtype);
+  const bool scaled = KvCacheDTypeHasScales(a.layout.dtype);
+  const auto* k_data = static_cast<const uint8_t*>(a.k_cache.data);
+  const auto* v_data = static_cast<const uint8_t*>(a.v_cache.data);
 
   scratch.probs.resize(static_cast<size_t>(group * keys));
   float* probs = scratch.probs.data();
-  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t offset, int64_t count) {
+  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t cache_row, int64_t count) {
+    const void* k = k_data + cache_row * row_bytes;
+    const float* k_scales = scaled ? a.k_cache.scales + cache_row : nullptr;
     for (int64_t g = 0; g < group; ++g) {
-      kernels.scores(q + g * hd, a.k_cache + offset, count, hd, a.scale, probs + g * keys + i);
+      kernels.scores(q + g * hd, k, k_scales, count, hd, a.scale, probs + g * keys + i);
     }
   });
   scratch.inv_sum.resize(static_cast<size_t>(group));
@@ -77,9 +84,11 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   }
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
-  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t offset, int64_t count) {
+  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t cache_row, int64_t count) {
+    const void* v = v_data + cache_row * row_bytes;
+    const float* v_scales = scaled ? a.v_cache.scales + cache_row : nullptr;
     for (int64_t g = 0; g < group; ++g) {
-      kernels.accumulate(probs + g * keys + i, a.v_cache + offset, count, hd, acc + g * hd);
+      kernels.accumulate(probs + g * keys + i, v, v_scales, count, hd, acc + g * hd);
     }
   });
   float* out = a.out + row * a.out_stride + kv_head * group * hd;
@@ -88,34 +97,39 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   }
 }
 
-internal::AttentionKernels SelectKernels(CpuIsa isa) {
+internal::AttentionKernels SelectKernels(CpuIsa isa, KvCacheDType dtype) {
   switch (isa) {
     case CpuIsa::kAvx512:
-      return internal::AttentionKernelsAvx512();
+      return internal::AttentionKernelsAvx512(dtype);
     case CpuIsa::kAvx2:
-      return internal::AttentionKernelsAvx2();
+      return internal::AttentionKernelsAvx2(dtype);
     case CpuIsa::kScalar:
       break;
   }
-  return internal::AttentionKernelsScalar();
+  return internal::AttentionKernelsScalar(dtype);
 }
 
 }  // namespace
 
 void WriteKvCache(const float* k, const float* v, int64_t n, int64_t k_stride, int64_t v_stride,
-                  const int64_t* slot_mapping, const PagedKvLayout& layout, float* k_cache,
-                  float* v_cache) {
+                  const int64_t* slot_mapping, const PagedKvLayout& layout, KvCacheBuffer k_cache,
+                  KvCacheBuffer v_cache) {
   const int64_t hd = layout.head_dim;
-  const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
+  const int64_t row_bytes = hd * KvCacheDTypeElemBytes(layout.dtype);
+  const bool scaled = KvCacheDTypeHasScales(layout.dtype);
+  auto* k_data = static_cast<uint8_t*>(k_cache.data);
+  auto* v_data = static_cast<uint8_t*>(v_cache.data);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     const int64_t block = slot / layout.block_size;
     const int64_t offset = slot % layout.block_size;
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
-      const int64_t dst = ((block * layout.num_kv_heads + h) * layout.block_size + offset) * hd;
-      std::memcpy(k_cache + dst, k + i * k_stride + h * hd, bytes);
-      std::memcpy(v_cache + dst, v + i * v_stride + h * hd, bytes);
+      const int64_t row = (block * layout.num_kv_heads + h) * layout.block_size + offset;
+      EncodeKvVector(layout.dtype, k + i * k_stride + h * hd, hd, k_data + row * row_bytes,
+                     scaled ? k_cache.scales + row : nullptr);
+      EncodeKvVector(layout.dtype, v + i * v_stride + h * hd, hd, v_data + row * row_bytes,
+                     scaled ? v_cache.scales + row : nullptr);
     }
   }
 }
@@ -134,7 +148,7 @@ void PagedAttention(const PagedAttentionArgs& args, ThreadPool* pool) {
   const int64_t items = static_cast<int64_t>(tokens.size()) * kv_heads;
   if (items == 0) return;
   total_macs *= args.num_heads;
-  const internal::AttentionKernels kernels = SelectKernels(ActiveCpuIsa());
+  const internal::AttentionKernels kernels = SelectKernels(ActiveCpuIsa(), args.layout.dtype);
   const auto run = [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
     for (int64_t item = begin; item < end; ++item) {

@@ -113,6 +113,16 @@ inline std::vector<double> DecodeRows(DType dtype, const std::vector<uint8_t>& b
   return out;
 }
 
+/// OCP FP8 E4M3FN code -> double, from the format's definition (independent of kv_quant.cc):
+/// sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m / 8 * 2^-6);
+/// s.1111.111 is NaN; no infinities.
+inline double RefFp8E4M3Decode(int code) {
+  const int s = (code >> 7) & 1, e = (code >> 3) & 15, m = code & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -mag : mag;
+}
+
 /// The ISA paths this machine can run (always includes scalar).
 inline std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
+#include "kernels/kv_dtype.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace kvserve::cpu {
@@ -30,15 +33,41 @@ struct SeqSpec {
   uint32_t seed;
 };
 
+// Independent decode of one element of a cache row (the test's own reading of the layout).
+double DecodeCached(KvCacheDType dtype, const uint8_t* data, const float* scales, int64_t row,
+                    int64_t head_dim, int64_t d) {
+  const int64_t at = row * head_dim + d;
+  switch (dtype) {
+    case KvCacheDType::kF32: {
+      float f;
+      std::memcpy(&f, data + 4 * at, 4);
+      return f;
+    }
+    case KvCacheDType::kF16:
+    case KvCacheDType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * at, 2);
+      return dtype == KvCacheDType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
+    }
+    case KvCacheDType::kInt8:
+      return double{scales[row]} * static_cast<int8_t>(data[at]);
+    case KvCacheDType::kFp8E4M3:
+      return double{scales[row]} * testing::RefFp8E4M3Decode(data[at]);
+  }
+  return 0.0;
+}
+
 // A batch of sequences with contiguous K/V/Q (the reference's view) and the same data scattered
-// into a paged cache over shuffled physical blocks (the kernel's view).
+// into a paged cache of `dtype` over shuffled physical blocks (the kernel's view). The reference
+// can use the original f32 K/V or the values the cache actually holds (decoded independently).
 class Batch {
  public:
   Batch(const std::vector<SeqSpec>& seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-        int64_t block_size, int32_t window, uint32_t seed)
+        int64_t block_size, int32_t window, uint32_t seed,
+        KvCacheDType dtype = KvCacheDType::kF32)
       : seqs_(seqs),
         num_heads_(num_heads),
-        layout_{num_kv_heads, head_dim, block_size},
+        layout_{num_kv_heads, head_dim, block_size, dtype},
         window_(window) {
     std::mt19937 rng(seed);
     const int64_t kv_width = num_kv_heads * head_dim;
@@ -68,14 +97,18 @@ class Batch {
       context_len_.push_back(s.context_len);
       num_tokens_ += s.q_len;
     }
-    // Shuffled physical blocks, plus spare ones; NaN everywhere so stray reads show up.
+    // Shuffled physical blocks, plus spare ones; NaN everywhere so stray reads show up (0xff
+    // bytes are NaN in f32 / f16 / bf16 / fp8; int8 rows get NaN scales).
     const int64_t num_blocks = total_blocks + 3;
     std::vector<int32_t> physical(static_cast<size_t>(num_blocks));
     std::iota(physical.begin(), physical.end(), 0);
     std::shuffle(physical.begin(), physical.end(), rng);
-    const size_t cache_elems = static_cast<size_t>(num_blocks * kv_width * block_size);
-    k_cache_.assign(cache_elems, std::numeric_limits<float>::quiet_NaN());
-    v_cache_.assign(cache_elems, std::numeric_limits<float>::quiet_NaN());
+    const size_t cache_rows = static_cast<size_t>(num_blocks * num_kv_heads * block_size);
+    const size_t cache_bytes = cache_rows * head_dim * KvCacheDTypeElemBytes(dtype);
+    k_cache_.assign(cache_bytes, 0xff);
+    v_cache_.assign(cache_bytes, 0xff);
+    k_scales_.assign(cache_rows, std::numeric_limits<float>::quiet_NaN());
+    v_scales_.assign(cache_rows, std::numeric_limits<float>::quiet_NaN());
     table_stride_ = max_blocks + 2;
     tables_.assign(static_cast<size_t>(seqs_.size() * table_stride_), -1);
     size_t next = 0;
@@ -86,7 +119,24 @@ class Batch {
         slots.push_back(tables_[s * table_stride_ + t / block_size] * block_size + t % block_size);
       }
       WriteKvCache(keys_[s].data(), values_[s].data(), seqs_[s].context_len, kv_width, kv_width,
-                   slots.data(), layout_, k_cache_.data(), v_cache_.data());
+                   slots.data(), layout_, KvCacheBuffer(k_cache_.data(), k_scales_.data()),
+                   KvCacheBuffer(v_cache_.data(), v_scales_.data()));
+      // What the cache holds, per token, in the contiguous order of keys_ / values_.
+      std::vector<double> k_held, v_held;
+      for (int64_t t = 0; t < seqs_[s].context_len; ++t) {
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+          const int64_t row = (slots[t] / block_size * num_kv_heads + h) * block_size +
+                              slots[t] % block_size;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            k_held.push_back(
+                DecodeCached(dtype, k_cache_.data(), k_scales_.data(), row, head_dim, d));
+            v_held.push_back(
+                DecodeCached(dtype, v_cache_.data(), v_scales_.data(), row, head_dim, d));
+          }
+        }
+      }
+      held_keys_.push_back(std::move(k_held));
+      held_values_.push_back(std::move(v_held));
     }
   }
 
@@ -108,8 +158,8 @@ class Batch {
                             context_len_.data(),
                             tables_.data(),
                             table_stride_,
-                            k_cache_.data(),
-                            v_cache_.data(),
+                            ConstKvCacheBuffer(k_cache_.data(), k_scales_.data()),
+                            ConstKvCacheBuffer(v_cache_.data(), v_scales_.data()),
                             layout_,
                             scale(),
                             window_};
@@ -117,8 +167,11 @@ class Batch {
     return out;
   }
 
-  // Naive attention in double over the contiguous K/V: the head_dim outputs of (s, j, h).
-  std::vector<double> Reference(size_t s, int64_t j, int64_t h) const {
+  // Naive attention in double over the contiguous K/V: the head_dim outputs of (s, j, h). `held`:
+  // use the values the cache holds (decoded) instead of the original f32 K/V.
+  std::vector<double> Reference(size_t s, int64_t j, int64_t h, bool held = true) const {
+    const auto key = [&](int64_t at) { return held ? held_keys_[s][at] : keys_[s][at]; };
+    const auto value = [&](int64_t at) { return held ? held_values_[s][at] : values_[s][at]; };
     const int64_t hd = layout_.head_dim;
     const int64_t kv_width = layout_.num_kv_heads * hd;
     const int64_t kvh = h / (num_heads_ / layout_.num_kv_heads);
@@ -132,7 +185,7 @@ class Batch {
         continue;
       }
       double dot = 0;
-      for (int64_t e = 0; e < hd; ++e) dot += double{q[e]} * keys_[s][t * kv_width + kvh * hd + e];
+      for (int64_t e = 0; e < hd; ++e) dot += double{q[e]} * key(t * kv_width + kvh * hd + e);
       scores.push_back(dot * scale());
       max_score = std::max(max_score, scores.back());
     }
@@ -142,25 +195,32 @@ class Batch {
       if (scores[t] == -1e300) continue;
       const double p = std::exp(scores[t] - max_score);
       sum += p;
-      for (int64_t d = 0; d < hd; ++d) acc[d] += p * values_[s][t * kv_width + kvh * hd + d];
+      for (int64_t d = 0; d < hd; ++d) acc[d] += p * value(t * kv_width + kvh * hd + d);
     }
     for (double& a : acc) a /= sum;
     return acc;
   }
 
-  void ExpectMatchesReference(const std::vector<float>& out) const {
+  // Every output within `tol` of the reference (held: over the cache's values; else over the
+  // original f32 K/V). Returns the largest difference seen.
+  double ExpectMatchesReference(const std::vector<float>& out, double tol = 2e-5,
+                                bool held = true) const {
+    double worst = 0.0;
     for (size_t s = 0; s < seqs_.size(); ++s) {
       for (int64_t j = 0; j < seqs_[s].q_len; ++j) {
         for (int64_t h = 0; h < num_heads_; ++h) {
-          const std::vector<double> ref = Reference(s, j, h);
+          const std::vector<double> ref = Reference(s, j, h, held);
           for (int64_t d = 0; d < layout_.head_dim; ++d) {
             const float got = out[(q_start_[s] + j) * out_stride() + h * layout_.head_dim + d];
-            ASSERT_NEAR(got, ref[d], 2e-5)
+            worst = std::max(worst, std::fabs(got - ref[d]));
+            EXPECT_NEAR(got, ref[d], tol)
                 << "seq " << s << " query " << j << " head " << h << " dim " << d;
+            if (::testing::Test::HasFailure()) return worst;
           }
         }
       }
     }
+    return worst;
   }
 
   // Output row of sequence s, query j (all heads).
@@ -175,11 +235,13 @@ class Batch {
   PagedKvLayout layout_;
   int32_t window_;
   std::vector<std::vector<float>> keys_, values_;  // [context, kv_heads * head_dim] per seq
+  std::vector<std::vector<double>> held_keys_, held_values_;  // same, as the cache holds them
   std::vector<float> q_;
   std::vector<int32_t> q_start_, q_len_, context_len_, tables_;
   int64_t table_stride_ = 0;
   int64_t num_tokens_ = 0;
-  std::vector<float> k_cache_, v_cache_;
+  std::vector<uint8_t> k_cache_, v_cache_;
+  std::vector<float> k_scales_, v_scales_;
 };
 
 // Decode, prefill and chunked prefill at contexts 1/15/16/17/97 in one batch.
@@ -188,10 +250,10 @@ std::vector<SeqSpec> MixedSeqs() {
           {97, 1, 15}, {97, 97, 16}, {17, 17, 17}, {16, 1, 18}};
 }
 
-void CheckBatchIndependence() {
+void CheckBatchIndependence(KvCacheDType dtype) {
   ThreadPool pool2(2), pool3(3);
   const std::vector<SeqSpec> seqs = MixedSeqs();
-  const Batch batch(seqs, 8, 2, 64, 16, 0, 42);
+  const Batch batch(seqs, 8, 2, 64, 16, 0, 42, dtype);
   const std::vector<float> base = batch.Run(nullptr);
   for (ThreadPool* pool : {&pool2, &pool3}) {
     const std::vector<float> out = batch.Run(pool);
@@ -199,7 +261,7 @@ void CheckBatchIndependence() {
   }
   // Each sequence alone, with a different physical block placement.
   for (size_t s = 0; s < seqs.size(); ++s) {
-    const Batch alone({seqs[s]}, 8, 2, 64, 16, 0, 1000 + static_cast<uint32_t>(s));
+    const Batch alone({seqs[s]}, 8, 2, 64, 16, 0, 1000 + static_cast<uint32_t>(s), dtype);
     const std::vector<float> out = alone.Run(&pool2);
     for (int64_t j = 0; j < seqs[s].q_len; ++j) {
       ASSERT_EQ(0, std::memcmp(alone.Row(out, 0, j), batch.Row(base, s, j), batch.RowBytes()))
@@ -210,22 +272,24 @@ void CheckBatchIndependence() {
 
 // A query token's output is bit-identical whether it is computed in a full prefill, in a chunk of
 // a chunked prefill or as a decode step (the engine relies on this), and whatever the block size.
-void CheckPrefillChunkedDecode() {
+// For int8 / fp8 this also needs quantization to depend on the token alone (per-token scales).
+void CheckPrefillChunkedDecode(KvCacheDType dtype) {
   constexpr int32_t kCtx = 97;
   constexpr uint32_t kSeed = 77;
   ThreadPool pool(2);
   for (int32_t window : {0, 7}) {
     std::vector<float> first_block_size_result;
     for (int64_t block_size : {16, 1, 5}) {
-      const Batch prefill({{kCtx, kCtx, kSeed}}, 4, 2, 64, block_size, window, 5);
+      const Batch prefill({{kCtx, kCtx, kSeed}}, 4, 2, 64, block_size, window, 5, dtype);
       const std::vector<float> full = prefill.Run(&pool);
       prefill.ExpectMatchesReference(full);
+      if (::testing::Test::HasFailure()) return;
       if (first_block_size_result.empty()) first_block_size_result = full;
       ASSERT_EQ(
           0, std::memcmp(full.data(), first_block_size_result.data(), full.size() * sizeof(float)))
           << "block size " << block_size;
       // Chunk: the last 40 tokens of the same 97.
-      const Batch chunk({{kCtx, 40, kSeed}}, 4, 2, 64, block_size, window, 6);
+      const Batch chunk({{kCtx, 40, kSeed}}, 4, 2, 64, block_size, window, 6, dtype);
       const std::vector<float> chunk_out = chunk.Run(nullptr);
       for (int64_t j = 0; j < 40; ++j) {
         ASSERT_EQ(0, std::memcmp(chunk.Row(chunk_out, 0, j), prefill.Row(full, 0, kCtx - 40 + j),
@@ -235,7 +299,7 @@ void CheckPrefillChunkedDecode() {
       const std::vector<int32_t> positions = {0, 15, 16, 50, 96};
       std::vector<SeqSpec> steps;
       for (int32_t p : positions) steps.push_back({p + 1, 1, kSeed});
-      const Batch decode(steps, 4, 2, 64, block_size, window, 7);
+      const Batch decode(steps, 4, 2, 64, block_size, window, 7, dtype);
       const std::vector<float> decode_out = decode.Run(&pool);
       for (size_t i = 0; i < positions.size(); ++i) {
         ASSERT_EQ(0, std::memcmp(decode.Row(decode_out, i, 0), prefill.Row(full, 0, positions[i]),
@@ -263,7 +327,7 @@ TEST(PagedAttentionTest, MatchesContiguousNaiveAttention) {
             SCOPED_TRACE(std::string(CpuIsaName(isa)));
             const ScopedIsa scoped(isa);
             batch.ExpectMatchesReference(batch.Run(seed % 2 ? &pool : nullptr));
-            if (HasFatalFailure()) return;
+            if (HasFailure()) return;
           }
         }
       }
@@ -272,36 +336,137 @@ TEST(PagedAttentionTest, MatchesContiguousNaiveAttention) {
 }
 
 TEST(PagedAttentionTest, ResultsIndependentOfBatchAndThreads) {
-  for (CpuIsa isa : SupportedIsas()) {
-    SCOPED_TRACE(std::string(CpuIsaName(isa)));
-    const ScopedIsa scoped(isa);
-    CheckBatchIndependence();
-    if (HasFatalFailure()) return;
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (CpuIsa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " " + std::string(CpuIsaName(isa)));
+      const ScopedIsa scoped(isa);
+      CheckBatchIndependence(dtype);
+      if (HasFailure()) return;
+    }
   }
 }
 
 TEST(PagedAttentionTest, PrefillChunkedAndDecodeAgreeBitwise) {
-  for (CpuIsa isa : SupportedIsas()) {
-    SCOPED_TRACE(std::string(CpuIsaName(isa)));
-    const ScopedIsa scoped(isa);
-    CheckPrefillChunkedDecode();
-    if (HasFatalFailure()) return;
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (CpuIsa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " " + std::string(CpuIsaName(isa)));
+      const ScopedIsa scoped(isa);
+      CheckPrefillChunkedDecode(dtype);
+      if (HasFailure()) return;
+    }
   }
 }
 
 TEST(PagedAttentionTest, SimdPathsAgreeWithScalar) {
-  const Batch batch(MixedSeqs(), 8, 2, 72, 16, 0, 9);  // head_dim 72: SIMD tails
-  std::vector<float> scalar;
-  {
-    const ScopedIsa scoped(CpuIsa::kScalar);
-    scalar = batch.Run(nullptr);
-  }
-  for (CpuIsa isa : SupportedIsas()) {
-    const ScopedIsa scoped(isa);
-    const std::vector<float> out = batch.Run(nullptr);
-    for (size_t i = 0; i < out.size(); ++i) {
-      ASSERT_NEAR(out[i], scalar[i], 1e-5) << CpuIsaName(isa) << " element " << i;
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (int64_t head_dim : {72, 77}) {  // SIMD tails of 8 and of 13 elements
+      const Batch batch(MixedSeqs(), 8, 2, head_dim, 16, 0, 9, dtype);
+      std::vector<float> scalar;
+      {
+        const ScopedIsa scoped(CpuIsa::kScalar);
+        scalar = batch.Run(nullptr);
+      }
+      for (CpuIsa isa : SupportedIsas()) {
+        const ScopedIsa scoped(isa);
+        const std::vector<float> out = batch.Run(nullptr);
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_NEAR(out[i], scalar[i], 1e-5) << KvCacheDTypeName(dtype) << " " << CpuIsaName(isa)
+                                               << " head_dim " << head_dim << " element " << i;
+        }
+      }
     }
+  }
+}
+
+// Every int8 / fp8 code decodes exactly on every path: a one-token context makes the output the
+// V row times its scale, element by element (K is all zero codes, so the score is 0).
+TEST(PagedAttentionTest, EveryQuantizedCodeDecodesExactly) {
+  for (KvCacheDType dtype : {KvCacheDType::kInt8, KvCacheDType::kFp8E4M3}) {
+    for (int64_t head_dim : {256, 37}) {  // all codes; a SIMD tail
+      const PagedKvLayout layout{1, head_dim, 2, dtype};
+      // One block of 2 slots; the token is slot 0 (slot 1 is never read).
+      std::vector<uint8_t> k_cache(static_cast<size_t>(2 * head_dim), 0), v_cache(k_cache);
+      for (int64_t d = 0; d < head_dim; ++d) {
+        v_cache[d] = static_cast<uint8_t>(head_dim == 256 ? d : 0x60 + d);
+      }
+      const std::vector<float> k_scales = {1.0f, 0.0f}, v_scales = {0.5f, 0.0f};
+      const std::vector<float> q(static_cast<size_t>(head_dim), 1.0f);
+      std::vector<float> out(q.size());
+      const int32_t q_start = 0, q_len = 1, context = 1, table = 0;
+      const ConstKvCacheBuffer k_buf(k_cache.data(), k_scales.data());
+      const ConstKvCacheBuffer v_buf(v_cache.data(), v_scales.data());
+      const PagedAttentionArgs args{q.data(), head_dim, out.data(), head_dim, 1, 1, &q_start,
+                                    &q_len, &context, &table, 1, k_buf, v_buf, layout, 1.0f, 0};
+      for (CpuIsa isa : SupportedIsas()) {
+        const ScopedIsa scoped(isa);
+        PagedAttention(args, nullptr);
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const uint8_t code = v_cache[d];
+          const double want = 0.5 * (dtype == KvCacheDType::kInt8
+                                         ? static_cast<double>(static_cast<int8_t>(code))
+                                         : testing::RefFp8E4M3Decode(code));
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(out[d])) << CpuIsaName(isa) << " code " << int{code};
+          } else {
+            EXPECT_EQ(out[d], want) << KvCacheDTypeName(dtype) << " " << CpuIsaName(isa)
+                                    << " code " << int{code};
+          }
+        }
+      }
+    }
+  }
+}
+
+// Loose bound on |attention over the dtype's cache - attention over the f32 K/V| for this test's
+// data (K, V uniform in [-1, 1], Q in [-2, 2]): the dtype's own rounding, not the kernel's.
+double F32Tolerance(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      return 2e-5;
+    case KvCacheDType::kF16:
+      return 2e-3;
+    case KvCacheDType::kBF16:
+      return 1.5e-2;
+    case KvCacheDType::kInt8:
+      return 1.5e-2;
+    case KvCacheDType::kFp8E4M3:
+      return 8e-2;
+  }
+  return 0.0;
+}
+
+// Every dtype: tight against a double reference over the values the cache holds (the kernel
+// dequantizes exactly), loose against the f32 reference (what the dtype costs in accuracy).
+TEST(PagedAttentionTest, EveryDTypeMatchesReferences) {
+  ThreadPool pool(2);
+  uint32_t seed = 100;
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    double worst_held = 0.0, worst_f32 = 0.0;
+    for (int64_t head_dim : {8, 77, 128}) {
+      for (int64_t group : {1, 4}) {
+        for (int64_t block_size : {16, 1}) {
+          for (int32_t window : {0, 5}) {
+            SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " head_dim " +
+                         std::to_string(head_dim) + " group " + std::to_string(group) + " block " +
+                         std::to_string(block_size) + " window " + std::to_string(window));
+            const int64_t kv_heads = 2;
+            const Batch batch(MixedSeqs(), kv_heads * group, kv_heads, head_dim, block_size,
+                              window, seed++, dtype);
+            for (CpuIsa isa : SupportedIsas()) {
+              SCOPED_TRACE(std::string(CpuIsaName(isa)));
+              const ScopedIsa scoped(isa);
+              const std::vector<float> out = batch.Run(seed % 2 ? &pool : nullptr);
+              worst_held = std::max(worst_held, batch.ExpectMatchesReference(out, 2e-5, true));
+              worst_f32 = std::max(
+                  worst_f32, batch.ExpectMatchesReference(out, F32Tolerance(dtype), false));
+              if (HasFailure()) return;
+            }
+          }
+        }
+      }
+    }
+    std::printf("%-5s max |out - ref(held)| %.3g, max |out - ref(f32)| %.3g\n",
+                std::string(KvCacheDTypeName(dtype)).c_str(), worst_held, worst_f32);
   }
 }
 
@@ -321,6 +486,35 @@ TEST(PagedAttentionTest, WriteKvCacheSkipsNegativeSlots) {
     }
   }
   EXPECT_EQ(std::count(k_cache.begin(), k_cache.end(), -1.0f), 32 - 8);
+}
+
+TEST(PagedAttentionTest, WriteKvCacheQuantizesPerTokenAndHead) {
+  const PagedKvLayout layout{2, 4, 2, KvCacheDType::kInt8};
+  // Token 0: head 0 absmax 2.54, head 1 absmax 0.127; token 1 is padding.
+  const std::vector<float> k = {2.54f, -1.27f, 0.01f, 0.0f, 0.127f, 0.0635f, -0.127f, 0.0f,
+                                9.0f,  9.0f,   9.0f,  9.0f, 9.0f,   9.0f,    9.0f,    9.0f};
+  std::vector<float> v(16, 0.0f);  // all zero: scale 0
+  std::vector<uint8_t> k_cache(2 * 2 * 2 * 4, 0x55), v_cache(k_cache);
+  std::vector<float> k_scales(2 * 2 * 2, -1.0f), v_scales(k_scales);
+  const int64_t slots[2] = {3, -1};  // block 1, offset 1
+  WriteKvCache(k.data(), v.data(), 2, 8, 8, slots, layout,
+               KvCacheBuffer(k_cache.data(), k_scales.data()),
+               KvCacheBuffer(v_cache.data(), v_scales.data()));
+  const int64_t row0 = (1 * 2 + 0) * 2 + 1, row1 = (1 * 2 + 1) * 2 + 1;
+  EXPECT_EQ(k_scales[row0], 2.54f / 127.0f);
+  EXPECT_EQ(k_scales[row1], 0.127f / 127.0f);
+  EXPECT_EQ(v_scales[row0], 0.0f);
+  EXPECT_EQ(v_scales[row1], 0.0f);
+  const int8_t want0[4] = {127, -64, 0, 0};  // -1.27 / 0.02 ~ -63.5
+  const int8_t want1[4] = {127, 64, -127, 0};  // 0.0635 / 0.001 ~ 63.5
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(static_cast<int8_t>(k_cache[row0 * 4 + d]), want0[d]) << d;
+    EXPECT_EQ(static_cast<int8_t>(k_cache[row1 * 4 + d]), want1[d]) << d;
+    EXPECT_EQ(v_cache[row0 * 4 + d], 0);
+  }
+  // Nothing else touched.
+  EXPECT_EQ(std::count(k_cache.begin(), k_cache.end(), 0x55), 32 - 8);
+  EXPECT_EQ(std::count(k_scales.begin(), k_scales.end(), -1.0f), 8 - 2);
 }
 
 }  // namespace
