@@ -4,7 +4,10 @@
 #include <cstring>
 #include <utility>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "worker/planner/capacity_planner.h"
 
 namespace kvserve {
 
@@ -17,6 +20,76 @@ struct RequestState {
   int32_t samples_unfinished = 0;
 };
 
+namespace {
+
+// What the capacity planner needs to know of a loaded model.
+ModelSpec SpecOf(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  ModelSpec spec;
+  spec.model_type = c.architecture;
+  spec.source = w.source_path;
+  spec.num_layers = c.num_layers;
+  spec.hidden_size = c.hidden_size;
+  spec.num_heads = c.num_heads;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.intermediate_size = c.intermediate_size;
+  spec.vocab_size = c.vocab_size;
+  spec.tie_word_embeddings = c.tie_word_embeddings;
+  spec.qkv_bias = c.qkv_bias;
+  spec.max_position_embeddings = c.max_position_embeddings;
+  spec.sliding_window = c.sliding_window;
+  ShardedSizes bytes;
+  bytes.replicated = w.TotalBytes();  // one rank holds everything
+  spec.tensor_bytes = bytes;
+  return spec;
+}
+
+int64_t SystemMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? int64_t{pages} * page_size : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
+                                           const EngineOptions& options) {
+  if (options.num_kv_blocks > 0) return options.num_kv_blocks;
+  const ModelConfig& config = weights.config;
+  const ModelSpec spec = SpecOf(weights);
+  int64_t budget = options.kv_cache_memory;
+  if (budget == 0 && options.gpu_memory_utilization > 0) {
+    PlanOptions plan;
+    plan.gpu_memory_bytes =
+        options.device_memory > 0 ? options.device_memory : SystemMemoryBytes();
+    plan.gpu_memory_utilization = options.gpu_memory_utilization;
+    plan.kv_dtype = options.kv_cache_dtype;
+    plan.block_size = options.block_size;
+    plan.max_num_batched_tokens = options.scheduler.max_num_batched_tokens;
+    plan.max_num_seqs = options.scheduler.max_num_seqs;
+    absl::StatusOr<Plan> p = PlanCapacity(spec, plan);
+    if (!p.ok()) return p.status();
+    return p->chosen().num_kv_blocks;
+  }
+  if (budget == 0) {
+    absl::StatusOr<int64_t> per_token = KvBytesPerToken(spec, options.kv_cache_dtype, 1);
+    if (!per_token.ok()) return per_token.status();
+    const int64_t full =
+        int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings * *per_token;
+    budget = std::min<int64_t>(full, int64_t{4} << 30);
+  }
+  absl::StatusOr<int64_t> blocks =
+      KvBlocksForBudget(spec, options.kv_cache_dtype, 1, options.block_size, budget);
+  if (!blocks.ok()) return blocks.status();
+  if (*blocks < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV budget of ", budget, " bytes holds ", *blocks,
+        " blocks; need at least 2 (one is reserved)"));
+  }
+  return *blocks;
+}
+
 absl::Status EngineOptions::Validate() const {
   if (block_size <= 0 || block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("block_size must be in [1, 1024], got ",
@@ -24,6 +97,10 @@ absl::Status EngineOptions::Validate() const {
   }
   if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
   if (kv_cache_memory < 0) return absl::InvalidArgumentError("kv_cache_memory must be >= 0");
+  if (!(gpu_memory_utilization >= 0.0 && gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_memory_utilization must be in [0, 1], got ", gpu_memory_utilization));
+  }
   if (max_n <= 0) return absl::InvalidArgumentError("max_n must be positive");
   return scheduler.Validate();
 }
@@ -42,29 +119,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
   if (!llama.ok()) return llama.status();
   engine->llama_ = std::move(*llama);
 
-  int64_t num_blocks = options.num_kv_blocks;
-  const int64_t block_bytes = KvCache::BytesPerToken(config) * options.block_size;
-  if (num_blocks == 0) {
-    int64_t memory = options.kv_cache_memory;
-    if (memory == 0) {
-      const int64_t full = int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings *
-                           KvCache::BytesPerToken(config);
-      memory = std::min<int64_t>(full, int64_t{4} << 30);
-    }
-    num_blocks = memory / block_bytes;
-  }
-  if (num_blocks < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV pool of ", num_blocks, " blocks is too small: need at least 2 (one is reserved); a block is ",
-        block_bytes, " bytes"));
-  }
+  absl::StatusOr<int64_t> num_blocks = PoolBlocks(*model->weights, options);
+  if (!num_blocks.ok()) return num_blocks.status();
   absl::StatusOr<std::unique_ptr<KvCache>> cache =
-      KvCache::Create(config, num_blocks, options.block_size);
+      KvCache::Create(config, *num_blocks, options.block_size, options.kv_cache_dtype);
   if (!cache.ok()) return cache.status();
   engine->cache_ = std::move(*cache);
 
   KvManagerOptions kv_options;
-  kv_options.num_blocks = static_cast<int32_t>(num_blocks);
+  kv_options.num_blocks = static_cast<int32_t>(*num_blocks);
   kv_options.block_size = options.block_size;
   kv_options.enable_prefix_caching = options.scheduler.enable_prefix_caching;
   kv_options.sliding_window = config.sliding_window;

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_dtype.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
@@ -31,9 +32,17 @@ struct EngineOptions {
   int32_t block_size = 16;
   /// KV pool size in blocks (including the reserved null block). 0: derive from kv_cache_memory.
   int64_t num_kv_blocks = 0;
-  /// Bytes of KV memory when num_kv_blocks is 0; 0: enough for max_num_seqs full-length
-  /// sequences, capped at 4 GiB.
+  /// Bytes of KV memory when num_kv_blocks is 0 (--kv-cache-memory).
   int64_t kv_cache_memory = 0;
+  /// When num_kv_blocks and kv_cache_memory are 0 and this is > 0: the pool gets this fraction
+  /// of the device's memory minus the weights and the activation peak, computed by the capacity
+  /// planner (on the CPU the device is the machine's RAM). When all three are 0: room for
+  /// max_num_seqs full-length sequences, capped at 4 GiB.
+  double gpu_memory_utilization = 0.0;
+  /// Device memory for gpu_memory_utilization; 0 reads it from the system.
+  int64_t device_memory = 0;
+  /// Element type of the cached K and V.
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   SchedulerOptions scheduler;
   /// Most samples per request (n).
   int32_t max_n = 16;
@@ -103,6 +112,9 @@ class Engine {
 
  private:
   Engine(const LoadedModel* model, const EngineOptions& options);
+  /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
+  static absl::StatusOr<int64_t> PoolBlocks(const ModelWeights& weights,
+                                            const EngineOptions& options);
   void Loop();
   /// Moves submitted and aborted requests from the inbox into the scheduler.
   void DrainInbox();

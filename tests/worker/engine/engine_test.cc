@@ -4,6 +4,7 @@
 
 #include "worker/engine/engine.h"
 
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -310,6 +311,45 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAndKeepsOutputs) {
   // The window changes the output compared with full attention over the same model.
   std::unique_ptr<Engine> full = *Engine::Create(model_, Options());
   EXPECT_NE(Drain(**full->Submit(Greedy("f", prompt, 200)))[0].tokens, alone[0].tokens);
+}
+
+TEST_F(EngineTest, QuantizedKvCacheDtypes) {
+  // How many leading greedy tokens of each golden prompt survive a lower-precision KV cache
+  // (f32 KV reproduces all of them). Printed for the record; the bounds catch a broken codec.
+  const auto golden = testing_golden::LoadStoriesGolden();
+  const int64_t budget = int64_t{8} << 20;
+  int64_t f32_blocks = 0;
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kF16, KvCacheDType::kBF16,
+                             KvCacheDType::kInt8, KvCacheDType::kFp8E4M3}) {
+    EngineOptions o = Options();
+    o.kv_cache_dtype = dtype;
+    o.kv_cache_memory = budget;
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+    if (dtype == KvCacheDType::kF32) f32_blocks = engine->num_kv_blocks();
+    // The same budget holds more blocks of a narrower dtype: 4 bytes per element for f32,
+    // 2 for f16/bf16, 1 + 4/head_dim for int8/fp8 (head_dim 8 here).
+    const double expected_ratio = dtype == KvCacheDType::kF32   ? 1.0
+                                  : dtype == KvCacheDType::kF16 ||
+                                          dtype == KvCacheDType::kBF16
+                                      ? 2.0
+                                      : 32.0 / 12.0;
+    EXPECT_NEAR(static_cast<double>(engine->num_kv_blocks()) / f32_blocks, expected_ratio, 0.01);
+    for (const auto& c : golden.cases) {
+      EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
+      const Collected got = Drain(**engine->Submit(r))[0];
+      size_t match = 0;
+      while (match < got.tokens.size() && got.tokens[match] == c.generated_ids[match]) ++match;
+      std::printf("kv dtype %-4s prompt \"%s\": %zu of %zu leading tokens match f32\n",
+                  std::string(KvCacheDTypeName(dtype)).c_str(), c.prompt.c_str(), match,
+                  c.generated_ids.size());
+      if (dtype == KvCacheDType::kF32 || dtype == KvCacheDType::kF16) {
+        EXPECT_EQ(match, c.generated_ids.size());
+      } else {
+        EXPECT_GE(match, 8u);
+      }
+    }
+    ExpectPoolFree(*engine);
+  }
 }
 
 TEST_F(EngineTest, KvEventsReportCachedBlocks) {
