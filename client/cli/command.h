@@ -22,6 +22,9 @@ int ReportError(std::string_view command, const absl::Status& status);
 Command AddTokenizeCommand(CLI::App& app);
 Command AddGenerateCommand(CLI::App& app);
 Command AddPlanCommand(CLI::App& app);
+Command AddWorkerCommand(CLI::App& app);
+Command AddRouterCommand(CLI::App& app);
+Command AddUpCommand(CLI::App& app);
 
 }  // namespace kvserve::cli
 

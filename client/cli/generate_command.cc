@@ -1,14 +1,19 @@
 // `kvserve generate`: run a model on one or more prompts on this machine through the engine
 // (continuous batching over the paged KV pool) and stream the text.
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/cli/command.h"
+#include "client/cli/engine_flags.h"
+#include "client/sdk/client.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
@@ -18,6 +23,7 @@ namespace {
 
 struct GenerateOptions {
   std::string model;
+  std::string endpoint;
   std::vector<std::string> prompts;
   std::string prompts_file;
   int32_t n = 1;
@@ -123,6 +129,137 @@ absl::Status ReadPromptsFile(const std::string& path, std::vector<std::string>& 
   return absl::OkStatus();
 }
 
+// --endpoint: the same request sent to a router or worker over gRPC with the SDK. The server
+// owns the engine, so the engine flags do not apply and no pool statistics are printed.
+absl::Status WithEndpoint(const std::string& endpoint, const absl::Status& s) {
+  return absl::Status(s.code(), endpoint + ": " + std::string(s.message()));
+}
+
+absl::StatusOr<GenerateParams> ToRemoteParams(const GenerateOptions& o) {
+  if (o.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens: must be >= 0");
+  if (o.top_k < 0) return absl::InvalidArgumentError("--top-k: must be >= 0");
+  if (o.n < 1) return absl::InvalidArgumentError("--n: must be >= 1");
+  GenerateParams p;
+  p.model = o.model;
+  p.max_tokens = static_cast<uint32_t>(o.max_tokens);
+  p.sampling.temperature = o.temperature;
+  p.sampling.top_p = o.top_p;
+  p.sampling.top_k = static_cast<uint32_t>(o.top_k);
+  p.sampling.min_p = o.min_p;
+  p.sampling.repetition_penalty = o.repetition_penalty;
+  p.sampling.presence_penalty = o.presence_penalty;
+  p.sampling.frequency_penalty = o.frequency_penalty;
+  p.sampling.seed = o.seed;
+  p.stop = o.stop;
+  p.stop_token_ids = o.stop_token_ids;
+  p.ignore_eos = o.ignore_eos;
+  p.n = static_cast<uint32_t>(o.n);
+  if (o.logprobs >= 0) p.logprobs = static_cast<uint32_t>(o.logprobs);
+  p.cache_salt = o.cache_salt;
+  p.add_special_tokens = !o.no_special;
+  return p;
+}
+
+// The same JSON object as SampleJson, from a remote sample.
+nlohmann::json RemoteSampleJson(const std::vector<TokenId>& prompt_ids, const CompletionSample& s) {
+  nlohmann::json j = {{"prompt_token_ids", prompt_ids},
+                      {"token_ids", s.token_ids},
+                      {"text", s.text},
+                      {"finish_reason", std::string(CompletionFinishReasonName(s.finish_reason))},
+                      {"usage",
+                       {{"prompt_tokens", s.usage.prompt_tokens},
+                        {"completion_tokens", s.usage.completion_tokens},
+                        {"cached_prompt_tokens", s.usage.cached_prompt_tokens},
+                        {"peak_kv_blocks", s.usage.peak_kv_blocks}}}};
+  if (!s.stop_reason.empty()) j["stop_reason"] = s.stop_reason;
+  if (!s.logprobs.empty()) {
+    nlohmann::json lps = nlohmann::json::array();
+    for (const CompletionLogprobs& lp : s.logprobs) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const CompletionTokenLogprob& t : lp.top) {
+        top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
+      }
+      lps.push_back(
+          {{"token_id", lp.token_id}, {"logprob", lp.logprob}, {"top_logprobs", std::move(top)}});
+    }
+    j["logprobs"] = std::move(lps);
+  }
+  return j;
+}
+
+// One prompt's remote result: its token ids (JSON mode only) and the gathered completion.
+struct RemoteResult {
+  std::vector<TokenId> prompt_ids;
+  absl::StatusOr<Completion> completion;
+};
+
+// In JSON mode the prompt is tokenized by the endpoint first, so that prompt_token_ids can be
+// printed and exactly those ids are generated from.
+RemoteResult GenerateOneRemote(Client& client, GenerateParams params, const std::string& prompt,
+                               bool json) {
+  RemoteResult r;
+  if (json) {
+    absl::StatusOr<std::vector<TokenId>> ids = client.Tokenize(
+        {.model = params.model, .text = prompt, .add_special_tokens = params.add_special_tokens});
+    if (!ids.ok()) {
+      r.completion = ids.status();
+      return r;
+    }
+    r.prompt_ids = std::move(*ids);
+    params.prompt_token_ids = r.prompt_ids;
+  } else {
+    params.prompt = prompt;
+  }
+  r.completion = client.GenerateSync(params);
+  return r;
+}
+
+int RunRemoteGenerate(const GenerateOptions& opts) {
+  absl::StatusOr<GenerateParams> params = ToRemoteParams(opts);
+  if (!params.ok()) return ReportError("generate", params.status());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(opts.endpoint);
+  if (!client.ok()) return ReportError("generate", WithEndpoint(opts.endpoint, client.status()));
+  if (!opts.json && opts.prompts.size() == 1 && opts.n == 1) {
+    // Stream the text as it arrives.
+    GenerateParams p = *params;
+    p.prompt = opts.prompts[0];
+    absl::Status s = (*client)->Generate(p, [](const GenerateChunk& chunk) {
+      std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+    if (!s.ok()) return ReportError("generate", WithEndpoint(opts.endpoint, s));
+    return 0;
+  }
+  // Several prompts run concurrently (a few calls at a time) and print in order.
+  constexpr size_t kMaxConcurrentCalls = 8;
+  std::vector<RemoteResult> results(opts.prompts.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min(kMaxConcurrentCalls, opts.prompts.size()); ++t) {
+    threads.emplace_back([&] {
+      for (size_t i = next++; i < opts.prompts.size(); i = next++) {
+        results[i] = GenerateOneRemote(**client, *params, opts.prompts[i], opts.json);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].completion.ok()) {
+      return ReportError("generate", WithEndpoint(opts.endpoint, results[i].completion.status()));
+    }
+    for (const CompletionSample& s : results[i].completion->samples) {
+      if (opts.json) {
+        PrintJson(RemoteSampleJson(results[i].prompt_ids, s));
+      } else {
+        std::printf("%s%s\n", opts.prompts[i].c_str(), s.text.c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int RunGenerate(GenerateOptions opts) {
   if (!opts.prompts_file.empty()) {
     if (absl::Status s = ReadPromptsFile(opts.prompts_file, opts.prompts); !s.ok()) {
@@ -131,6 +268,11 @@ int RunGenerate(GenerateOptions opts) {
   }
   if (opts.prompts.empty()) {
     return ReportError("generate", absl::InvalidArgumentError("no prompt: use --prompt or --prompts-file"));
+  }
+  if (!opts.endpoint.empty()) return RunRemoteGenerate(opts);
+  if (opts.model.empty()) {
+    return ReportError("generate",
+                       absl::InvalidArgumentError("--model is required without --endpoint"));
   }
   absl::StatusOr<LoadedModel> model = LoadModel(opts.model);
   if (!model.ok()) return ReportError("generate", model.status());
@@ -195,8 +337,15 @@ int RunGenerate(GenerateOptions opts) {
 Command AddGenerateCommand(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* sub = app.add_subcommand(
-      "generate", "Generate text from prompts with a local model, streaming it to stdout.");
-  sub->add_option("--model", o->model, "GGUF file or Hugging Face model directory")->required();
+      "generate",
+      "Generate text from prompts with a local model (or on a router/worker with --endpoint), "
+      "streaming it to stdout.");
+  sub->add_option("--model", o->model,
+                  "GGUF file or Hugging Face model directory; with --endpoint, a served model's "
+                  "name (default: the endpoint's only model)");
+  sub->add_option("--endpoint", o->endpoint,
+                  "HOST:PORT of a kvserve router or worker: generate there over gRPC instead of "
+                  "loading the model here (the engine flags then do not apply)");
   sub->add_option("--prompt", o->prompts, "Prompt text; repeat for several prompts");
   sub->add_option("--max-tokens", o->max_tokens, "Most tokens to generate per prompt")
       ->capture_default_str();
@@ -232,25 +381,7 @@ Command AddGenerateCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cache-salt", o->cache_salt,
                   "Prefix-cache namespace: only requests with the same salt share blocks");
-  EngineOptions& e = o->engine;
-  sub->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
-  sub->add_option("--num-kv-blocks", e.num_kv_blocks,
-                  "KV pool size in blocks; 0 sizes it from --kv-cache-memory")
-      ->capture_default_str();
-  sub->add_option("--kv-cache-memory", e.kv_cache_memory,
-                  "KV pool bytes; 0: room for --max-num-seqs full-length sequences, at most 4 GiB")
-      ->capture_default_str();
-  sub->add_option("--max-num-seqs", e.scheduler.max_num_seqs, "Most sequences running at once")
-      ->capture_default_str();
-  sub->add_option("--max-num-batched-tokens", e.scheduler.max_num_batched_tokens,
-                  "Token budget of one engine step (prefill chunks + decodes)")
-      ->capture_default_str();
-  sub->add_flag("!--no-prefix-caching", e.scheduler.enable_prefix_caching,
-                "Do not reuse KV blocks of identical prefixes");
-  sub->add_flag("!--no-chunked-prefill", e.scheduler.enable_chunked_prefill,
-                "Only admit a prompt when all of it fits in one step");
-  sub->add_option("--threads", e.num_threads, "Compute threads; 0 uses every core")
-      ->capture_default_str();
+  AddEngineFlags(sub, &o->engine);
   return {sub, [o] { return RunGenerate(*o); }};
 }
 

@@ -21,6 +21,11 @@ bool RequestStream::TryNext(RequestOutput* out) {
   return true;
 }
 
+void RequestStream::SetListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  listener_ = std::move(listener);
+}
+
 void RequestStream::Push(RequestOutput output) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -28,11 +33,21 @@ void RequestStream::Push(RequestOutput output) {
     queue_.push_back(std::move(output));
   }
   cv_.notify_all();
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  if (listener_) listener_();
 }
 
 bool KvEventStream::Next(KvEventBatch* out, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, timeout, [this] { return !queue_.empty() || closed_; });
+  if (queue_.empty() || closed_) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+bool KvEventStream::TryNext(KvEventBatch* out) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (queue_.empty() || closed_) return false;
   *out = std::move(queue_.front());
   queue_.pop_front();
@@ -46,6 +61,17 @@ void KvEventStream::Close() {
     queue_.clear();
   }
   cv_.notify_all();
+  NotifyListener();
+}
+
+void KvEventStream::SetListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void KvEventStream::NotifyListener() {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  if (listener_) listener_();
 }
 
 bool KvEventStream::closed() const {
@@ -66,6 +92,7 @@ bool KvEventStream::Push(KvEventBatch batch) {
     }
   }
   cv_.notify_all();
+  NotifyListener();
   return true;
 }
 

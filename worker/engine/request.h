@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -74,18 +75,32 @@ class KvEventStream {
 
   /// Waits up to `timeout` for a batch; false on timeout or when closed.
   bool Next(KvEventBatch* out, std::chrono::milliseconds timeout);
+  /// Non-blocking variant: false when nothing is queued right now or when closed.
+  bool TryNext(KvEventBatch* out);
   /// Stops the subscription; the engine drops it at its next push.
   void Close();
   bool closed() const;
+
+  /// Registers a callback run after every Push and on Close (on the pushing or closing thread,
+  /// outside the queue's lock, so it may call TryNext), letting an event-driven reader (a gRPC
+  /// reactor) be woken instead of blocking a thread in Next. Replaces any previous listener; an
+  /// empty function removes it. Once SetListener returns, the previous listener is not running
+  /// and will not be called again. The listener must not call SetListener itself.
+  void SetListener(std::function<void()> listener);
 
   /// Engine side. Returns false once closed.
   bool Push(KvEventBatch batch);
 
  private:
+  void NotifyListener();
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<KvEventBatch> queue_;
   bool closed_ = false;
+  // Separate from mu_ so the listener can read the queue while it runs.
+  std::mutex listener_mu_;
+  std::function<void()> listener_;
 };
 
 /// The thread-safe queue between the engine loop (producer) and a request's consumer. Bounded
@@ -100,6 +115,15 @@ class RequestStream {
   /// Non-blocking variant: false when nothing is queued right now.
   bool TryNext(RequestOutput* out);
 
+  /// Registers a callback run after every Push (on the engine thread, outside the queue's lock,
+  /// so it may call TryNext), letting an event-driven reader (a gRPC reactor) be woken instead of
+  /// blocking a thread in Next. It must be quick and must not block. Replaces any previous
+  /// listener; an empty function removes it. Once SetListener returns, the previous listener is
+  /// not running and will not be called again, so its captures may be destroyed. Messages pushed
+  /// before the listener was set do not call it: read them with TryNext after setting it. The
+  /// listener must not call SetListener itself.
+  void SetListener(std::function<void()> listener);
+
   /// Engine side.
   void Push(RequestOutput output);
 
@@ -108,6 +132,9 @@ class RequestStream {
   std::condition_variable cv_;
   std::deque<RequestOutput> queue_;
   int32_t samples_left_;
+  // Separate from mu_ so the listener can read the queue while it runs.
+  std::mutex listener_mu_;
+  std::function<void()> listener_;
 };
 
 }  // namespace kvserve

@@ -1,0 +1,50 @@
+#include "client/cli/engine_flags.h"
+
+#include <optional>
+#include <string>
+
+#include "kernels/kv_dtype.h"
+
+namespace kvserve::cli {
+
+void AddEngineFlags(CLI::App* app, EngineOptions* options) {
+  EngineOptions& e = *options;
+  app->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
+  app->add_option("--num-kv-blocks", e.num_kv_blocks,
+                  "KV pool size in blocks; 0 sizes it from --kv-cache-memory")
+      ->capture_default_str();
+  app->add_option("--kv-cache-memory", e.kv_cache_memory,
+                  "KV pool bytes; 0: room for --max-num-seqs full-length sequences, at most 4 GiB")
+      ->capture_default_str();
+  app->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
+                  "With --num-kv-blocks and --kv-cache-memory 0: give the KV pool this fraction "
+                  "of the device's memory minus weights and activations (0 disables)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [options](const std::string& name) {
+           std::optional<KvCacheDType> dtype = KvCacheDTypeFromName(name);
+           // CLI11 reports this as a usage error naming the flag.
+           if (!dtype)
+             throw CLI::ValidationError("--kv-cache-dtype", "unknown dtype '" + name + "'");
+           options->kv_cache_dtype = *dtype;
+         },
+         "Element type of the KV cache: f32, f16, bf16, int8 or fp8")
+      ->default_str(std::string(KvCacheDTypeName(e.kv_cache_dtype)));
+  app->add_option("--max-num-seqs", e.scheduler.max_num_seqs, "Most sequences running at once")
+      ->capture_default_str();
+  app->add_option("--max-num-batched-tokens", e.scheduler.max_num_batched_tokens,
+                  "Token budget of one engine step (prefill chunks + decodes)")
+      ->capture_default_str();
+  app->add_flag("!--no-prefix-caching", e.scheduler.enable_prefix_caching,
+                "Do not reuse KV blocks of identical prefixes");
+  app->add_flag("!--no-chunked-prefill", e.scheduler.enable_chunked_prefill,
+                "Only admit a prompt when all of it fits in one step");
+  app->add_option("--threads", e.num_threads, "Compute threads; 0 uses every core")
+      ->capture_default_str();
+  app->add_option("--max-n", e.max_n, "Most samples (n) one request may ask for")
+      ->capture_default_str();
+}
+
+}  // namespace kvserve::cli

@@ -1,0 +1,146 @@
+// `kvserve router`: the KV-aware router in front of a set of workers.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/command.h"
+#include "router/router_server.h"
+#include "router/routing_policy.h"
+#include "router/worker_pool.h"
+
+namespace kvserve::cli {
+namespace {
+
+struct RouterFlags {
+  std::string listen = "0.0.0.0:8000";
+  std::string workers;
+  std::string workers_dns;
+  std::string model;
+  std::string model_name;
+  std::string policy = std::string(kDefaultRoutingPolicy);
+  int block_size = 16;
+  int max_inflight_per_worker = 64;
+  int max_queue = 256;
+  double load_weight = KvAwareConfig{}.load_weight;
+  int balance_threshold = KvAwareConfig{}.balance_threshold;
+  int probe_interval_ms = 1000;
+  int probe_timeout_ms = 500;
+  int failure_threshold = 2;
+  int dns_interval_ms = 5000;
+};
+
+absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
+  RouterOptions options;
+  options.listen = flags.listen;
+  options.model_path = flags.model;
+  options.model_name = flags.model_name;
+  options.policy = flags.policy;
+  options.policy_config.kv_aware.load_weight = flags.load_weight;
+  options.policy_config.kv_aware.balance_threshold = flags.balance_threshold;
+  options.dispatch.block_size = flags.block_size;
+  options.dispatch.max_inflight_per_worker = flags.max_inflight_per_worker;
+  options.dispatch.max_queue = flags.max_queue;
+  if (!flags.workers.empty()) {
+    absl::StatusOr<std::vector<std::string>> workers = ParseWorkerList(flags.workers, "workers");
+    if (!workers.ok()) return workers.status();
+    options.pool.static_workers = *std::move(workers);
+  }
+  options.pool.dns_target = flags.workers_dns;
+  if (flags.probe_interval_ms <= 0 || flags.probe_timeout_ms <= 0 || flags.dns_interval_ms <= 0) {
+    return absl::InvalidArgumentError(
+        "probe-interval-ms/probe-timeout-ms/dns-interval-ms: must be positive");
+  }
+  options.pool.probe_interval = absl::Milliseconds(flags.probe_interval_ms);
+  options.pool.probe_timeout = absl::Milliseconds(flags.probe_timeout_ms);
+  options.pool.dns_interval = absl::Milliseconds(flags.dns_interval_ms);
+  options.pool.failure_threshold = flags.failure_threshold;
+  return options;
+}
+
+int RunRouter(const RouterFlags& flags) {
+  absl::StatusOr<RouterOptions> options = ToOptions(flags);
+  if (!options.ok()) return ReportError("router", options.status());
+  // Block SIGINT/SIGTERM before any thread starts (threads inherit the mask), then wait for
+  // them here: shutdown runs on the main thread, not in a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
+  if (!router.ok()) return ReportError("router", router.status());
+  const size_t colon = flags.listen.rfind(':');
+  const std::string host =
+      colon == std::string::npos ? flags.listen : flags.listen.substr(0, colon);
+  std::printf("kvserve router listening on %s:%d\n", host.c_str(), (*router)->port());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "kvserve router: %s received, shutting down\n",
+               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  (*router)->Shutdown(absl::Seconds(5));
+  return 0;
+}
+
+}  // namespace
+
+Command AddRouterCommand(CLI::App& app) {
+  auto flags = std::make_shared<RouterFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "router", "Serve kvserve.v1.Inference, routing each request to a worker by policy.");
+  sub->add_option("--listen", flags->listen, "HOST:PORT to serve on (port 0 picks one)")
+      ->capture_default_str();
+  auto* workers = sub->add_option("--workers", flags->workers, "Worker addresses: A,B,...");
+  auto* dns = sub->add_option("--workers-dns", flags->workers_dns,
+                              "NAME:PORT re-resolved periodically (Kubernetes headless service)");
+  workers->excludes(dns);
+  dns->excludes(workers);
+  sub->add_option("--model", flags->model,
+                  "The workers' model (GGUF file or model directory): its tokenizer is used")
+      ->required();
+  sub->add_option("--model-name", flags->model_name,
+                  "Name reported by ListModels (default: the model file or directory name)");
+  sub->add_option("--policy", flags->policy, "round_robin, least_loaded or kv_aware")
+      ->capture_default_str();
+  sub->add_option("--block-size", flags->block_size, "KV block size in tokens (as the workers)")
+      ->capture_default_str();
+  sub->add_option("--max-inflight-per-worker", flags->max_inflight_per_worker,
+                  "Requests in flight per worker before queueing")
+      ->capture_default_str();
+  sub->add_option("--max-queue", flags->max_queue,
+                  "Requests queued when all workers are full; beyond: RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  sub->add_option("--load-weight", flags->load_weight,
+                  "kv_aware: cost of relative load against prefix reuse")
+      ->capture_default_str();
+  sub->add_option("--balance-threshold", flags->balance_threshold,
+                  "kv_aware: load gap (requests) above which the least loaded worker is used; "
+                  "negative disables")
+      ->capture_default_str();
+  sub->add_option("--probe-interval-ms", flags->probe_interval_ms, "Health and load probe period")
+      ->capture_default_str();
+  sub->add_option("--probe-timeout-ms", flags->probe_timeout_ms, "Deadline of each probe")
+      ->capture_default_str();
+  sub->add_option("--failure-threshold", flags->failure_threshold,
+                  "Consecutive failed probes that eject a worker")
+      ->capture_default_str();
+  sub->add_option("--dns-interval-ms", flags->dns_interval_ms, "DNS re-resolution period")
+      ->capture_default_str();
+  return {sub, [flags] {
+            if (flags->workers.empty() == flags->workers_dns.empty()) {
+              return ReportError("router",
+                                 absl::InvalidArgumentError(
+                                     "workers: give exactly one of --workers and --workers-dns"));
+            }
+            return RunRouter(*flags);
+          }};
+}
+
+}  // namespace kvserve::cli

@@ -1,0 +1,92 @@
+#ifndef KVSERVE_ROUTER_DISPATCHER_H_
+#define KVSERVE_ROUTER_DISPATCHER_H_
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "router/prefix_index.h"
+#include "router/routing_policy.h"
+#include "router/worker_pool.h"
+
+namespace kvserve {
+
+/// A request that needs a worker slot. Implemented by the Generate forwarding call.
+class PendingRequest {
+ public:
+  virtual ~PendingRequest() = default;
+  /// What the policy sees of the request (block_size is filled in by the dispatcher); the
+  /// keys stay valid while the request is pending.
+  virtual RoutingRequest routing_request() const = 0;
+  /// True for workers the request must not go to (one that already failed it).
+  virtual bool Excludes(WorkerId worker) const = 0;
+  /// A slot on `worker` is reserved for the request (its in-flight count already includes it);
+  /// the request must call Dispatcher::Release(worker) when it is done with it. Called without
+  /// the dispatcher's lock held.
+  virtual void Start(std::shared_ptr<WorkerHandle> worker) = 0;
+  /// The request was queued and can no longer be served (no routable worker is left).
+  virtual void Reject(absl::Status status) = 0;
+};
+
+/// Admission limits.
+struct DispatcherOptions {
+  /// Requests in flight per worker, > 0; a full worker is not offered to the policy.
+  int max_inflight_per_worker = 64;
+  /// Requests waiting for a slot when every routable worker is full, >= 0; beyond it new
+  /// requests fail with RESOURCE_EXHAUSTED.
+  int max_queue = 256;
+  /// Tokens per KV block (for the policy's hit ratio).
+  int block_size = 16;
+};
+
+/// Admission control and worker choice: reserves a slot on the worker the policy picks among
+/// the routable workers with room, queues requests (FIFO) while all are full, and starts
+/// queued requests as slots free up or workers come back. Thread-safe; the policy runs under
+/// the dispatcher's lock.
+class Dispatcher {
+ public:
+  /// The pointers must outlive the dispatcher.
+  Dispatcher(const DispatcherOptions& options, WorkerPool* pool, PrefixIndex* index,
+             RoutingPolicy* policy);
+
+  /// Starts `request` on a worker now, or queues it. RESOURCE_EXHAUSTED when every routable
+  /// worker is full and the queue too; UNAVAILABLE when no worker is routable. On OK the
+  /// request has been started or will be started or rejected later.
+  absl::Status Submit(PendingRequest* request);
+  /// Reserves a slot for a retry, bypassing the queue (the request already waited its turn):
+  /// nullptr when no routable, non-excluded worker has room.
+  std::shared_ptr<WorkerHandle> ReserveNow(PendingRequest* request);
+  /// Removes a queued request; false when it is not queued (already started or rejected).
+  bool Withdraw(PendingRequest* request);
+  /// Frees the request's slot on `worker` and starts queued requests that now fit.
+  void Release(WorkerHandle& worker);
+  /// Starts queued requests that fit; rejects them all when no worker is routable. Run when
+  /// the pool's view changes.
+  void Pump();
+
+  /// Requests waiting in the queue.
+  size_t queued() const;
+  /// Blocks until exactly `count` requests are queued or `timeout` passes.
+  bool WaitForQueued(size_t count, absl::Duration timeout) const;
+
+ private:
+  /// Picks a worker for `request` and reserves its slot; nullptr when none has room.
+  std::shared_ptr<WorkerHandle> ReserveLocked(const PendingRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DispatcherOptions options_;
+  WorkerPool* const pool_;
+  PrefixIndex* const index_;
+  RoutingPolicy* const policy_;
+
+  mutable absl::Mutex mu_;
+  std::deque<PendingRequest*> queue_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_ROUTER_DISPATCHER_H_

@@ -1,0 +1,263 @@
+#include "router/generate_call.h"
+
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/server_context.h"
+#include "kvserve/v1/inference.grpc.pb.h"
+
+namespace kvserve {
+namespace {
+
+// Failures before the first response that another worker may not repeat: the worker is down,
+// full, or broken. INVALID_ARGUMENT and friends would fail the same way anywhere.
+bool IsRetryable(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+/// One attempt of the request on one worker: a client streaming call driven by callbacks.
+/// Keeps itself alive (self_) until OnDone; a hold keeps OnDone back until the GenerateCall
+/// has decided it starts no more reads (StopReading), so ReadNext never races OnDone.
+class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::GenerateResponse>,
+                                     public std::enable_shared_from_this<Upstream> {
+ public:
+  Upstream(GenerateCall* call, const v1::GenerateRequest& request,
+           std::chrono::system_clock::time_point deadline)
+      : call_(call), request_(request) {
+    if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
+  }
+
+  void Begin(v1::Inference::Stub& stub) {
+    self_ = shared_from_this();
+    stub.async()->Generate(&context_, &request_, this);
+    AddHold();
+    StartRead(&message_);
+    StartCall();
+  }
+  void ReadNext() { StartRead(&message_); }
+  void StopReading() {
+    if (!hold_released_.exchange(true)) RemoveHold();
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      call_->OnUpstreamRead(this, &message_);
+    } else {
+      StopReading();  // end of stream or failure: OnDone follows with the status
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->OnUpstreamDone(status);
+    self_.reset();  // may delete this; nothing below
+  }
+
+ private:
+  GenerateCall* const call_;
+  grpc::ClientContext context_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse message_;
+  std::atomic<bool> hold_released_{false};
+  std::shared_ptr<Upstream> self_;
+};
+
+GenerateCall::GenerateCall(grpc::CallbackServerContext* context, v1::GenerateRequest request,
+                           std::vector<BlockKey> block_keys, Dispatcher* dispatcher,
+                           WorkerPool* pool)
+    : context_(context),
+      request_(std::move(request)),
+      block_keys_(std::move(block_keys)),
+      dispatcher_(dispatcher),
+      pool_(pool) {}
+
+GenerateCall::~GenerateCall() = default;
+
+void GenerateCall::Begin() {
+  const absl::Status status = dispatcher_->Submit(this);
+  if (!status.ok()) {
+    RequestFinish(
+        grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+  }
+}
+
+RoutingRequest GenerateCall::routing_request() const {
+  RoutingRequest routing;
+  routing.block_keys = block_keys_;
+  routing.prompt_tokens = request_.prompt_token_ids_size();
+  return routing;
+}
+
+bool GenerateCall::Excludes(WorkerId worker) const {
+  absl::MutexLock lock(&mu_);
+  return excluded_.contains(worker);
+}
+
+void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
+  std::shared_ptr<Upstream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cancelled_) {
+      ++attempts_;
+      worker_ = worker;
+      upstream = std::make_shared<Upstream>(this, request_, context_->deadline());
+      upstream_ = upstream;
+    }
+  }
+  if (upstream == nullptr) {
+    // Cancelled between the dispatcher's reservation and now.
+    dispatcher_->Release(*worker);
+    RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
+    return;
+  }
+  upstream->Begin(worker->inference());
+}
+
+void GenerateCall::Reject(absl::Status status) {
+  RequestFinish(
+      grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+}
+
+void GenerateCall::OnUpstreamRead(Upstream* upstream, v1::GenerateResponse* message) {
+  bool forward = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cancelled_ && !finish_requested_) {
+      forward = true;
+      first_received_ = true;
+      write_pending_ = true;
+      outgoing_ = std::move(*message);
+      if (outgoing_.worker().empty()) outgoing_.set_worker(worker_->address());
+    }
+  }
+  if (forward) {
+    StartWrite(&outgoing_);
+  } else {
+    upstream->Cancel();
+    upstream->StopReading();
+  }
+}
+
+void GenerateCall::OnWriteDone(bool ok) {
+  std::shared_ptr<Upstream> upstream;
+  bool read_next = false;
+  bool ready = false;
+  grpc::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    write_pending_ = false;
+    upstream = upstream_;
+    read_next = ok && !cancelled_ && upstream != nullptr;
+    ready = ReadyToFinishLocked();
+    status = final_status_;
+  }
+  if (upstream != nullptr) {
+    if (read_next) {
+      upstream->ReadNext();
+    } else {
+      upstream->Cancel();  // the client is gone: stop the worker
+      upstream->StopReading();
+    }
+  }
+  if (ready) Finish(status);
+}
+
+void GenerateCall::OnUpstreamDone(const grpc::Status& status) {
+  std::shared_ptr<WorkerHandle> worker;
+  grpc::Status final_status;
+  bool retry = false;
+  bool worker_unreachable = false;
+  {
+    absl::MutexLock lock(&mu_);
+    upstream_.reset();
+    worker_unreachable = !cancelled_ && status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    worker = std::move(worker_);
+    if (status.ok()) {
+      final_status = grpc::Status::OK;
+    } else if (cancelled_) {
+      final_status =
+          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+              ? status
+              : grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client");
+    } else if (first_received_) {
+      final_status =
+          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+              ? status
+              : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat("worker ", worker->address(),
+                                          " failed after streaming started (code ",
+                                          static_cast<int>(status.error_code()), ": ",
+                                          status.error_message(), "); the output is incomplete"));
+    } else {
+      final_status = grpc::Status(status.error_code(), absl::StrCat("worker ", worker->address(),
+                                                                    ": ", status.error_message()));
+      if (attempts_ < 2 && IsRetryable(status.error_code())) {
+        excluded_.insert(worker->id());
+        retry = true;
+      }
+    }
+  }
+  // A worker that cannot be reached counts towards its ejection like a failed probe.
+  if (worker_unreachable) pool_->ReportFailure(*worker);
+  dispatcher_->Release(*worker);
+  if (retry) {
+    std::shared_ptr<WorkerHandle> next = dispatcher_->ReserveNow(this);
+    if (next != nullptr) {
+      Start(std::move(next));
+      return;
+    }
+  }
+  RequestFinish(final_status);
+}
+
+void GenerateCall::OnCancel() {
+  if (dispatcher_->Withdraw(this)) {
+    RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled while queued"));
+    return;
+  }
+  std::shared_ptr<Upstream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    upstream = upstream_;
+  }
+  if (upstream != nullptr) upstream->Cancel();
+}
+
+void GenerateCall::OnDone() { delete this; }
+
+void GenerateCall::RequestFinish(const grpc::Status& status) {
+  bool ready = false;
+  grpc::Status final_status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finish_requested_) {
+      finish_requested_ = true;
+      final_status_ = status;
+    }
+    ready = ReadyToFinishLocked();
+    final_status = final_status_;
+  }
+  if (ready) Finish(final_status);  // may lead to OnDone on another thread: touch nothing after
+}
+
+bool GenerateCall::ReadyToFinishLocked() {
+  if (!finish_requested_ || finished_ || write_pending_ || upstream_ != nullptr) return false;
+  finished_ = true;
+  return true;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,96 @@
+#ifndef KVSERVE_ROUTER_GENERATE_CALL_H_
+#define KVSERVE_ROUTER_GENERATE_CALL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/block_hash/block_hash.h"
+#include "grpcpp/support/server_callback.h"
+#include "kvserve/v1/inference.pb.h"
+#include "router/dispatcher.h"
+#include "router/worker_pool.h"
+
+namespace grpc {
+class CallbackServerContext;
+}  // namespace grpc
+
+namespace kvserve {
+
+/// One Generate RPC forwarded through the router.
+///
+/// Threading: callback reactors on both sides, so no thread blocks per stream. The server side
+/// is this ServerWriteReactor; each attempt on a worker is an Upstream ClientReadReactor. One
+/// response is in flight at a time: the upstream's next read starts only when the client's
+/// write of the previous message completes, so a slow client slows its worker stream instead
+/// of buffering without bound. A mutex orders the two sides' callbacks.
+///
+/// Lifecycle: Begin() submits to the dispatcher (started now, queued, or refused). Once started
+/// on a worker, a failure before the first response message is retried once on another worker
+/// (codes UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, UNKNOWN, INTERNAL; the failed worker is
+/// excluded); a failure after it ends the stream with UNAVAILABLE. Client cancellation and the
+/// client's deadline cancel the upstream call; the deadline is also set on it. Finish is
+/// called once, only after the upstream call has ended and no write is pending; OnDone
+/// deletes the object.
+class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+                           public PendingRequest {
+ public:
+  /// `request` is already validated and carries prompt_token_ids and a request_id;
+  /// `block_keys` are its prompt's keys.
+  GenerateCall(grpc::CallbackServerContext* context, v1::GenerateRequest request,
+               std::vector<BlockKey> block_keys, Dispatcher* dispatcher, WorkerPool* pool);
+  ~GenerateCall() override;
+
+  /// Hands the request to the dispatcher; finishes at once when it is refused.
+  void Begin();
+
+  // PendingRequest.
+  RoutingRequest routing_request() const override;
+  bool Excludes(WorkerId worker) const override;
+  void Start(std::shared_ptr<WorkerHandle> worker) override;
+  void Reject(absl::Status status) override;
+
+  // grpc::ServerWriteReactor.
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  class Upstream;
+
+  void OnUpstreamRead(Upstream* upstream, v1::GenerateResponse* message);
+  void OnUpstreamDone(const grpc::Status& status);
+  /// Records the final status and finishes when nothing is outstanding.
+  void RequestFinish(const grpc::Status& status);
+  /// Finish when requested and nothing is outstanding; called with mu_ held, returns whether
+  /// the caller must call Finish(final_status_) after unlocking.
+  bool ReadyToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  grpc::CallbackServerContext* const context_;
+  const v1::GenerateRequest request_;
+  const std::vector<BlockKey> block_keys_;
+  Dispatcher* const dispatcher_;
+  WorkerPool* const pool_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<WorkerHandle> worker_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<WorkerId> excluded_ ABSL_GUARDED_BY(mu_);
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  bool first_received_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  /// The message being written to the client; touched only while no write is pending.
+  v1::GenerateResponse outgoing_;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_ROUTER_GENERATE_CALL_H_

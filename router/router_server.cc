@@ -1,0 +1,125 @@
+#include "router/router_server.h"
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/tokenizer_loader/tokenizer_loader.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "router/router_service.h"
+
+namespace kvserve {
+
+std::string ModelNameFromPath(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // trailing '/'
+  if (std::filesystem::is_directory(p)) return p.filename().string();
+  return p.stem().string();
+}
+
+struct RouterServer::State {
+  std::unique_ptr<Tokenizer> tokenizer;
+  PrefixIndex index;
+  std::unique_ptr<RoutingPolicy> policy;
+  std::unique_ptr<WorkerPool> pool;
+  std::unique_ptr<Dispatcher> dispatcher;
+  std::unique_ptr<RouterService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  absl::Mutex shutdown_mu;
+  bool shut_down = false;
+};
+
+RouterServer::RouterServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+RouterServer::~RouterServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& options) {
+  if (options.model_path.empty()) {
+    return absl::InvalidArgumentError("model: a model path (--model) is required");
+  }
+  if (options.dispatch.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block-size: must be positive, got ", options.dispatch.block_size));
+  }
+  if (options.dispatch.max_inflight_per_worker <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max-inflight-per-worker: must be positive, got ",
+                     options.dispatch.max_inflight_per_worker));
+  }
+  if (options.dispatch.max_queue < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max-queue: must not be negative, got ", options.dispatch.max_queue));
+  }
+  const double load_weight = options.policy_config.kv_aware.load_weight;
+  if (!(load_weight >= 0) || load_weight > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load-weight: must be a finite value >= 0, got ", load_weight));
+  }
+  auto state = std::make_unique<State>();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.model_path);
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrCat("model: ", tokenizer.status().message()));
+  }
+  state->tokenizer = *std::move(tokenizer);
+  absl::StatusOr<std::unique_ptr<RoutingPolicy>> policy =
+      RoutingPolicyRegistry::Default().Create(options.policy, options.policy_config);
+  if (!policy.ok()) return policy.status();
+  state->policy = *std::move(policy);
+
+  absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
+      WorkerPool::Create(options.pool, &state->index);
+  if (!pool.ok()) return pool.status();
+  state->pool = *std::move(pool);
+  state->dispatcher = std::make_unique<Dispatcher>(options.dispatch, state->pool.get(),
+                                                   &state->index, state->policy.get());
+  state->pool->SetChangeListener([d = state->dispatcher.get()] { d->Pump(); });
+
+  RouterServiceOptions service_options;
+  service_options.model_name =
+      options.model_name.empty() ? ModelNameFromPath(options.model_path) : options.model_name;
+  service_options.block_size = options.dispatch.block_size;
+  RouterServiceDeps deps;
+  deps.tokenizer = state->tokenizer.get();
+  deps.dispatcher = state->dispatcher.get();
+  deps.pool = state->pool.get();
+  state->service = std::make_unique<RouterService>(service_options, deps);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &state->port);
+  builder.RegisterService(state->service.get());
+  state->server = builder.BuildAndStart();
+  if (state->server == nullptr || state->port == 0) {
+    state->pool->Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot serve on '", options.listen, "' (address in use or invalid)"));
+  }
+  return std::unique_ptr<RouterServer>(new RouterServer(std::move(state)));
+}
+
+int RouterServer::port() const { return state_->port; }
+
+void RouterServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&state_->shutdown_mu);
+    if (state_->shut_down) return;
+    state_->shut_down = true;
+  }
+  // Running calls are cancelled at the deadline; their upstream calls end with them, so the
+  // pool and dispatcher they use can be stopped afterwards.
+  state_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  state_->server->Wait();
+  state_->pool->Shutdown();
+}
+
+WorkerPool& RouterServer::pool() { return *state_->pool; }
+PrefixIndex& RouterServer::index() { return state_->index; }
+Dispatcher& RouterServer::dispatcher() { return *state_->dispatcher; }
+
+}  // namespace kvserve

@@ -1,0 +1,64 @@
+#ifndef KVSERVE_ROUTER_ROUTER_SERVER_H_
+#define KVSERVE_ROUTER_ROUTER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "router/dispatcher.h"
+#include "router/routing_policy.h"
+#include "router/worker_pool.h"
+
+namespace kvserve {
+
+/// Everything `kvserve router` is configured with.
+struct RouterOptions {
+  /// HOST:PORT to serve on; port 0 picks a free one (see RouterServer::port()).
+  std::string listen = "0.0.0.0:8000";
+  /// The model's tokenizer: a GGUF file, tokenizer.json or a model directory (the same files
+  /// the workers load).
+  std::string model_path;
+  /// Name ListModels reports; empty derives it from model_path (file or directory name without
+  /// extension).
+  std::string model_name;
+  /// Routing policy registry name and tuning.
+  std::string policy = std::string(kDefaultRoutingPolicy);
+  RoutingPolicyConfig policy_config;
+  /// Admission limits and the KV block size (must match the workers').
+  DispatcherOptions dispatch;
+  /// Worker discovery and health checking.
+  WorkerPoolOptions pool;
+};
+
+/// The name ListModels reports for a model path: "stories260K" for ".../stories260K.gguf".
+std::string ModelNameFromPath(const std::string& path);
+
+/// The router process: loads the tokenizer, builds the worker pool, prefix index, policy and
+/// dispatcher, and serves kvserve.v1.Inference, grpc.health.v1 and reflection.
+class RouterServer {
+ public:
+  /// Validates the options and starts serving; errors name the option.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterOptions& options);
+  ~RouterServer();
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  /// The port actually bound.
+  int port() const;
+  /// Stops accepting calls, cancels the running ones after `grace`, then stops the pool.
+  /// Idempotent; the destructor calls it with no grace.
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
+
+  WorkerPool& pool();
+  PrefixIndex& index();
+  Dispatcher& dispatcher();
+
+ private:
+  struct State;
+  explicit RouterServer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_ROUTER_ROUTER_SERVER_H_

@@ -1,0 +1,156 @@
+#include "router/router_service.h"
+
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/block_hash/block_hash.h"
+#include "grpcpp/server_context.h"
+#include "router/generate_call.h"
+
+namespace kvserve {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+/// A Generate that fails before reaching any worker.
+class FailedGenerate final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit FailedGenerate(const absl::Status& status) { Finish(ToGrpc(status)); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(status));
+  return reactor;
+}
+
+}  // namespace
+
+RouterService::RouterService(const RouterServiceOptions& options, const RouterServiceDeps& deps)
+    : options_(options), deps_(deps), id_nonce_(std::random_device{}()) {}
+
+absl::Status RouterService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == options_.model_name) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model: '", model, "' is not served here (serving '", options_.model_name, "')"));
+}
+
+absl::StatusOr<v1::GenerateRequest> RouterService::PrepareRequest(
+    const v1::GenerateRequest& request) {
+  if (absl::Status status = CheckModel(request.model()); !status.ok()) return status;
+  v1::GenerateRequest out = request;
+  out.clear_model();
+  const bool has_text = !request.prompt().empty();
+  const bool has_ids = request.prompt_token_ids_size() > 0;
+  if (has_text == has_ids) {
+    return absl::InvalidArgumentError(
+        "prompt/prompt_token_ids: exactly one of prompt and prompt_token_ids must be set");
+  }
+  const int vocab_size = deps_.tokenizer->vocab_size();
+  if (has_text) {
+    EncodeOptions encode;
+    encode.add_special_tokens = !request.has_add_special_tokens() || request.add_special_tokens();
+    absl::StatusOr<std::vector<TokenId>> ids = deps_.tokenizer->Encode(request.prompt(), encode);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message()));
+    }
+    if (ids->empty()) return absl::InvalidArgumentError("prompt: encodes to no tokens");
+    out.clear_prompt();
+    for (TokenId id : *ids) out.add_prompt_token_ids(static_cast<uint32_t>(id));
+  } else {
+    for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+      if (request.prompt_token_ids(i) >= static_cast<uint32_t>(vocab_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt_token_ids[", i, "]: ", request.prompt_token_ids(i),
+                         " is outside the vocabulary (size ", vocab_size, ")"));
+      }
+    }
+  }
+  if (out.request_id().empty()) {
+    out.set_request_id(absl::StrFormat("rtr-%016x-%d", id_nonce_, next_id_.fetch_add(1)));
+  }
+  return out;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  absl::StatusOr<v1::GenerateRequest> prepared = PrepareRequest(*request);
+  if (!prepared.ok()) return new FailedGenerate(prepared.status());
+  std::vector<TokenId> ids(prepared->prompt_token_ids().begin(),
+                           prepared->prompt_token_ids().end());
+  std::vector<BlockKey> keys = HashFullBlocks(ids, options_.block_size, prepared->cache_salt());
+  auto* call = new GenerateCall(context, *std::move(prepared), std::move(keys), deps_.dispatcher,
+                                deps_.pool);
+  call->Begin();
+  return call;
+}
+
+grpc::ServerUnaryReactor* RouterService::ListModels(grpc::CallbackServerContext* context,
+                                                    const v1::ListModelsRequest* /*request*/,
+                                                    v1::ListModelsResponse* response) {
+  v1::ModelCard* card = response->add_models();
+  card->set_name(options_.model_name);
+  card->set_vocab_size(static_cast<uint32_t>(deps_.tokenizer->vocab_size()));
+  // The context length is the workers' (they hold the weights); the first one that answered.
+  for (const auto& worker : deps_.pool->Workers()) {
+    if (std::optional<v1::ModelInfo> info = worker->model_info()) {
+      card->set_max_model_len(info->max_model_len());
+      break;
+    }
+  }
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
+                                                  const v1::TokenizeRequest* request,
+                                                  v1::TokenizeResponse* response) {
+  if (absl::Status status = CheckModel(request->model()); !status.ok()) {
+    return FinishUnary(context, status);
+  }
+  EncodeOptions encode;
+  encode.add_special_tokens = !request->has_add_special_tokens() || request->add_special_tokens();
+  absl::StatusOr<std::vector<TokenId>> ids = deps_.tokenizer->Encode(request->text(), encode);
+  if (!ids.ok()) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError(absl::StrCat("text: ", ids.status().message())));
+  }
+  for (TokenId id : *ids) response->add_token_ids(static_cast<uint32_t>(id));
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RouterService::Detokenize(grpc::CallbackServerContext* context,
+                                                    const v1::DetokenizeRequest* request,
+                                                    v1::DetokenizeResponse* response) {
+  if (absl::Status status = CheckModel(request->model()); !status.ok()) {
+    return FinishUnary(context, status);
+  }
+  std::vector<TokenId> ids;
+  ids.reserve(request->token_ids_size());
+  const int vocab_size = deps_.tokenizer->vocab_size();
+  for (int i = 0; i < request->token_ids_size(); ++i) {
+    if (request->token_ids(i) >= static_cast<uint32_t>(vocab_size)) {
+      return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                      "token_ids[", i, "]: ", request->token_ids(i),
+                                      " is outside the vocabulary (size ", vocab_size, ")")));
+    }
+    ids.push_back(static_cast<TokenId>(request->token_ids(i)));
+  }
+  DecodeOptions decode;
+  decode.skip_special_tokens = request->skip_special_tokens();
+  absl::StatusOr<std::string> text = deps_.tokenizer->Decode(ids, decode);
+  if (!text.ok()) {
+    return FinishUnary(
+        context, absl::InvalidArgumentError(absl::StrCat("token_ids: ", text.status().message())));
+  }
+  response->set_text(*std::move(text));
+  return FinishUnary(context, absl::OkStatus());
+}
+
+}  // namespace kvserve

@@ -1,0 +1,339 @@
+#include "tests/router/fake_worker.h"
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+
+namespace kvserve::testing {
+namespace {
+
+v1::KvEventBatch MakeBatch(bool reset, const std::vector<BlockKey>& keys, bool stored) {
+  v1::KvEventBatch batch;
+  batch.set_reset(reset);
+  for (const BlockKey& key : keys) {
+    v1::KvEvent* event = batch.add_events();
+    event->set_type(stored ? v1::KvEvent::TYPE_STORED : v1::KvEvent::TYPE_EVICTED);
+    event->mutable_key()->set_hi(key.hi);
+    event->mutable_key()->set_lo(key.lo);
+  }
+  return batch;
+}
+
+}  // namespace
+
+// A Generate stream. Finishers: the first-message logic, OnWriteDone(false), and OnCancel for
+// a stream parked in held_ (removal from held_ under the owner's lock decides who finishes).
+class FakeWorker::GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(FakeWorker* owner, Mode mode, grpc::StatusCode fail_code, std::string id)
+      : owner_(owner), mode_(mode), fail_code_(fail_code), id_(std::move(id)) {}
+
+  void Begin() {
+    if (mode_ == Mode::kFailBeforeFirst) {
+      Finish(grpc::Status(fail_code_, "fake worker fails before the first token"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void Resume() { WriteNext(); }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    if (next_ == 1 && mode_ == Mode::kFailAfterFirst) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake worker crashed mid-stream"));
+      return;
+    }
+    if (next_ == 1 && mode_ == Mode::kHoldAfterFirst) {
+      bool finish = false;
+      bool proceed = false;
+      {
+        absl::MutexLock lock(&owner_->mu_);
+        if (cancelled_) {
+          finish = true;
+        } else if (owner_->hold_released_) {
+          proceed = true;
+        } else {
+          owner_->held_.push_back(this);
+        }
+      }
+      if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      if (proceed) WriteNext();
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      ++owner_->cancelled_;
+      cancelled_ = true;
+      auto it = std::find(owner_->held_.begin(), owner_->held_.end(), this);
+      if (it != owner_->held_.end()) {
+        owner_->held_.erase(it);
+        finish = true;
+      }
+    }
+    if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    constexpr size_t kCount = std::size(kTokens);
+    if (next_ == kCount) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    message_.Clear();
+    message_.set_request_id(id_);
+    message_.add_token_ids(kTokens[next_]);
+    message_.set_text("t");
+    if (next_ + 1 == kCount) {
+      message_.set_finish_reason(v1::FINISH_REASON_LENGTH);
+      message_.mutable_usage()->set_completion_tokens(kCount);
+    }
+    ++next_;
+    StartWrite(&message_);
+  }
+
+  FakeWorker* const owner_;
+  const Mode mode_;
+  const grpc::StatusCode fail_code_;
+  const std::string id_;
+  size_t next_ = 0;
+  bool cancelled_ = false;  // guarded by owner_->mu_
+  v1::GenerateResponse message_;
+};
+
+// One StreamKvEvents subscriber: a queue of batches written one at a time.
+class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::KvEventBatch> {
+ public:
+  explicit KvStreamReactor(FakeWorker* owner) : owner_(owner) {}
+
+  // Called with owner_->mu_ held.
+  void Enqueue(const v1::KvEventBatch& batch) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (cancelled_) return;
+    pending_.push_back(batch);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&pending_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    pending_.pop_front();
+    writing_ = false;
+    if (!ok || cancelled_) {
+      FinishOnce();
+      return;
+    }
+    if (!pending_.empty()) {
+      writing_ = true;
+      StartWrite(&pending_.front());
+    }
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock owner_lock(&owner_->mu_);
+      auto& streams = owner_->kv_streams_;
+      streams.erase(std::remove(streams.begin(), streams.end(), this), streams.end());
+    }
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    cancelled_ = true;
+    if (!writing_) FinishOnce();
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock owner_lock(&owner_->mu_);
+      auto& streams = owner_->kv_streams_;
+      streams.erase(std::remove(streams.begin(), streams.end(), this), streams.end());
+    }
+    delete this;
+  }
+
+ private:
+  void FinishOnce() {
+    if (finished_) return;
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+
+  FakeWorker* const owner_;
+  std::recursive_mutex mu_;
+  std::deque<v1::KvEventBatch> pending_;
+  bool writing_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;
+};
+
+class FakeWorker::InferenceImpl final : public v1::Inference::CallbackService {
+ public:
+  explicit InferenceImpl(FakeWorker* owner) : owner_(owner) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
+    Mode mode;
+    grpc::StatusCode code;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      owner_->requests_.push_back(*request);
+      owner_->last_deadline_ = context->deadline();
+      mode = owner_->mode_;
+      code = owner_->fail_code_;
+    }
+    auto* reactor = new GenerateReactor(owner_, mode, code, request->request_id());
+    reactor->Begin();
+    return reactor;
+  }
+
+ private:
+  FakeWorker* const owner_;
+};
+
+class FakeWorker::WorkerImpl final : public v1::Worker::CallbackService {
+ public:
+  explicit WorkerImpl(FakeWorker* owner) : owner_(owner) {}
+
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const v1::GetLoadRequest* /*request*/,
+                                    v1::LoadReport* response) override {
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      *response = owner_->load_;
+    }
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<v1::KvEventBatch>* StreamKvEvents(
+      grpc::CallbackServerContext* /*context*/,
+      const v1::StreamKvEventsRequest* /*request*/) override {
+    auto* reactor = new KvStreamReactor(owner_);
+    absl::MutexLock lock(&owner_->mu_);
+    owner_->kv_streams_.push_back(reactor);
+    std::vector<BlockKey> keys(owner_->keys_.begin(), owner_->keys_.end());
+    reactor->Enqueue(MakeBatch(/*reset=*/true, keys, /*stored=*/true));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* /*request*/,
+                                         v1::ModelInfo* response) override {
+    response->set_name("fake");
+    response->set_max_model_len(256);
+    response->set_vocab_size(512);
+    response->set_block_size(16);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  FakeWorker* const owner_;
+};
+
+FakeWorker::FakeWorker()
+    : inference_(std::make_unique<InferenceImpl>(this)),
+      worker_(std::make_unique<WorkerImpl>(this)) {
+  load_.set_total_blocks(64);
+  load_.set_free_blocks(64);
+  load_.set_block_size(16);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(inference_.get());
+  builder.RegisterService(worker_.get());
+  server_ = builder.BuildAndStart();
+  address_ = "127.0.0.1:" + std::to_string(port);
+}
+
+FakeWorker::~FakeWorker() {
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_->Wait();
+}
+
+void FakeWorker::set_mode(Mode mode, grpc::StatusCode fail_code) {
+  absl::MutexLock lock(&mu_);
+  mode_ = mode;
+  fail_code_ = fail_code;
+  hold_released_ = false;
+}
+
+void FakeWorker::set_load(const v1::LoadReport& load) {
+  absl::MutexLock lock(&mu_);
+  load_ = load;
+}
+
+void FakeWorker::SetServing(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+void FakeWorker::Broadcast(const v1::KvEventBatch& batch) {
+  for (KvStreamReactor* stream : kv_streams_) stream->Enqueue(batch);
+}
+
+void FakeWorker::StoreKeys(const std::vector<BlockKey>& keys) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : keys) keys_.insert(key);
+  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/true));
+}
+
+void FakeWorker::EvictKeys(const std::vector<BlockKey>& keys) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : keys) keys_.erase(key);
+  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/false));
+}
+
+void FakeWorker::ReleaseHeld() {
+  std::vector<GenerateReactor*> held;
+  {
+    absl::MutexLock lock(&mu_);
+    held.swap(held_);
+    hold_released_ = true;
+  }
+  for (GenerateReactor* reactor : held) reactor->Resume();
+}
+
+std::vector<v1::GenerateRequest> FakeWorker::requests() const {
+  absl::MutexLock lock(&mu_);
+  return requests_;
+}
+
+int FakeWorker::generate_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(requests_.size());
+}
+
+std::chrono::system_clock::time_point FakeWorker::last_deadline() const {
+  absl::MutexLock lock(&mu_);
+  return last_deadline_;
+}
+
+bool FakeWorker::WaitForGenerates(int n, absl::Duration timeout) const {
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(requests_.size()) >= n;
+  };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+bool FakeWorker::WaitForCancelled(int n, absl::Duration timeout) const {
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ >= n; };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+}  // namespace kvserve::testing

@@ -1,0 +1,90 @@
+#ifndef KVSERVE_TESTS_ROUTER_FAKE_WORKER_H_
+#define KVSERVE_TESTS_ROUTER_FAKE_WORKER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/block_hash/block_hash.h"
+#include "grpcpp/grpcpp.h"
+#include "kvserve/v1/inference.grpc.pb.h"
+#include "kvserve/v1/worker.grpc.pb.h"
+
+namespace kvserve::testing {
+
+/// A test-only worker: kvserve.v1.Inference + kvserve.v1.Worker + grpc.health.v1 on loopback.
+/// Generate streams canned tokens (kTokens, one per message) and can fail before or after the
+/// first message, or hold after it until released or cancelled. Load, health and the cached
+/// block keys (streamed as KV events) are set by the test.
+class FakeWorker {
+ public:
+  enum class Mode {
+    kNormal,
+    /// Finish with fail_code before any message.
+    kFailBeforeFirst,
+    /// One message, then UNAVAILABLE.
+    kFailAfterFirst,
+    /// One message, then wait for ReleaseHeld() (rest + OK) or cancellation.
+    kHoldAfterFirst,
+  };
+  /// The generated token ids of a normal stream.
+  static constexpr uint32_t kTokens[] = {7, 8, 9};
+
+  FakeWorker();
+  ~FakeWorker();
+
+  const std::string& address() const { return address_; }
+
+  void set_mode(Mode mode, grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE);
+  void set_load(const v1::LoadReport& load);
+  void SetServing(bool serving);
+  /// Adds keys to the cache (STORED events to connected streams; new streams get a snapshot).
+  void StoreKeys(const std::vector<BlockKey>& keys);
+  /// Removes keys (EVICTED events).
+  void EvictKeys(const std::vector<BlockKey>& keys);
+  /// Lets held streams finish normally, including ones that reach the hold point later (until
+  /// the next set_mode).
+  void ReleaseHeld();
+
+  /// Generate calls received so far (in order).
+  std::vector<v1::GenerateRequest> requests() const;
+  int generate_count() const;
+  /// The deadline of the last Generate call as the worker saw it.
+  std::chrono::system_clock::time_point last_deadline() const;
+  /// Blocks until `n` Generate calls arrived / `n` were cancelled, or the timeout passes.
+  bool WaitForGenerates(int n, absl::Duration timeout = absl::Seconds(10)) const;
+  bool WaitForCancelled(int n, absl::Duration timeout = absl::Seconds(10)) const;
+
+ private:
+  class InferenceImpl;
+  class WorkerImpl;
+  class GenerateReactor;
+  class KvStreamReactor;
+
+  void Broadcast(const v1::KvEventBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kNormal;
+  grpc::StatusCode fail_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
+  v1::LoadReport load_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::chrono::system_clock::time_point last_deadline_ ABSL_GUARDED_BY(mu_);
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<GenerateReactor*> held_ ABSL_GUARDED_BY(mu_);
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<KvStreamReactor*> kv_streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<BlockKey> keys_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<InferenceImpl> inference_;
+  std::unique_ptr<WorkerImpl> worker_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace kvserve::testing
+
+#endif  // KVSERVE_TESTS_ROUTER_FAKE_WORKER_H_

@@ -1,0 +1,96 @@
+#include "worker/server/generate_reactor.h"
+
+#include <utility>
+
+#include "worker/server/grpc_status.h"
+#include "worker/server/proto_convert.h"
+
+namespace kvserve {
+
+GenerateReactor::GenerateReactor(GenerateReactorParams params) : params_(std::move(params)) {
+  params_.counters->open_generate_streams.fetch_add(1);
+  // Outputs pushed before the listener existed are picked up by the Pump below.
+  params_.stream->SetListener([this] { Pump(); });
+  Pump();
+}
+
+void GenerateReactor::Pump() {
+  enum class Action { kNone, kWrite, kWriteAndFinish, kFinish };
+  Action action = Action::kNone;
+  grpc::Status finish_status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_started_ || write_in_flight_) return;
+    RequestOutput out;
+    if (cancelled_) {
+      finish_started_ = true;
+      action = Action::kFinish;
+      finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "generate call cancelled");
+    } else if (params_.stream->TryNext(&out)) {
+      if (out.finished && !out.status.ok() && out.status.code() != absl::StatusCode::kCancelled) {
+        // The engine failed the whole request; its samples all end with this status.
+        finish_started_ = true;
+        action = Action::kFinish;
+        finish_status = ToGrpcStatus(out.status);
+      } else {
+        response_.Clear();
+        response_.set_request_id(params_.request_id);
+        response_.set_worker(params_.worker);
+        ToGenerateResponse(out, &response_);
+        if (out.finished) ++samples_finished_;
+        if (samples_finished_ >= params_.num_samples) {
+          finish_started_ = true;
+          action = Action::kWriteAndFinish;
+        } else {
+          write_in_flight_ = true;
+          action = Action::kWrite;
+        }
+      }
+    }
+  }
+  // gRPC calls happen outside the lock: a reaction may run on another thread at once.
+  switch (action) {
+    case Action::kNone:
+      break;
+    case Action::kWrite:
+      StartWrite(&response_);
+      break;
+    case Action::kWriteAndFinish:
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+      break;
+    case Action::kFinish:
+      Finish(finish_status);
+      break;
+  }
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_in_flight_ = false;
+    if (!ok) cancelled_ = true;
+  }
+  // A failed write means the stream is gone: stop generating for nobody.
+  if (!ok) params_.engine->Abort(params_.request_id);
+  Pump();
+}
+
+void GenerateReactor::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  params_.engine->Abort(params_.request_id);
+  // Counted after the abort is queued, so whoever sees the count sees the abort too.
+  params_.counters->generate_cancelled.fetch_add(1);
+  Pump();
+}
+
+void GenerateReactor::OnDone() {
+  // After this returns the engine thread no longer runs Pump.
+  params_.stream->SetListener(nullptr);
+  params_.counters->open_generate_streams.fetch_sub(1);
+  delete this;
+}
+
+}  // namespace kvserve

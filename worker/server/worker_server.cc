@@ -1,0 +1,146 @@
+#include "worker/server/worker_server.h"
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "worker/server/inference_service.h"
+#include "worker/server/worker_service.h"
+
+namespace kvserve {
+namespace {
+
+constexpr char kWarmupRequestId[] = "kvserve-warmup";
+
+}  // namespace
+
+std::string DefaultModelName(const std::string& model_path) {
+  std::filesystem::path path(model_path);
+  while (!path.empty() && !path.has_filename()) path = path.parent_path();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return path.filename().string();
+  return path.stem().string();
+}
+
+WorkerServer::WorkerServer(const LoadedModel* model, Engine* engine, WorkerServerOptions options)
+    : model_(model), engine_(engine), options_(std::move(options)) {
+  inference_ = std::make_unique<InferenceService>(model_, engine_, options_.model_name, &counters_);
+  worker_ = std::make_unique<WorkerService>(model_, engine_, options_.model_name, &counters_,
+                                            [this] { SetServing(false); });
+}
+
+WorkerServer::~WorkerServer() { Shutdown(); }
+
+absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (server_ != nullptr || shut_down_) {
+      return absl::FailedPreconditionError("WorkerServer::Start called twice");
+    }
+  }
+  // Both are process-wide switches read when a server is built.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(inference_.get());
+  builder.RegisterService(worker_.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", listen_address,
+                                               "' (address in use or malformed HOST:PORT?)"));
+  }
+  port_ = port;
+  advertise_ = options_.advertise;
+  if (advertise_.empty()) {
+    const size_t colon = listen_address.rfind(':');
+    const std::string host =
+        colon == std::string::npos ? listen_address : listen_address.substr(0, colon);
+    advertise_ = absl::StrCat(host, ":", port);
+  }
+  inference_->SetWorkerName(advertise_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_ = std::move(server);
+  }
+  SetServing(false);
+  if (options_.warmup) {
+    if (absl::Status s = Warmup(); !s.ok()) {
+      Shutdown();
+      return absl::Status(s.code(), absl::StrCat("warm-up request failed: ", s.message()));
+    }
+  }
+  if (!engine_->draining()) SetServing(true);
+  return port;
+}
+
+absl::Status WorkerServer::Warmup() {
+  EngineRequest request;
+  request.request_id = kWarmupRequestId;
+  const TokenId bos = model_->tokenizer->bos_id();
+  request.prompt_ids = {bos == kNoToken ? 0 : bos};
+  request.params.temperature = 0.0f;
+  request.params.max_tokens = 1;
+  request.params.ignore_eos = true;
+  // Its own salt keeps the warm-up's blocks from ever matching a client's prefix.
+  request.cache_salt = kWarmupRequestId;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine_->Submit(std::move(request));
+  if (!stream.ok()) return stream.status();
+  RequestOutput out;
+  if (engine_->options().run_loop_thread) {
+    while ((*stream)->Next(&out)) {
+      if (out.finished) return out.status;
+    }
+  } else {
+    // Manual-step engine (tests): step it ourselves until the request ends.
+    while (true) {
+      const bool busy = engine_->StepOnce();
+      while ((*stream)->TryNext(&out)) {
+        if (out.finished) return out.status;
+      }
+      if (!busy) break;
+    }
+  }
+  return absl::InternalError("warm-up request ended without a final message");
+}
+
+void WorkerServer::SetServing(bool serving) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (server_ == nullptr || shut_down_) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(v1::Inference::service_full_name(), serving);
+  health->SetServingStatus(v1::Worker::service_full_name(), serving);
+}
+
+void WorkerServer::Drain() {
+  engine_->Drain();
+  SetServing(false);
+}
+
+void WorkerServer::Shutdown(std::chrono::milliseconds grace) {
+  grpc::Server* server = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    server = server_.get();
+    if (server == nullptr) return;
+    // Marks everything NOT_SERVING and ends Watch calls.
+    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+  }
+  worker_->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + grace);
+  server->Wait();
+}
+
+}  // namespace kvserve

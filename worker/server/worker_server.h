@@ -1,0 +1,97 @@
+#ifndef KVSERVE_WORKER_SERVER_WORKER_SERVER_H_
+#define KVSERVE_WORKER_SERVER_WORKER_SERVER_H_
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/engine.h"
+#include "worker/model/loaded_model.h"
+#include "worker/server/serving_stats.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace kvserve {
+
+class InferenceService;
+class WorkerService;
+
+/// How a WorkerServer presents itself.
+struct WorkerServerOptions {
+  /// The name ListModels reports; a request's `model` must equal it or be empty.
+  std::string model_name = "default";
+  /// GenerateResponse.worker: how clients and the router reach this worker. Empty: the listen
+  /// address with the bound port.
+  std::string advertise;
+  /// Run one short request through the engine before reporting SERVING, so the first client
+  /// request does not pay for lazy initialisation.
+  bool warmup = true;
+};
+
+/// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus
+/// grpc.health.v1 and server reflection.
+///
+/// Health: the server-wide service "" and both service names report NOT_SERVING from the moment
+/// the port is bound until the warm-up request has run, then SERVING; NOT_SERVING again once the
+/// worker drains (Drain RPC or Drain()) or shuts down.
+///
+/// Threading: every RPC uses gRPC's callback API; no thread blocks per call. The model and the
+/// engine are not owned and must outlive the server (destroy the server first: shutting down
+/// aborts open Generate calls in the engine).
+class WorkerServer {
+ public:
+  WorkerServer(const LoadedModel* model, Engine* engine, WorkerServerOptions options);
+  /// Shuts down if still running.
+  ~WorkerServer();
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  /// Binds `listen_address` ("host:port"; port 0 picks a free one), starts serving, runs the
+  /// warm-up and reports SERVING. Returns the bound port. UNAVAILABLE when the address cannot
+  /// be bound; FAILED_PRECONDITION when called twice.
+  absl::StatusOr<int> Start(const std::string& listen_address);
+
+  /// Stops admitting requests and reports NOT_SERVING; running requests finish.
+  void Drain();
+
+  /// Stops the server: health goes NOT_SERVING, StreamKvEvents calls end OK at once, Generate
+  /// calls get `grace` to finish and are then cancelled (and aborted in the engine). Returns
+  /// once every call has ended. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+
+  /// The port Start bound (0 before).
+  int port() const { return port_; }
+  /// What GenerateResponse.worker reports.
+  const std::string& advertised_address() const { return advertise_; }
+  ServingStats stats() const { return counters_.Snapshot(); }
+
+ private:
+  /// Sets "" and both service names to `serving` in grpc.health.v1.
+  void SetServing(bool serving);
+  /// Runs one greedy one-token request and waits for it.
+  absl::Status Warmup();
+
+  const LoadedModel* model_;
+  Engine* engine_;
+  WorkerServerOptions options_;
+  ServingCounters counters_;
+  std::unique_ptr<InferenceService> inference_;
+  std::unique_ptr<WorkerService> worker_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string advertise_;
+  std::mutex mu_;
+  bool shut_down_ = false;
+};
+
+/// The name a model is served under by default: the file name without its extension for a file
+/// ("models/stories260K.gguf" -> "stories260K"), the last path component for a directory.
+std::string DefaultModelName(const std::string& model_path);
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_SERVER_WORKER_SERVER_H_
