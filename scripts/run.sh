@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs kvserve on the default model (stories260K).
-# Extra arguments go to `kvserve generate`, e.g. scripts/run.sh --prompt "Lily and Tom" --temperature 0.8
+# Installs what is missing, builds, and serves the default model (stories260K) with a local
+# cluster: a router on 127.0.0.1:50051 and two workers, until Ctrl-C.
+# Extra arguments go to `kvserve up`, e.g. scripts/run.sh --workers 4 --listen 127.0.0.1:6000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-model="${KVSERVE_MODEL:-../shared/models/stories260K/stories260K.gguf}"
-if [ $# -eq 0 ]; then
-  set -- --prompt "Once upon a time" --max-tokens 200
-fi
-exec build/kvserve generate --model "$model" "$@"
+exec build/kvserve up "$@"

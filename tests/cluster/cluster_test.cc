@@ -1,0 +1,291 @@
+// End-to-end tests of a real cluster on loopback: `kvserve worker` and `kvserve router`
+// processes started from the built binary, driven through the C++ SDK.
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/child_process.h"
+#include "client/sdk/client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kvserve/v1/worker.grpc.pb.h"
+#include "tests/worker/model/golden.h"
+#include "worker/engine/engine.h"
+
+namespace kvserve {
+namespace {
+
+using cli::ChildProcess;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const char kModel[] = KVSERVE_SHARED_DIR "/models/stories260K/stories260K.gguf";
+
+// A router and its workers, stopped when destroyed.
+struct Cluster {
+  std::vector<ChildProcess> workers;
+  std::vector<std::string> worker_addresses;
+  std::unique_ptr<ChildProcess> router;
+  std::string router_address;
+  std::unique_ptr<Client> client;
+
+  static std::unique_ptr<Cluster> Start(int num_workers, const std::string& policy) {
+    auto c = std::make_unique<Cluster>();
+    for (int i = 0; i < num_workers; ++i) {
+      absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(
+          {KVSERVE_BINARY, "worker", "--model", kModel, "--listen", "127.0.0.1:0", "--threads",
+           "1", "--num-kv-blocks", "2048"});
+      EXPECT_TRUE(w.ok()) << w.status();
+      if (!w.ok()) return nullptr;
+      absl::StatusOr<std::string> addr = w->WaitForLine("kvserve worker listening on ", seconds(60));
+      EXPECT_TRUE(addr.ok()) << addr.status();
+      if (!addr.ok()) return nullptr;
+      c->worker_addresses.push_back(*addr);
+      c->workers.push_back(std::move(*w));
+    }
+    absl::StatusOr<ChildProcess> r = ChildProcess::Spawn(
+        {KVSERVE_BINARY, "router", "--listen", "127.0.0.1:0", "--workers",
+         absl::StrJoin(c->worker_addresses, ","), "--model", kModel, "--policy", policy});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return nullptr;
+    c->router = std::make_unique<ChildProcess>(std::move(*r));
+    absl::StatusOr<std::string> addr =
+        c->router->WaitForLine("kvserve router listening on ", seconds(60));
+    EXPECT_TRUE(addr.ok()) << addr.status();
+    if (!addr.ok()) return nullptr;
+    c->router_address = *addr;
+    ClientOptions options;
+    options.default_deadline = absl::Seconds(60);
+    options.connect_timeout = absl::Seconds(10);
+    c->client = *Client::Connect(c->router_address, options);
+    // Wait until the router admitted every worker: one tiny request per worker round.
+    return c;
+  }
+
+  ~Cluster() {
+    if (router) router->Stop(seconds(5));
+    for (ChildProcess& w : workers) w.Stop(seconds(5));
+  }
+
+  // The worker's KV pool use, through kvserve.v1.Worker/GetLoad.
+  static absl::StatusOr<v1::LoadReport> Load(const std::string& worker) {
+    auto stub = v1::Worker::NewStub(grpc::CreateChannel(worker, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    v1::LoadReport report;
+    grpc::Status s = stub->GetLoad(&ctx, v1::GetLoadRequest(), &report);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    return report;
+  }
+
+  // Waits (bounded) until the worker holds no KV blocks; returns how long it took.
+  static absl::StatusOr<milliseconds> WaitPoolFree(const std::string& worker, milliseconds limit) {
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      absl::StatusOr<v1::LoadReport> load = Load(worker);
+      const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+      if (load.ok() && load->used_blocks() == 0 && load->running_requests() == 0) return took;
+      if (took > limit) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            worker, " still holds ", load.ok() ? load->used_blocks() : -1, " blocks"));
+      }
+      std::this_thread::sleep_for(milliseconds(10));  // polling interval of a bounded wait
+    }
+  }
+};
+
+GenerateParams Greedy(std::vector<TokenId> prompt, uint32_t max_tokens) {
+  GenerateParams p;
+  p.prompt_token_ids = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0.0f;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<TokenId> RandomPrompt(std::mt19937& rng, std::vector<TokenId> prefix, int extra) {
+  for (int i = 0; i < extra; ++i) prefix.push_back(3 + static_cast<TokenId>(rng() % 500));
+  return prefix;
+}
+
+TEST(ClusterTest, SixtyFourStreamsMatchTheLocalEngine) {
+  std::mt19937 rng(11);
+  const std::vector<TokenId> shared = RandomPrompt(rng, {1}, 60);
+  std::vector<GenerateParams> requests;
+  for (int i = 0; i < 64; ++i) {
+    requests.push_back(Greedy(RandomPrompt(rng, i % 2 ? shared : std::vector<TokenId>{1},
+                                           1 + static_cast<int>(rng() % 100)),
+                              4 + static_cast<uint32_t>(rng() % 24)));
+  }
+  // Reference: the same requests one by one through an in-process engine.
+  LoadedModel model = *LoadModel(kModel);
+  EngineOptions options;
+  options.num_threads = 1;
+  std::unique_ptr<Engine> engine = *Engine::Create(&model, options);
+  std::vector<std::vector<TokenId>> expected;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EngineRequest r;
+    r.request_id = absl::StrCat(i);
+    r.prompt_ids = requests[i].prompt_token_ids;
+    r.params.temperature = 0;
+    r.params.max_tokens = static_cast<int32_t>(requests[i].max_tokens);
+    r.params.ignore_eos = true;
+    std::shared_ptr<RequestStream> s = *engine->Submit(r);
+    std::vector<TokenId> tokens;
+    RequestOutput msg;
+    while (s->Next(&msg)) tokens.insert(tokens.end(), msg.token_ids.begin(), msg.token_ids.end());
+    expected.push_back(tokens);
+  }
+
+  auto cluster = Cluster::Start(2, "kv_aware");
+  ASSERT_NE(cluster, nullptr);
+  std::vector<absl::StatusOr<Completion>> got(requests.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = cluster->client->GenerateSync(requests[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::set<std::string> workers_used;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(got[i]->samples[0].token_ids, expected[i]) << "request " << i;
+    workers_used.insert(got[i]->worker);
+  }
+  EXPECT_EQ(workers_used.size(), 2u);
+  for (const std::string& w : cluster->worker_addresses) {
+    EXPECT_TRUE(Cluster::WaitPoolFree(w, seconds(5)).ok());
+  }
+}
+
+// Sends `rounds` requests for each of several 256-token prefixes, interleaved and one at a
+// time; returns (requests that landed on the prefix's first worker, cached prompt tokens).
+std::pair<int, int64_t> SharedPrefixTraffic(Cluster& cluster, int num_prefixes, int rounds,
+                                            uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<std::vector<TokenId>> prefixes;
+  for (int p = 0; p < num_prefixes; ++p) prefixes.push_back(RandomPrompt(rng, {1}, 255));
+  std::vector<std::string> home(num_prefixes);
+  int on_home = 0;
+  int64_t cached = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int p = 0; p < num_prefixes; ++p) {
+      absl::StatusOr<Completion> c =
+          cluster.client->GenerateSync(Greedy(RandomPrompt(rng, prefixes[p], 8), 4));
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (!c.ok()) continue;
+      cached += c->samples[0].usage.cached_prompt_tokens;
+      if (round == 0) {
+        home[p] = c->worker;
+      } else if (c->worker == home[p]) {
+        ++on_home;
+      }
+    }
+  }
+  return {on_home, cached};
+}
+
+TEST(ClusterTest, KvAwareFollowsThePrefixAndBeatsRoundRobin) {
+  int64_t kv_aware_cached = 0;
+  {
+    auto cluster = Cluster::Start(2, "kv_aware");
+    ASSERT_NE(cluster, nullptr);
+    // 3 prefixes (odd, so round robin moves each prefix between the workers) x 6 repeats.
+    auto [on_home, cached] = SharedPrefixTraffic(*cluster, 3, 7, 5);
+    EXPECT_GE(on_home, 17) << "of 18 repeats landed on the worker holding the prefix";
+    kv_aware_cached = cached;
+    // Unrelated concurrent load still spreads over both workers.
+    std::mt19937 rng(3);
+    std::vector<std::thread> threads;
+    std::vector<std::string> served(24);
+    for (int i = 0; i < 24; ++i) {
+      threads.emplace_back([&, i, prompt = RandomPrompt(rng, {1}, 40)] {
+        absl::StatusOr<Completion> c = cluster->client->GenerateSync(Greedy(prompt, 60));
+        if (c.ok()) served[i] = c->worker;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const auto first = std::count(served.begin(), served.end(), cluster->worker_addresses[0]);
+    const auto second = std::count(served.begin(), served.end(), cluster->worker_addresses[1]);
+    EXPECT_EQ(first + second, 24);
+    EXPECT_GE(std::min(first, second), 6) << first << " vs " << second;
+  }
+  auto rr = Cluster::Start(2, "round_robin");
+  ASSERT_NE(rr, nullptr);
+  const int64_t rr_cached = SharedPrefixTraffic(*rr, 3, 7, 5).second;
+  EXPECT_LT(rr_cached, kv_aware_cached);
+  std::printf("prefix-cache hits: kv_aware %lld tokens, round_robin %lld tokens\n",
+              static_cast<long long>(kv_aware_cached), static_cast<long long>(rr_cached));
+}
+
+TEST(ClusterTest, CancelAndDeadlineFreeBlocks) {
+  auto cluster = Cluster::Start(1, "kv_aware");
+  ASSERT_NE(cluster, nullptr);
+  GenerateParams long_request = Greedy({1, 403, 407, 261, 378}, 400);
+  long_request.n = 4;
+  auto handle = std::make_shared<CallHandle>();
+  std::atomic<int> chunks{0};
+  absl::Status status = cluster->client->Generate(
+      long_request,
+      [&](const GenerateChunk&) {
+        if (++chunks == 3) handle->Cancel();
+      },
+      CallOptions{std::nullopt, handle});
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  absl::StatusOr<milliseconds> freed = Cluster::WaitPoolFree(cluster->worker_addresses[0], seconds(1));
+  EXPECT_TRUE(freed.ok()) << freed.status();
+
+  absl::StatusOr<Completion> late =
+      cluster->client->GenerateSync(long_request, CallOptions{absl::Milliseconds(30), nullptr});
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late.status())) << late.status();
+  EXPECT_TRUE(Cluster::WaitPoolFree(cluster->worker_addresses[0], seconds(1)).ok());
+}
+
+TEST(ClusterTest, KilledWorkerEndsStreamsCleanly) {
+  auto cluster = Cluster::Start(2, "round_robin");
+  ASSERT_NE(cluster, nullptr);
+  std::atomic<int> started{0};
+  std::vector<absl::Status> results(32);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&, i] {
+      bool first = true;
+      results[i] = cluster->client->Generate(
+          Greedy({1, 403, 407, 261, static_cast<TokenId>(300 + i)}, 300),
+          [&](const GenerateChunk&) {
+            if (first) ++started;
+            first = false;
+          });
+    });
+  }
+  // Kill one worker once most streams are running.
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (started < 24 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ::kill(cluster->workers[0].pid(), SIGKILL);
+  for (std::thread& t : threads) t.join();  // every call has a 60 s deadline: none can hang
+  int ok = 0, unavailable = 0;
+  for (const absl::Status& s : results) {
+    if (s.ok()) {
+      ++ok;
+    } else {
+      EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+      ++unavailable;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  std::printf("after SIGKILL: %d streams completed, %d ended UNAVAILABLE\n", ok, unavailable);
+  EXPECT_TRUE(Cluster::WaitPoolFree(cluster->worker_addresses[1], seconds(5)).ok());
+}
+
+}  // namespace
+}  // namespace kvserve
