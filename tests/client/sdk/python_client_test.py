@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""End to end: client/python/examples/stream_completion.py against a real `kvserve worker`.
+"""End to end: client/python/examples/stream_completion.py against a real `kvserve up` cluster.
 
-Starts `kvserve worker --model stories260K.gguf --listen 127.0.0.1:0`, waits (bounded) for its
-"kvserve worker listening on HOST:PORT" line, streams a greedy completion of "Once upon a time"
+Starts `kvserve up --model stories260K.gguf --listen 127.0.0.1:0` (a router and two workers),
+waits (bounded) for its "kvserve up: serving on HOST:PORT" line, streams a greedy completion of "Once upon a time"
 with the example, and checks the text against the independent golden continuation in
 stories260K/golden.json. The worker is always stopped.
 """
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-READY = re.compile(r"kvserve worker listening on (\S+)")
+READY = re.compile(r"kvserve up: serving on (\S+)")
 
 
 def start_reader(stream, lines: "queue.Queue[str]", log: list) -> None:
@@ -66,7 +66,7 @@ def main() -> int:
     max_tokens = len(case["generated_token_ids"])
 
     worker = subprocess.Popen(
-        [args.kvserve, "worker", "--model", args.model, "--listen", "127.0.0.1:0"],
+        [args.kvserve, "up", "--model", args.model, "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
     log: list = []
