@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/activation.h"
@@ -87,11 +88,12 @@ std::vector<float> ComputeRopeInvFreq(const ModelConfig& config, const TensorVie
   return inv_freq;
 }
 
-LlamaModel::LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool)
-    : weights_(weights), pool_(pool) {}
+LlamaModel::LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce)
+    : weights_(weights), pool_(pool), all_reduce_(std::move(all_reduce)) {}
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeights* weights,
-                                                               cpu::ThreadPool* pool) {
+                                                               cpu::ThreadPool* pool,
+                                                               AllReduceFn all_reduce) {
   if (weights == nullptr) return absl::InvalidArgumentError("LlamaModel: no weights");
   if (absl::Status s = weights->config.Validate(); !s.ok()) return s;
   if (static_cast<int>(weights->layers.size()) != weights->config.num_layers) {
@@ -99,7 +101,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
                                                    " layers loaded, config says ",
                                                    weights->config.num_layers));
   }
-  std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool));
+  std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
   return model;
 }
@@ -169,11 +171,13 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
 
   cpu::EmbeddingGather(weights_->token_embedding.data, weights_->token_embedding.dtype, h,
                        batch.tokens.data(), t, hidden_.data());
-  for (int layer = 0; layer < c.num_layers; ++layer) RunLayer(layer, batch, cache, t);
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    if (absl::Status s = RunLayer(layer, batch, cache, t); !s.ok()) return s;
+  }
 
   // Only the rows that need logits go through the final norm and the vocabulary projection.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-  if (rows == 0) return absl::OkStatus();
+  if (rows == 0 || logits == nullptr) return absl::OkStatus();
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t r = batch.logits_rows[i];
     const float* src_h = hidden_.data() + r * h;
@@ -187,7 +191,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   return absl::OkStatus();
 }
 
-void LlamaModel::RunLayer(int layer, const ForwardBatch& b, KvCache& cache, int64_t t) {
+absl::Status LlamaModel::RunLayer(int layer, const ForwardBatch& b, KvCache& cache, int64_t t) {
   const ModelConfig& c = weights_->config;
   const LayerWeights& w = weights_->layers[layer];
   const int64_t h = c.hidden_size;
@@ -233,6 +237,10 @@ void LlamaModel::RunLayer(int layer, const ForwardBatch& b, KvCache& cache, int6
   cpu::PagedAttention(attn, pool_);
 
   Linear(attn_out_.data(), w.wo, TensorView{}, delta_.data(), t, pool_);
+  // Under tensor parallelism each rank holds some heads: their output projections add up.
+  if (all_reduce_) {
+    if (absl::Status s = all_reduce_(delta_.data(), t * h); !s.ok()) return s;
+  }
 
   // Residual add fused into the post-attention norm.
   Norm(hidden_.data(), delta_.data(), w.ffn_norm, normed_.data(), t, h, c.rms_norm_eps, pool_);
@@ -242,6 +250,9 @@ void LlamaModel::RunLayer(int layer, const ForwardBatch& b, KvCache& cache, int6
   const int64_t inter = c.intermediate_size;
   cpu::SiluMul(gate_.data(), up_.data(), gate_.data(), t, inter, inter, inter, inter, pool_);
   Linear(gate_.data(), w.w_down, TensorView{}, delta_.data(), t, pool_);
+  // Each rank holds some MLP rows: their down projections add up.
+  if (all_reduce_) return all_reduce_(delta_.data(), t * h);
+  return absl::OkStatus();
 }
 
 }  // namespace kvserve

@@ -2,6 +2,7 @@
 #define KVSERVE_WORKER_MODEL_LLAMA_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -35,17 +36,28 @@ struct ForwardBatch {
   std::span<const int32_t> logits_rows;
 };
 
+/// Sums `n` floats at `data` in place across the tensor-parallel ranks (Communicator::
+/// AllReduceSum); every rank must call it at the same points with the same n.
+using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
+
 /// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) running on the CPU
 /// kernels in fp32, with weights read in their stored dtype. Not thread-safe: one engine loop
 /// drives it; the kernels fan out over the thread pool.
+///
+/// Tensor parallelism: given the weights of one rank's shard (worker/tp/shard.h: its config has
+/// the rank's head counts and MLP rows) and an `all_reduce` hook, the model computes that rank's
+/// partial attention-output and MLP-down projections and sums each across ranks before adding it
+/// to the residual stream, so every rank carries the full hidden state.
 class LlamaModel {
  public:
-  /// `weights` and `pool` must outlive the model.
+  /// `weights` and `pool` must outlive the model. `all_reduce` is empty for a whole model.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights* weights,
-                                                            cpu::ThreadPool* pool);
+                                                            cpu::ThreadPool* pool,
+                                                            AllReduceFn all_reduce = nullptr);
 
   /// Runs the batch, writing its K/V into `cache` and `batch.logits_rows.size()` rows of
-  /// vocab_size logits into `logits`.
+  /// vocab_size logits into `logits`. A null `logits` skips the final norm and vocabulary
+  /// projection (tensor-parallel ranks other than 0).
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, float* logits);
 
   const ModelConfig& config() const { return weights_->config; }
@@ -53,13 +65,14 @@ class LlamaModel {
   const std::vector<float>& inv_freq() const { return inv_freq_; }
 
  private:
-  LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool);
+  LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce);
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
   void EnsureWorkspace(int64_t num_tokens);
-  void RunLayer(int layer, const ForwardBatch& batch, KvCache& cache, int64_t num_tokens);
+  absl::Status RunLayer(int layer, const ForwardBatch& batch, KvCache& cache, int64_t num_tokens);
 
   const ModelWeights* weights_;
   cpu::ThreadPool* pool_;
+  AllReduceFn all_reduce_;
   std::vector<float> inv_freq_;
 
   // Activation workspace, grown to the largest batch seen; rows are tokens.

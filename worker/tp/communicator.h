@@ -1,0 +1,44 @@
+#ifndef KVSERVE_WORKER_TP_COMMUNICATOR_H_
+#define KVSERVE_WORKER_TP_COMMUNICATOR_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kvserve {
+
+/// One rank's handle on a group of `size()` tensor-parallel ranks that run the same program in
+/// lockstep. Every rank must make the same sequence of collective calls with the same sizes;
+/// a call returns once every rank has made it (or the group was aborted).
+///
+/// Two implementations are planned: an in-process CPU group (worker/tp/cpu_communicator.h: the
+/// ranks are threads of one process) and NCCL (one thread per GPU). Both promise the same
+/// semantics: AllReduceSum leaves bit-identical results on every rank, summing in rank order
+/// 0, 1, ..., size-1, so a tensor-parallel run is reproducible.
+///
+/// Errors: INVALID_ARGUMENT when ranks disagree on a call's size (every rank gets it), ABORTED
+/// when another rank gave up (its own error is the one to report).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This rank's index in [0, size()).
+  virtual int rank() const = 0;
+  /// Number of ranks in the group.
+  virtual int size() const = 0;
+
+  /// data[i] = sum over ranks r = 0..size-1, in that order, of rank r's data[i], on every rank.
+  /// `data` holds n floats on every rank (n may be 0).
+  virtual absl::Status AllReduceSum(float* data, int64_t n) = 0;
+
+  /// recv[r * n + i] = rank r's send[i], on every rank. `send` holds n floats, `recv`
+  /// size() * n; they must not overlap.
+  virtual absl::Status AllGather(const float* send, int64_t n, float* recv) = 0;
+
+  /// Returns once every rank has called Barrier().
+  virtual absl::Status Barrier() = 0;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_TP_COMMUNICATOR_H_

@@ -1,0 +1,215 @@
+#include "worker/tp/shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+namespace {
+
+std::string TensorName(const TensorView& t, int layer, const char* field) {
+  return t.name.empty() ? absl::StrCat("layer ", layer, " ", field) : t.name;
+}
+
+absl::Status CheckShape(const TensorView& t, int layer, const char* field, int64_t rows,
+                        int64_t cols) {
+  if (!t.present() || t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols) {
+    std::string got = "absent";
+    if (t.present()) {
+      got = "[";
+      for (size_t i = 0; i < t.shape.size(); ++i) absl::StrAppend(&got, i ? ", " : "", t.shape[i]);
+      got += "]";
+    }
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", TensorName(t, layer, field),
+                                                   " has shape ", got, ", expected [", rows, ", ",
+                                                   cols, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBias(const TensorView& t, int layer, const char* field, int64_t n) {
+  if (!t.present()) return absl::OkStatus();
+  if (t.dtype != DType::kF32 || t.shape.size() != 1 || t.shape[0] != n) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", TensorName(t, layer, field),
+                                                   " must be an f32 vector of ", n, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+// Rows [begin, end) of a 2-D tensor, or elements [begin, end) of a 1-D one: a view.
+TensorView RowSlice(const TensorView& t, int64_t begin, int64_t end) {
+  if (!t.present()) return t;
+  TensorView v = t;
+  v.shape[0] = end - begin;
+  const int64_t unit_bytes = t.shape.size() == 1 ? DTypeRowBytes(t.dtype, 1) : t.row_bytes();
+  v.data = static_cast<const uint8_t*>(t.data) + begin * unit_bytes;
+  return v;
+}
+
+// Columns [begin, end) of a 2-D tensor, copied into a buffer owned by `shard` (a view when the
+// range is the whole row). The caller has checked that begin and end are on block boundaries.
+absl::StatusOr<TensorView> ColumnSlice(const TensorView& t, int64_t begin, int64_t end,
+                                       ModelWeights& shard) {
+  if (begin == 0 && end == t.shape[1]) return t;
+  TensorView v = t;
+  v.shape[1] = end - begin;
+  const int64_t rows = t.shape[0];
+  const int64_t src_row = t.row_bytes();
+  const int64_t dst_row = v.row_bytes();
+  const int64_t offset = DTypeRowBytes(t.dtype, begin);
+  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[rows * dst_row]);
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor parallel: out of memory copying ",
+                                                     rows * dst_row, " bytes of ", t.name));
+  }
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(buf.get() + r * dst_row, src + r * src_row + offset, dst_row);
+  }
+  v.data = buf.get();
+  shard.owned_buffers.push_back(std::move(buf));
+  return v;
+}
+
+absl::Status CheckColumnCut(const TensorView& t, int layer, const char* field, int64_t begin,
+                            int64_t end, int tp) {
+  const int64_t block = DTypeBlockElems(t.dtype);
+  for (int64_t cut : {begin, end}) {
+    if (cut % block != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor parallel ", tp, ": ", TensorName(t, layer, field), " (",
+                       std::string(DTypeName(t.dtype)), ") would be split at column ", cut,
+                       ", inside a ", block, "-element quantization block"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int tp) {
+  const ModelConfig& c = weights.config;
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp, " < 1"));
+  if (rank < 0 || rank >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel rank ", rank, " outside [0, ", tp, ")"));
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  if (static_cast<int>(weights.layers.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", weights.layers.size(),
+                                                   " layers loaded, config says ", c.num_layers));
+  }
+  if (c.num_heads % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel size ", tp, " does not divide num_heads ", c.num_heads));
+  }
+  ShardPlan plan;
+  plan.rank = rank;
+  plan.tp = tp;
+  const int heads_per_rank = c.num_heads / tp;
+  plan.q_head_begin = rank * heads_per_rank;
+  plan.q_head_end = plan.q_head_begin + heads_per_rank;
+  if (c.num_kv_heads % tp == 0) {
+    const int kv_per_rank = c.num_kv_heads / tp;
+    plan.kv_head_begin = rank * kv_per_rank;
+    plan.kv_head_end = plan.kv_head_begin + kv_per_rank;
+  } else if (tp % c.num_kv_heads == 0) {
+    // tp / kv ranks share each kv head; rank r's query heads all belong to kv head r * kv / tp.
+    plan.kv_head_begin = rank * c.num_kv_heads / tp;
+    plan.kv_head_end = plan.kv_head_begin + 1;
+    plan.kv_replicated = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel size ", tp, " and num_kv_heads ", c.num_kv_heads,
+                     ": one must divide the other to distribute the kv heads"));
+  }
+
+  // MLP rows go in units of the down projection's quantization block so its column cut is legal.
+  int64_t unit = 1;
+  for (const LayerWeights& w : weights.layers)
+    unit = std::max(unit, DTypeBlockElems(w.w_down.dtype));
+  if (c.intermediate_size % unit != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: intermediate_size ",
+                                                   c.intermediate_size, " is not a multiple of ",
+                                                   unit, "-element quantization blocks"));
+  }
+  const int64_t units = c.intermediate_size / unit;
+  if (units < tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel size ", tp, " exceeds the ", units, " splittable MLP blocks of ", unit,
+        " rows (intermediate_size ", c.intermediate_size, ")"));
+  }
+  plan.ffn_begin = units * rank / tp * unit;
+  plan.ffn_end = units * (rank + 1) / tp * unit;
+
+  const int64_t hd = c.head_dim;
+  const int64_t h = c.hidden_size;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    const int64_t q_dim = int64_t{c.num_heads} * hd;
+    const int64_t kv_dim = int64_t{c.num_kv_heads} * hd;
+    const int64_t inter = c.intermediate_size;
+    for (absl::Status s :
+         {CheckShape(w.wq, l, "wq", q_dim, h), CheckShape(w.wk, l, "wk", kv_dim, h),
+          CheckShape(w.wv, l, "wv", kv_dim, h), CheckShape(w.wo, l, "wo", h, q_dim),
+          CheckShape(w.w_gate, l, "w_gate", inter, h), CheckShape(w.w_up, l, "w_up", inter, h),
+          CheckShape(w.w_down, l, "w_down", h, inter), CheckBias(w.bq, l, "bq", q_dim),
+          CheckBias(w.bk, l, "bk", kv_dim), CheckBias(w.bv, l, "bv", kv_dim),
+          CheckColumnCut(w.wo, l, "wo", plan.q_head_begin * hd, plan.q_head_end * hd, tp),
+          CheckColumnCut(w.w_down, l, "w_down", plan.ffn_begin, plan.ffn_end, tp)}) {
+      if (!s.ok()) return s;
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& weights, int rank,
+                                                           int tp) {
+  absl::StatusOr<ShardPlan> plan = PlanShard(weights, rank, tp);
+  if (!plan.ok()) return plan.status();
+  const ModelConfig& c = weights.config;
+  const int64_t hd = c.head_dim;
+
+  auto shard = std::make_unique<ModelWeights>();
+  shard->config = c;
+  shard->config.num_heads = plan->q_head_end - plan->q_head_begin;
+  shard->config.num_kv_heads = plan->kv_head_end - plan->kv_head_begin;
+  shard->config.intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
+  shard->format = weights.format;
+  shard->source_path = weights.source_path;
+  shard->token_embedding = weights.token_embedding;
+  shard->final_norm = weights.final_norm;
+  shard->output = weights.output;
+  shard->rope_freqs = weights.rope_freqs;
+
+  const int64_t q_begin = plan->q_head_begin * hd, q_end = plan->q_head_end * hd;
+  const int64_t kv_begin = plan->kv_head_begin * hd, kv_end = plan->kv_head_end * hd;
+  shard->layers.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& w = weights.layers[l];
+    LayerWeights& s = shard->layers[l];
+    s.attn_norm = w.attn_norm;
+    s.ffn_norm = w.ffn_norm;
+    s.wq = RowSlice(w.wq, q_begin, q_end);
+    s.bq = RowSlice(w.bq, q_begin, q_end);
+    s.wk = RowSlice(w.wk, kv_begin, kv_end);
+    s.bk = RowSlice(w.bk, kv_begin, kv_end);
+    s.wv = RowSlice(w.wv, kv_begin, kv_end);
+    s.bv = RowSlice(w.bv, kv_begin, kv_end);
+    s.w_gate = RowSlice(w.w_gate, plan->ffn_begin, plan->ffn_end);
+    s.w_up = RowSlice(w.w_up, plan->ffn_begin, plan->ffn_end);
+    absl::StatusOr<TensorView> wo = ColumnSlice(w.wo, q_begin, q_end, *shard);
+    if (!wo.ok()) return wo.status();
+    s.wo = std::move(*wo);
+    absl::StatusOr<TensorView> down = ColumnSlice(w.w_down, plan->ffn_begin, plan->ffn_end, *shard);
+    if (!down.ok()) return down.status();
+    s.w_down = std::move(*down);
+  }
+  return shard;
+}
+
+}  // namespace kvserve
