@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "router/router_metrics.h"
 
 namespace kvserve {
 
@@ -40,6 +41,7 @@ std::shared_ptr<WorkerHandle> Dispatcher::ReserveLocked(const PendingRequest& re
   if (choice.index >= candidates.size()) choice.index = 0;  // a broken policy must not crash us
   std::shared_ptr<WorkerHandle> chosen = std::move(candidates[choice.index]);
   chosen->AddInFlight(1);
+  if (metrics_ != nullptr) metrics_->RecordRouting(matched[choice.index] * options_.block_size);
   return chosen;
 }
 
@@ -53,10 +55,12 @@ absl::Status Dispatcher::Submit(PendingRequest* request) {
       int routable = 0;
       for (const auto& w : pool_->Workers()) routable += w->routable() ? 1 : 0;
       if (routable == 0) {
+        if (metrics_ != nullptr) metrics_->RecordRejection("no_worker");
         return absl::UnavailableError(absl::StrCat("no healthy worker to serve the request (",
                                                    pool_->Workers().size(), " known)"));
       }
       if (queue_.size() >= static_cast<size_t>(options_.max_queue)) {
+        if (metrics_ != nullptr) metrics_->RecordRejection("overloaded");
         return absl::ResourceExhaustedError(absl::StrCat(
             "router overloaded: all ", routable, " healthy workers have ",
             options_.max_inflight_per_worker, " requests in flight and ", queue_.size(),
@@ -113,6 +117,7 @@ void Dispatcher::Pump() {
   }
   for (auto& [request, worker] : starts) request->Start(std::move(worker));
   for (PendingRequest* request : rejects) {
+    if (metrics_ != nullptr) metrics_->RecordRejection("no_worker");
     request->Reject(absl::UnavailableError("no healthy worker left to serve the queued request"));
   }
 }

@@ -15,6 +15,8 @@
 
 namespace kvserve {
 
+class RouterMetrics;
+
 /// A request that needs a worker slot. Implemented by the Generate forwarding call.
 class PendingRequest {
  public:
@@ -68,6 +70,10 @@ class Dispatcher {
   /// the pool's view changes.
   void Pump();
 
+  /// Records routing decisions and admission rejections in `metrics` (nullptr: none). Call
+  /// before the first Submit; must outlive the dispatcher.
+  void SetMetrics(RouterMetrics* metrics) { metrics_ = metrics; }
+
   /// Requests waiting in the queue.
   size_t queued() const;
   /// Blocks until exactly `count` requests are queued or `timeout` passes.
@@ -82,6 +88,7 @@ class Dispatcher {
   WorkerPool* const pool_;
   PrefixIndex* const index_;
   RoutingPolicy* const policy_;
+  RouterMetrics* metrics_ = nullptr;
 
   mutable absl::Mutex mu_;
   std::deque<PendingRequest*> queue_ ABSL_GUARDED_BY(mu_);

@@ -5,12 +5,26 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging/logging.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/server_context.h"
 #include "kvserve/v1/inference.grpc.pb.h"
+#include "router/router_metrics.h"
 
 namespace kvserve {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// The worker's Engine::Submit refuses with UNAVAILABLE "... draining ..." once it drains.
+bool IsDrainingRefusal(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         status.error_message().find("draining") != std::string::npos;
+}
 
 // Failures before the first response that another worker may not repeat: the worker is down,
 // full, or broken. INVALID_ARGUMENT and friends would fail the same way anywhere.
@@ -77,12 +91,14 @@ class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::Generate
 
 GenerateCall::GenerateCall(grpc::CallbackServerContext* context, v1::GenerateRequest request,
                            std::vector<BlockKey> block_keys, Dispatcher* dispatcher,
-                           WorkerPool* pool)
+                           WorkerPool* pool, RouterMetrics* metrics)
     : context_(context),
       request_(std::move(request)),
       block_keys_(std::move(block_keys)),
       dispatcher_(dispatcher),
-      pool_(pool) {}
+      pool_(pool),
+      metrics_(metrics),
+      arrival_(Clock::now()) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -112,6 +128,7 @@ void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
     absl::MutexLock lock(&mu_);
     if (!cancelled_) {
       ++attempts_;
+      if (started_ == Clock::time_point{}) started_ = Clock::now();
       worker_ = worker;
       upstream = std::make_shared<Upstream>(this, request_, context_->deadline());
       upstream_ = upstream;
@@ -123,6 +140,10 @@ void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
     RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     return;
   }
+  logging::Log(logging::LogLevel::kInfo, "router", "request routed",
+               {{"request_id", request_.request_id()},
+                {"worker", worker->address()},
+                {"prompt_tokens", request_.prompt_token_ids_size()}});
   upstream->Begin(worker->inference());
 }
 
@@ -137,6 +158,7 @@ void GenerateCall::OnUpstreamRead(Upstream* upstream, v1::GenerateResponse* mess
     absl::MutexLock lock(&mu_);
     if (!cancelled_ && !finish_requested_) {
       forward = true;
+      if (!first_received_) first_message_ = Clock::now();
       first_received_ = true;
       write_pending_ = true;
       outgoing_ = std::move(*message);
@@ -172,7 +194,7 @@ void GenerateCall::OnWriteDone(bool ok) {
       upstream->StopReading();
     }
   }
-  if (ready) Finish(status);
+  if (ready) Complete(status);
 }
 
 void GenerateCall::OnUpstreamDone(const grpc::Status& status) {
@@ -183,7 +205,8 @@ void GenerateCall::OnUpstreamDone(const grpc::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     upstream_.reset();
-    worker_unreachable = !cancelled_ && status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    worker_unreachable = !cancelled_ && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                         !IsDrainingRefusal(status);
     worker = std::move(worker_);
     if (status.ok()) {
       final_status = grpc::Status::OK;
@@ -210,12 +233,19 @@ void GenerateCall::OnUpstreamDone(const grpc::Status& status) {
       }
     }
   }
-  // A worker that cannot be reached counts towards its ejection like a failed probe.
+  // A worker that cannot be reached counts towards its ejection like a failed probe; one that
+  // drains leaves the routable set at once.
   if (worker_unreachable) pool_->ReportFailure(*worker);
+  if (IsDrainingRefusal(status)) pool_->MarkDraining(*worker);
   dispatcher_->Release(*worker);
   if (retry) {
     std::shared_ptr<WorkerHandle> next = dispatcher_->ReserveNow(this);
     if (next != nullptr) {
+      if (metrics_ != nullptr) metrics_->RecordRetry();
+      logging::Log(logging::LogLevel::kWarning, "router", "retrying on another worker",
+                   {{"request_id", request_.request_id()},
+                    {"failed_worker", worker->address()},
+                    {"error", status.error_message()}});
       Start(std::move(next));
       return;
     }
@@ -239,6 +269,31 @@ void GenerateCall::OnCancel() {
 
 void GenerateCall::OnDone() { delete this; }
 
+void GenerateCall::Complete(const grpc::Status& status) {
+  const Clock::time_point now = Clock::now();
+  const std::string code =
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
+  const std::string message = status.error_message();
+  double queue_seconds = -1;
+  double ttft_seconds = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ != Clock::time_point{}) queue_seconds = SecondsBetween(arrival_, started_);
+    if (first_message_ != Clock::time_point{}) {
+      ttft_seconds = SecondsBetween(arrival_, first_message_);
+    }
+  }
+  const double e2e_seconds = SecondsBetween(arrival_, now);
+  if (metrics_ != nullptr) metrics_->RecordRequest(code, e2e_seconds, queue_seconds, ttft_seconds);
+  logging::Log(message.empty() ? logging::LogLevel::kInfo : logging::LogLevel::kWarning, "router",
+               "request finished",
+               {{"request_id", request_.request_id()},
+                {"status", code},
+                {"error", message},
+                {"duration_s", e2e_seconds}});
+  Finish(status);
+}
+
 void GenerateCall::RequestFinish(const grpc::Status& status) {
   bool ready = false;
   grpc::Status final_status;
@@ -251,7 +306,7 @@ void GenerateCall::RequestFinish(const grpc::Status& status) {
     ready = ReadyToFinishLocked();
     final_status = final_status_;
   }
-  if (ready) Finish(final_status);  // may lead to OnDone on another thread: touch nothing after
+  if (ready) Complete(final_status);  // may lead to OnDone on another thread: touch nothing after
 }
 
 bool GenerateCall::ReadyToFinishLocked() {

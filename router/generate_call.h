@@ -1,6 +1,7 @@
 #ifndef KVSERVE_ROUTER_GENERATE_CALL_H_
 #define KVSERVE_ROUTER_GENERATE_CALL_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ class CallbackServerContext;
 
 namespace kvserve {
 
+class RouterMetrics;
+
 /// One Generate RPC forwarded through the router.
 ///
 /// Threading: callback reactors on both sides, so no thread blocks per stream. The server side
@@ -33,16 +36,20 @@ namespace kvserve {
 /// on a worker, a failure before the first response message is retried once on another worker
 /// (codes UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, UNKNOWN, INTERNAL; the failed worker is
 /// excluded); a failure after it ends the stream with UNAVAILABLE. Client cancellation and the
-/// client's deadline cancel the upstream call; the deadline is also set on it. Finish is
+/// client's deadline cancel the upstream call; the deadline is also set on it. A worker that
+/// refuses the request with UNAVAILABLE because it is draining is marked draining in the pool
+/// at once (no new request goes there) and the request is retried elsewhere. Finish is
 /// called once, only after the upstream call has ended and no write is pending; OnDone
 /// deletes the object.
 class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                            public PendingRequest {
  public:
   /// `request` is already validated and carries prompt_token_ids and a request_id;
-  /// `block_keys` are its prompt's keys.
+  /// `block_keys` are its prompt's keys. `metrics` (may be null) records the call's outcome,
+  /// latencies and retries.
   GenerateCall(grpc::CallbackServerContext* context, v1::GenerateRequest request,
-               std::vector<BlockKey> block_keys, Dispatcher* dispatcher, WorkerPool* pool);
+               std::vector<BlockKey> block_keys, Dispatcher* dispatcher, WorkerPool* pool,
+               RouterMetrics* metrics = nullptr);
   ~GenerateCall() override;
 
   /// Hands the request to the dispatcher; finishes at once when it is refused.
@@ -69,12 +76,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   /// Finish when requested and nothing is outstanding; called with mu_ held, returns whether
   /// the caller must call Finish(final_status_) after unlocking.
   bool ReadyToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Records the call's metrics and log line, then finishes it. Recording before Finish means
+  /// a client that has seen the status also sees the call in /metrics.
+  void Complete(const grpc::Status& status);
 
   grpc::CallbackServerContext* const context_;
   const v1::GenerateRequest request_;
   const std::vector<BlockKey> block_keys_;
   Dispatcher* const dispatcher_;
   WorkerPool* const pool_;
+  RouterMetrics* const metrics_;
+  const std::chrono::steady_clock::time_point arrival_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<WorkerHandle> worker_ ABSL_GUARDED_BY(mu_);
@@ -86,6 +98,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Metrics: when the first worker slot was reserved and the first message arrived (epoch:
+  // not yet).
+  std::chrono::steady_clock::time_point started_ ABSL_GUARDED_BY(mu_){};
+  std::chrono::steady_clock::time_point first_message_ ABSL_GUARDED_BY(mu_){};
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   /// The message being written to the client; touched only while no write is pending.
   v1::GenerateResponse outgoing_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics_server.h"
 #include "common/tokenizer_loader/tokenizer_loader.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -21,6 +22,7 @@ std::string ModelNameFromPath(const std::string& path) {
 }
 
 struct RouterServer::State {
+  std::unique_ptr<RouterMetrics> metrics;
   std::unique_ptr<Tokenizer> tokenizer;
   PrefixIndex index;
   std::unique_ptr<RoutingPolicy> policy;
@@ -28,9 +30,12 @@ struct RouterServer::State {
   std::unique_ptr<Dispatcher> dispatcher;
   std::unique_ptr<RouterService> service;
   std::unique_ptr<grpc::Server> server;
+  std::string model_name;
   int port = 0;
   absl::Mutex shutdown_mu;
   bool shut_down = false;
+  // Last, so it stops serving before what its scrapes read is destroyed.
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
 };
 
 RouterServer::RouterServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -70,6 +75,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       RoutingPolicyRegistry::Default().Create(options.policy, options.policy_config);
   if (!policy.ok()) return policy.status();
   state->policy = *std::move(policy);
+  state->metrics = std::make_unique<RouterMetrics>(std::string(state->policy->name()));
 
   absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
       WorkerPool::Create(options.pool, &state->index);
@@ -77,16 +83,20 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   state->pool = *std::move(pool);
   state->dispatcher = std::make_unique<Dispatcher>(options.dispatch, state->pool.get(),
                                                    &state->index, state->policy.get());
+  state->dispatcher->SetMetrics(state->metrics.get());
+  state->metrics->Attach(state->pool.get(), state->dispatcher.get());
   state->pool->SetChangeListener([d = state->dispatcher.get()] { d->Pump(); });
 
   RouterServiceOptions service_options;
   service_options.model_name =
       options.model_name.empty() ? ModelNameFromPath(options.model_path) : options.model_name;
+  state->model_name = service_options.model_name;
   service_options.block_size = options.dispatch.block_size;
   RouterServiceDeps deps;
   deps.tokenizer = state->tokenizer.get();
   deps.dispatcher = state->dispatcher.get();
   deps.pool = state->pool.get();
+  deps.metrics = state->metrics.get();
   state->service = std::make_unique<RouterService>(service_options, deps);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -100,10 +110,27 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     return absl::UnavailableError(
         absl::StrCat("listen: cannot serve on '", options.listen, "' (address in use or invalid)"));
   }
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> metrics_server =
+        metrics::MetricsServer::Start(options.metrics_listen, state->metrics->collectable());
+    if (!metrics_server.ok()) {
+      state->server->Shutdown();
+      state->server->Wait();
+      state->pool->Shutdown();
+      return metrics_server.status();
+    }
+    state->metrics_server = *std::move(metrics_server);
+  }
   return std::unique_ptr<RouterServer>(new RouterServer(std::move(state)));
 }
 
 int RouterServer::port() const { return state_->port; }
+
+int RouterServer::metrics_port() const {
+  return state_->metrics_server != nullptr ? state_->metrics_server->port() : 0;
+}
+
+RouterMetrics& RouterServer::metrics() { return *state_->metrics; }
 
 void RouterServer::Shutdown(absl::Duration grace) {
   {
@@ -121,5 +148,11 @@ void RouterServer::Shutdown(absl::Duration grace) {
 WorkerPool& RouterServer::pool() { return *state_->pool; }
 PrefixIndex& RouterServer::index() { return state_->index; }
 Dispatcher& RouterServer::dispatcher() { return *state_->dispatcher; }
+
+std::shared_ptr<grpc::Channel> RouterServer::InProcessChannel() {
+  return state_->server->InProcessChannel(grpc::ChannelArguments());
+}
+const Tokenizer& RouterServer::tokenizer() const { return *state_->tokenizer; }
+const std::string& RouterServer::model_name() const { return state_->model_name; }
 
 }  // namespace kvserve

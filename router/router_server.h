@@ -6,10 +6,17 @@
 
 #include "absl/status/statusor.h"
 #include "router/dispatcher.h"
+#include "router/router_metrics.h"
 #include "router/routing_policy.h"
 #include "router/worker_pool.h"
 
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
 namespace kvserve {
+
+class Tokenizer;
 
 /// Everything `kvserve router` is configured with.
 struct RouterOptions {
@@ -28,6 +35,8 @@ struct RouterOptions {
   DispatcherOptions dispatch;
   /// Worker discovery and health checking.
   WorkerPoolOptions pool;
+  /// HOST:PORT serving Prometheus /metrics (port 0 picks a free one); empty: none.
+  std::string metrics_listen;
 };
 
 /// The name ListModels reports for a model path: "stories260K" for ".../stories260K.gguf".
@@ -45,6 +54,10 @@ class RouterServer {
 
   /// The port actually bound.
   int port() const;
+  /// The port /metrics is served on (0 when RouterOptions::metrics_listen is empty).
+  int metrics_port() const;
+  /// The router's metrics (also what /metrics serves), for in-process rendering.
+  RouterMetrics& metrics();
   /// Stops accepting calls, cancels the running ones after `grace`, then stops the pool.
   /// Idempotent; the destructor calls it with no grace.
   void Shutdown(absl::Duration grace = absl::ZeroDuration());
@@ -52,6 +65,15 @@ class RouterServer {
   WorkerPool& pool();
   PrefixIndex& index();
   Dispatcher& dispatcher();
+
+  /// A channel to this router's own kvserve.v1.Inference that skips the network (gRPC's
+  /// in-process transport): fronts in the same process, such as the HTTP server, call through
+  /// it and so get the same validation, routing, limits and errors as gRPC clients.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  /// The tokenizer loaded from model_path (for the HTTP front's chat template).
+  const Tokenizer& tokenizer() const;
+  /// The name ListModels reports.
+  const std::string& model_name() const;
 
  private:
   struct State;

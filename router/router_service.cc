@@ -87,7 +87,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
                            prepared->prompt_token_ids().end());
   std::vector<BlockKey> keys = HashFullBlocks(ids, options_.block_size, prepared->cache_salt());
   auto* call = new GenerateCall(context, *std::move(prepared), std::move(keys), deps_.dispatcher,
-                                deps_.pool);
+                                deps_.pool, deps_.metrics);
   call->Begin();
   return call;
 }

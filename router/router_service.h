@@ -9,6 +9,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "router/dispatcher.h"
+#include "router/router_metrics.h"
 #include "router/worker_pool.h"
 
 namespace kvserve {
@@ -27,6 +28,8 @@ struct RouterServiceDeps {
   const Tokenizer* tokenizer = nullptr;
   Dispatcher* dispatcher = nullptr;
   WorkerPool* pool = nullptr;
+  /// Optional: Generate outcomes, latencies and retries are recorded here.
+  RouterMetrics* metrics = nullptr;
 };
 
 /// kvserve.v1.Inference served by the router. Generate is validated and tokenized here (so the

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/logging/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -25,7 +26,7 @@ namespace {
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 
 void Log(const std::string& message) {
-  std::fprintf(stderr, "kvserve router: %s\n", message.c_str());
+  logging::Log(logging::LogLevel::kInfo, "router", message);
 }
 
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
@@ -427,6 +428,16 @@ void WorkerPool::ReportFailure(WorkerHandle& worker) {
     }
   }
   if (ejected) Log(absl::StrCat("worker ", worker.address(), " ejected: requests failing"));
+}
+
+void WorkerPool::MarkDraining(WorkerHandle& worker) {
+  bool changed = false;
+  {
+    absl::MutexLock lock(&worker.mu_);
+    changed = !worker.draining_;
+    worker.draining_ = true;
+  }
+  if (changed) Log(absl::StrCat("worker ", worker.address(), " draining (refused a request)"));
 }
 
 void WorkerPool::StartKvStream(const std::shared_ptr<WorkerHandle>& worker) {

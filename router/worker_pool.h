@@ -134,6 +134,10 @@ class WorkerPool {
   void ResolveNow();
   /// Counts a failed request against the worker, as a failed probe does.
   void ReportFailure(WorkerHandle& worker);
+  /// The worker refused a request because it is draining: stop routing to it now, without
+  /// waiting for the next probe (which keeps it draining, or clears the mark once the worker
+  /// reports it is not draining any more).
+  void MarkDraining(WorkerHandle& worker);
   /// Called after every probe round and membership change (capacity may have appeared).
   void SetChangeListener(std::function<void()> listener);
   /// Stops the probe thread and every KV stream. Idempotent; the destructor calls it.

@@ -25,6 +25,8 @@ Command AddPlanCommand(CLI::App& app);
 Command AddWorkerCommand(CLI::App& app);
 Command AddRouterCommand(CLI::App& app);
 Command AddUpCommand(CLI::App& app);
+Command AddSynthCommand(CLI::App& app);
+Command AddBenchCommand(CLI::App& app);
 
 }  // namespace kvserve::cli
 

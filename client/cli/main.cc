@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   commands.push_back(kvserve::cli::AddWorkerCommand(app));
   commands.push_back(kvserve::cli::AddRouterCommand(app));
   commands.push_back(kvserve::cli::AddUpCommand(app));
+  commands.push_back(kvserve::cli::AddSynthCommand(app));
+  commands.push_back(kvserve::cli::AddBenchCommand(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
+#include "common/logging/logging.h"
+#include "router/http/http_server.h"
 #include "router/router_server.h"
 #include "router/routing_policy.h"
 #include "router/worker_pool.h"
@@ -32,6 +34,9 @@ struct RouterFlags {
   int probe_timeout_ms = 500;
   int failure_threshold = 2;
   int dns_interval_ms = 5000;
+  std::string metrics_listen;
+  std::string http_listen;
+  std::string log_format = "text";
 };
 
 absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
@@ -59,12 +64,16 @@ absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
   options.pool.probe_timeout = absl::Milliseconds(flags.probe_timeout_ms);
   options.pool.dns_interval = absl::Milliseconds(flags.dns_interval_ms);
   options.pool.failure_threshold = flags.failure_threshold;
+  options.metrics_listen = flags.metrics_listen;
   return options;
 }
 
 int RunRouter(const RouterFlags& flags) {
   absl::StatusOr<RouterOptions> options = ToOptions(flags);
   if (!options.ok()) return ReportError("router", options.status());
+  absl::StatusOr<logging::LogFormat> log_format = logging::ParseLogFormat(flags.log_format);
+  if (!log_format.ok()) return ReportError("router", log_format.status());
+  logging::SetLogFormat(*log_format);
   // Block SIGINT/SIGTERM before any thread starts (threads inherit the mask), then wait for
   // them here: shutdown runs on the main thread, not in a signal handler.
   sigset_t signals;
@@ -78,13 +87,51 @@ int RunRouter(const RouterFlags& flags) {
   const size_t colon = flags.listen.rfind(':');
   const std::string host =
       colon == std::string::npos ? flags.listen : flags.listen.substr(0, colon);
+  if ((*router)->metrics_port() != 0) {
+    const size_t mcolon = flags.metrics_listen.rfind(':');
+    std::printf("kvserve router metrics on %s:%d\n",
+                flags.metrics_listen.substr(0, mcolon).c_str(), (*router)->metrics_port());
+  }
   std::printf("kvserve router listening on %s:%d\n", host.c_str(), (*router)->port());
   std::fflush(stdout);
+  logging::Log(logging::LogLevel::kInfo, "router", "serving",
+               {{"listen", absl::StrCat(host, ":", (*router)->port())},
+                {"policy", flags.policy},
+                {"metrics_port", (*router)->metrics_port()}});
+
+  std::unique_ptr<HttpServer> http;
+  if (!flags.http_listen.empty()) {
+    HttpServerOptions http_options;
+    http_options.listen = flags.http_listen;
+    HttpServerDeps deps;
+    deps.channel = (*router)->InProcessChannel();
+    deps.tokenizer = &(*router)->tokenizer();
+    deps.model_name = (*router)->model_name();
+    deps.ready = [r = router->get()] {
+      for (const auto& worker : r->pool().Workers()) {
+        if (worker->routable()) return true;
+      }
+      return false;
+    };
+    absl::StatusOr<std::unique_ptr<HttpServer>> started =
+        HttpServer::Start(http_options, std::move(deps));
+    if (!started.ok()) return ReportError("router", started.status());
+    http = *std::move(started);
+    if (!http->chat_template_status().ok()) {
+      std::fprintf(stderr, "kvserve router: chat completions disabled: %s\n",
+                   std::string(http->chat_template_status().message()).c_str());
+    }
+    const size_t http_colon = flags.http_listen.rfind(':');
+    std::printf("kvserve router HTTP (OpenAI API) on %s:%d\n",
+                flags.http_listen.substr(0, http_colon).c_str(), http->port());
+    std::fflush(stdout);
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "kvserve router: %s received, shutting down\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  logging::Log(logging::LogLevel::kInfo, "router", "signal received, shutting down",
+               {{"signal", signal_number == SIGINT ? "SIGINT" : "SIGTERM"}});
+  if (http != nullptr) http->Shutdown(absl::Seconds(5));
   (*router)->Shutdown(absl::Seconds(5));
   return 0;
 }
@@ -132,6 +179,13 @@ Command AddRouterCommand(CLI::App& app) {
                   "Consecutive failed probes that eject a worker")
       ->capture_default_str();
   sub->add_option("--dns-interval-ms", flags->dns_interval_ms, "DNS re-resolution period")
+      ->capture_default_str();
+  sub->add_option("--http-listen", flags->http_listen,
+                  "HOST:PORT serving the OpenAI-compatible HTTP API (port 0 picks one); empty: off");
+  sub->add_option("--metrics-listen", flags->metrics_listen,
+                  "HOST:PORT serving Prometheus /metrics (port 0 picks one); empty: off");
+  sub->add_option("--log-format", flags->log_format, "Log lines as 'text' or 'json'")
+      ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   return {sub, [flags] {
             if (flags->workers.empty() == flags->workers_dns.empty()) {

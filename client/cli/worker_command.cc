@@ -1,5 +1,6 @@
 // `kvserve worker`: load a model and serve it over gRPC (kvserve.v1.Inference and
-// kvserve.v1.Worker, grpc.health.v1, reflection) until SIGINT or SIGTERM.
+// kvserve.v1.Worker, grpc.health.v1, reflection) and Prometheus /metrics until SIGINT or
+// SIGTERM, which drain it: no new requests, running ones finish within --drain-timeout.
 
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
 #include "client/cli/engine_flags.h"
+#include "common/logging/logging.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
 #include "worker/server/worker_server.h"
@@ -25,7 +27,9 @@ struct WorkerOptions {
   std::string listen = "0.0.0.0:50051";
   std::string advertise;
   std::string served_model_name;
-  int64_t shutdown_grace_ms = 5000;
+  std::string metrics_listen;
+  std::string log_format = "text";
+  double drain_timeout_s = 30.0;
   EngineOptions engine;
 };
 
@@ -38,9 +42,13 @@ int RunWorker(const WorkerOptions& o) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  if (o.shutdown_grace_ms < 0) {
-    return ReportError("worker", absl::InvalidArgumentError("--shutdown-grace-ms must be >= 0"));
+  if (!(o.drain_timeout_s >= 0) || o.drain_timeout_s > 86400) {
+    return ReportError("worker",
+                       absl::InvalidArgumentError("--drain-timeout must be in [0, 86400] seconds"));
   }
+  absl::StatusOr<logging::LogFormat> log_format = logging::ParseLogFormat(o.log_format);
+  if (!log_format.ok()) return ReportError("worker", log_format.status());
+  logging::SetLogFormat(*log_format);
   absl::StatusOr<LoadedModel> model = LoadModel(o.model);
   if (!model.ok()) return ReportError("worker", model.status());
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&*model, o.engine);
@@ -50,21 +58,40 @@ int RunWorker(const WorkerOptions& o) {
   server_options.model_name =
       o.served_model_name.empty() ? DefaultModelName(o.model) : o.served_model_name;
   server_options.advertise = o.advertise;
+  server_options.metrics_listen = o.metrics_listen;
   WorkerServer server(&*model, engine->get(), server_options);
   absl::StatusOr<int> port = server.Start(o.listen);
   if (!port.ok()) return ReportError("worker", port.status());
 
   const size_t colon = o.listen.rfind(':');
   const std::string host = colon == std::string::npos ? o.listen : o.listen.substr(0, colon);
+  if (server.metrics_port() != 0) {
+    const size_t mcolon = o.metrics_listen.rfind(':');
+    std::printf("kvserve worker metrics on %s:%d\n", o.metrics_listen.substr(0, mcolon).c_str(),
+                server.metrics_port());
+  }
   std::printf("kvserve worker listening on %s:%d\n", host.c_str(), *port);
   std::fflush(stdout);
+  logging::Log(logging::LogLevel::kInfo, "worker", "serving",
+               {{"listen", absl::StrCat(host, ":", *port)},
+                {"model", server_options.model_name},
+                {"metrics_port", server.metrics_port()}});
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::fprintf(stderr, "kvserve worker: %s, shutting down\n", strsignal(signal_number));
-  // Stop admitting work, give running requests the grace period, then cancel what is left.
+  logging::Log(logging::LogLevel::kInfo, "worker", "signal received, draining",
+               {{"signal", signal_number == SIGINT ? "SIGINT" : "SIGTERM"},
+                {"drain_timeout_s", o.drain_timeout_s}});
+  // Stop admitting work (health goes NOT_SERVING, Submit answers UNAVAILABLE "draining", which
+  // the router reacts to at once), let running requests finish within the drain timeout, then
+  // cancel what is left.
   server.Drain();
-  server.Shutdown(std::chrono::milliseconds(o.shutdown_grace_ms));
+  const auto start = std::chrono::steady_clock::now();
+  server.Shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000)));
+  logging::Log(logging::LogLevel::kInfo, "worker", "drained, exiting",
+               {{"drain_seconds", std::chrono::duration<double>(
+                                      std::chrono::steady_clock::now() - start)
+                                      .count()}});
   return 0;
 }
 
@@ -85,9 +112,14 @@ Command AddWorkerCommand(CLI::App& app) {
   sub->add_option("--served-model-name", o->served_model_name,
                   "Model name for ListModels and requests (default: the model file's name "
                   "without extension)");
-  sub->add_option("--shutdown-grace-ms", o->shutdown_grace_ms,
-                  "On SIGINT/SIGTERM, how long running requests may finish before they are "
-                  "cancelled")
+  sub->add_option("--drain-timeout", o->drain_timeout_s,
+                  "On SIGINT/SIGTERM, seconds running requests may take to finish before they "
+                  "are cancelled and the worker exits")
+      ->capture_default_str();
+  sub->add_option("--metrics-listen", o->metrics_listen,
+                  "HOST:PORT serving Prometheus /metrics (port 0 picks one); empty: off");
+  sub->add_option("--log-format", o->log_format, "Log lines as 'text' or 'json'")
+      ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   AddEngineFlags(sub, &o->engine);
   return {sub, [o] { return RunWorker(*o); }};

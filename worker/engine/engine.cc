@@ -1,6 +1,7 @@
 #include "worker/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -18,6 +19,11 @@ struct RequestState {
   std::vector<std::unique_ptr<Sequence>> sequences;
   bool forked = false;
   int32_t samples_unfinished = 0;
+  // Metrics timestamps (epoch: not reached yet).
+  std::chrono::steady_clock::time_point arrival{};
+  std::chrono::steady_clock::time_point first_scheduled{};
+  std::chrono::steady_clock::time_point first_token{};
+  std::chrono::steady_clock::time_point last_token{};
 };
 
 namespace {
@@ -43,6 +49,12 @@ ModelSpec SpecOf(const ModelWeights& w) {
   bytes.replicated = w.TotalBytes();  // one rank holds everything
   spec.tensor_bytes = bytes;
   return spec;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
 
 int64_t SystemMemoryBytes() {
@@ -198,6 +210,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
   state->stream = std::make_shared<RequestStream>(request.n);
   state->samples_unfinished = request.n;
   state->request = std::move(request);
+  state->arrival = Clock::now();
   std::shared_ptr<RequestStream> stream = state->stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +247,11 @@ bool Engine::draining() const {
 bool Engine::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
   return live_ids_.empty();
+}
+
+void Engine::SetObserver(std::shared_ptr<EngineObserver> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_observer_ = std::move(observer);
 }
 
 std::shared_ptr<KvEventStream> Engine::SubscribeKvEvents() {
@@ -309,6 +327,7 @@ void Engine::DrainInbox() {
     std::lock_guard<std::mutex> lock(mu_);
     incoming.swap(inbox_);
     aborts.swap(aborts_);
+    observer_ = shared_observer_;
   }
   for (auto& state : incoming) {
     const EngineRequest& r = state->request;
@@ -345,16 +364,23 @@ void Engine::Step() {
     }
     return;
   }
+  step_metrics_ = StepMetrics();
   RunModel(out);
   ++num_steps_;
+  if (observer_ != nullptr) observer_->OnStep(step_metrics_);
   if (options_.check_invariants) CheckInvariants();
 }
 
 void Engine::RunModel(const SchedulerOutput& out) {
   builder_.Clear();
   std::vector<Sequence*> sampled;
+  const Clock::time_point step_start = Clock::now();
   for (const ScheduledSequence& s : out.scheduled) {
     Sequence* seq = s.seq;
+    step_metrics_.num_tokens += s.num_tokens;
+    if (seq->request->first_scheduled == Clock::time_point{}) {
+      seq->request->first_scheduled = step_start;
+    }
     std::span<const TokenId> tokens(seq->tokens.data() + seq->num_computed, s.num_tokens);
     builder_.AddSequence(tokens, seq->num_computed, kv_->BlockTable(seq->id), options_.block_size,
                          s.wants_logits);
@@ -376,6 +402,8 @@ void Engine::RunModel(const SchedulerOutput& out) {
     return;
   }
   scheduler_->OnStepDone(out);
+  // Every token of the step is out at the same moment.
+  step_time_ = Clock::now();
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence* seq = sampled[i];
     std::span<const float> logits(logits_.data() + i * vocab, vocab);
@@ -444,6 +472,7 @@ void Engine::SampleAndEmit(Sequence* seq, std::span<const float> logits) {
   }
   const TokenId token = sample->token;
   seq->tokens.push_back(token);
+  RecordToken(seq);
   RequestOutput msg;
   msg.sample_index = seq->sample_index;
   msg.token_ids.push_back(token);
@@ -487,6 +516,7 @@ void Engine::FinishSequence(Sequence* seq, RequestOutput final_output) {
   std::shared_ptr<RequestStream> stream = state->stream;
   if (state->samples_unfinished == 0) {
     ++num_finished_;
+    ReportFinished(state, outputs.back().finish_reason, absl::StatusCode::kOk);
     ForgetRequest(state);
   }
   // Readers that see a request finish also see the pool without its blocks.
@@ -523,9 +553,47 @@ void Engine::AbortRequest(RequestState* state, absl::Status status) {
     outputs.push_back(std::move(out));
   }
   std::shared_ptr<RequestStream> stream = state->stream;
+  ReportFinished(state, FinishReason::kNone, status.code());
   ForgetRequest(state);
   PublishStats();
   for (RequestOutput& out : outputs) stream->Push(std::move(out));
+}
+
+void Engine::RecordToken(Sequence* seq) {
+  RequestState* state = seq->request;
+  ++step_metrics_.generation_tokens;
+  if (state->first_token == Clock::time_point{}) {
+    state->first_token = step_time_;
+    step_metrics_.time_to_first_token_seconds.push_back(SecondsBetween(state->arrival, step_time_));
+    step_metrics_.prompt_tokens += seq->num_prompt_tokens;
+  }
+  if (seq->last_token_time != Clock::time_point{}) {
+    step_metrics_.inter_token_latency_seconds.push_back(
+        SecondsBetween(seq->last_token_time, step_time_));
+  }
+  seq->last_token_time = step_time_;
+  state->last_token = step_time_;
+}
+
+void Engine::ReportFinished(RequestState* state, FinishReason reason, absl::StatusCode code) {
+  if (observer_ == nullptr) return;
+  const Clock::time_point now = Clock::now();
+  constexpr Clock::time_point kUnset{};
+  RequestMetrics m;
+  m.request_id = state->request.request_id;
+  m.finish_reason = reason;
+  m.status_code = code;
+  m.prompt_tokens = static_cast<int32_t>(state->request.prompt_ids.size());
+  for (const auto& seq : state->sequences) m.generation_tokens += seq->num_output_tokens();
+  m.e2e_seconds = SecondsBetween(state->arrival, now);
+  if (state->first_scheduled != kUnset) {
+    m.queue_seconds = SecondsBetween(state->arrival, state->first_scheduled);
+    if (state->first_token != kUnset) {
+      m.prefill_seconds = SecondsBetween(state->first_scheduled, state->first_token);
+      m.decode_seconds = SecondsBetween(state->first_token, state->last_token);
+    }
+  }
+  observer_->OnRequestFinished(m);
 }
 
 void Engine::CheckInvariants() {

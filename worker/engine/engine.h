@@ -2,6 +2,7 @@
 #define KVSERVE_WORKER_ENGINE_ENGINE_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -106,6 +107,10 @@ class Engine {
   /// step. Returns false when there was nothing to do.
   bool StepOnce();
 
+  /// Reports step and request metrics to `observer` from the loop's next iteration on
+  /// (nullptr stops reporting). The engine holds a reference while it reports.
+  void SetObserver(std::shared_ptr<EngineObserver> observer);
+
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
   int64_t num_kv_blocks() const { return cache_->num_blocks(); }
@@ -132,6 +137,10 @@ class Engine {
   /// Sends new subscribers their snapshot and everyone the step's events.
   void PublishKvEvents();
   void PublishStats();
+  /// Metrics bookkeeping for a sampled token of `seq` (at step_time_).
+  void RecordToken(Sequence* seq);
+  /// Reports a request that ended to the observer.
+  void ReportFinished(RequestState* state, FinishReason reason, absl::StatusCode code);
 
   const LoadedModel* model_;
   EngineOptions options_;
@@ -151,6 +160,10 @@ class Engine {
   int64_t num_finished_ = 0;
   int64_t invariant_violations_ = 0;
   std::string first_violation_;
+  // Metrics: the observer in use, the current step's figures and its token time.
+  std::shared_ptr<EngineObserver> observer_;
+  StepMetrics step_metrics_;
+  std::chrono::steady_clock::time_point step_time_{};
 
   // Shared with submitting threads.
   mutable std::mutex mu_;
@@ -161,6 +174,7 @@ class Engine {
   bool stop_ = false;
   bool draining_ = false;
   std::vector<std::shared_ptr<KvEventStream>> new_subscribers_;
+  std::shared_ptr<EngineObserver> shared_observer_;
   // Loop-thread side of the subscriptions.
   std::vector<std::shared_ptr<KvEventStream>> subscribers_;
   EngineStats stats_;

@@ -59,6 +59,52 @@ struct RequestOutput {
   absl::Status status;
 };
 
+/// What one engine step did, for metrics (EngineObserver::OnStep).
+struct StepMetrics {
+  /// Tokens fed to the model in the step (prefill chunks plus decodes).
+  int32_t num_tokens = 0;
+  /// Prompt lengths of the requests whose first token was sampled in this step.
+  int32_t prompt_tokens = 0;
+  /// Tokens sampled in the step, over every sample.
+  int32_t generation_tokens = 0;
+  /// Per request that got its first token: seconds from Submit to that token.
+  std::vector<double> time_to_first_token_seconds;
+  /// Per later token of a sample: seconds since that sample's previous token.
+  std::vector<double> inter_token_latency_seconds;
+};
+
+/// Timings of one request that ended (EngineObserver::OnRequestFinished). A phase the request
+/// never reached is -1.
+struct RequestMetrics {
+  std::string request_id;
+  /// Why its last sample ended; kNone when it was aborted or failed (see status_code).
+  FinishReason finish_reason = FinishReason::kNone;
+  /// kCancelled for an abort, another code for a failure, kOk otherwise.
+  absl::StatusCode status_code = absl::StatusCode::kOk;
+  int32_t prompt_tokens = 0;
+  /// Tokens generated over every sample.
+  int32_t generation_tokens = 0;
+  /// Submit to end.
+  double e2e_seconds = -1;
+  /// Submit to first scheduled in a step.
+  double queue_seconds = -1;
+  /// First scheduled to first token.
+  double prefill_seconds = -1;
+  /// First token to last token.
+  double decode_seconds = -1;
+};
+
+/// Receives the engine's step and request metrics. Both calls run on the engine's loop thread
+/// (or StepOnce's caller) and must be quick and must not call back into the engine.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  /// After every step that ran the model.
+  virtual void OnStep(const StepMetrics& step) = 0;
+  /// When a request ended: all its samples finished, or it was aborted or failed.
+  virtual void OnRequestFinished(const RequestMetrics& request) = 0;
+};
+
 /// A batch of prefix-cache changes for the router's global index.
 struct KvEventBatch {
   /// Replace everything known about this worker with `events` (a snapshot of cached blocks).

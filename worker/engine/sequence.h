@@ -46,6 +46,8 @@ struct Sequence {
   /// True once admitted to the pool at least once (prefix matches are counted on first admission).
   bool admitted_before = false;
   int32_t peak_kv_blocks = 0;
+  /// When the sample's latest token was sampled (epoch: none yet), for inter-token latency.
+  std::chrono::steady_clock::time_point last_token_time{};
 
   std::optional<Sampler> sampler;
   std::optional<StopChecker> stop;

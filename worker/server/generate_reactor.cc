@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/logging/logging.h"
 #include "worker/server/grpc_status.h"
 #include "worker/server/proto_convert.h"
 
@@ -33,6 +34,7 @@ void GenerateReactor::Pump() {
         action = Action::kFinish;
         finish_status = ToGrpcStatus(out.status);
       } else {
+        if (out.finished) completion_tokens_ += out.usage.completion_tokens;
         response_.Clear();
         response_.set_request_id(params_.request_id);
         response_.set_worker(params_.worker);
@@ -47,6 +49,16 @@ void GenerateReactor::Pump() {
         }
       }
     }
+  }
+  // Logged before the call ends, so a client that saw the end also finds the line.
+  if (action == Action::kWriteAndFinish || action == Action::kFinish) {
+    logging::Log(logging::LogLevel::kInfo, "worker", "generate finished",
+                 {{"request_id", params_.request_id},
+                  {"status", action == Action::kWriteAndFinish
+                                 ? std::string("OK")
+                                 : absl::StatusCodeToString(
+                                       static_cast<absl::StatusCode>(finish_status.error_code()))},
+                  {"completion_tokens", completion_tokens_}});
   }
   // gRPC calls happen outside the lock: a reaction may run on another thread at once.
   switch (action) {

@@ -62,6 +62,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finish_started_ = false;
   bool cancelled_ = false;
   int32_t samples_finished_ = 0;
+  // For the "generate finished" log line.
+  int64_t completion_tokens_ = 0;
   // The message being written; gRPC reads it until OnWriteDone (or OnDone for the last).
   v1::GenerateResponse response_;
 };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/logging/logging.h"
 #include "worker/server/generate_reactor.h"
 #include "worker/server/grpc_status.h"
 #include "worker/server/proto_convert.h"
@@ -76,9 +77,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
   }
   if (!status.ok()) {
     counters_->generate_rejected.fetch_add(1);
+    logging::Log(logging::LogLevel::kWarning, "worker", "generate rejected",
+                 {{"request_id", request_id.empty() ? request->request_id() : request_id},
+                  {"code", absl::StatusCodeToString(status.code())},
+                  {"error", std::string(status.message())}});
     return new RejectedGenerate(status);
   }
   counters_->generate_requests.fetch_add(1);
+  logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
+               {{"request_id", request_id}, {"n", num_samples}});
   GenerateReactorParams params;
   params.engine = engine_;
   params.stream = std::move(*stream);

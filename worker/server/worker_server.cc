@@ -4,12 +4,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging/logging.h"
+#include "common/metrics/metrics_server.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "worker/server/inference_service.h"
+#include "worker/server/worker_metrics.h"
 #include "worker/server/worker_service.h"
 
 namespace kvserve {
@@ -32,9 +35,22 @@ WorkerServer::WorkerServer(const LoadedModel* model, Engine* engine, WorkerServe
   inference_ = std::make_unique<InferenceService>(model_, engine_, options_.model_name, &counters_);
   worker_ = std::make_unique<WorkerService>(model_, engine_, options_.model_name, &counters_,
                                             [this] { SetServing(false); });
+  metrics_ = std::make_shared<WorkerMetrics>(engine_, &counters_);
 }
 
-WorkerServer::~WorkerServer() { Shutdown(); }
+WorkerServer::~WorkerServer() {
+  Shutdown();
+  // The metrics read counters_, which dies with this server.
+  engine_->SetObserver(nullptr);
+}
+
+int WorkerServer::metrics_port() const {
+  return metrics_server_ != nullptr ? metrics_server_->port() : 0;
+}
+
+std::shared_ptr<prometheus::Collectable> WorkerServer::metrics() const {
+  return metrics_->collectable();
+}
 
 absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
   {
@@ -75,6 +91,16 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
       Shutdown();
       return absl::Status(s.code(), absl::StrCat("warm-up request failed: ", s.message()));
     }
+  }
+  engine_->SetObserver(metrics_);
+  if (!options_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> metrics_server =
+        metrics::MetricsServer::Start(options_.metrics_listen, metrics_->collectable());
+    if (!metrics_server.ok()) {
+      Shutdown();
+      return metrics_server.status();
+    }
+    metrics_server_ = *std::move(metrics_server);
   }
   if (!engine_->draining()) SetServing(true);
   return port;
@@ -123,6 +149,9 @@ void WorkerServer::SetServing(bool serving) {
 void WorkerServer::Drain() {
   engine_->Drain();
   SetServing(false);
+  logging::Log(logging::LogLevel::kInfo, "worker", "draining: not accepting requests",
+               {{"worker", advertise_},
+                {"open_generate_streams", counters_.open_generate_streams.load()}});
 }
 
 void WorkerServer::Shutdown(std::chrono::milliseconds grace) {

@@ -14,11 +14,18 @@
 namespace grpc {
 class Server;
 }  // namespace grpc
+namespace prometheus {
+class Collectable;
+}  // namespace prometheus
 
 namespace kvserve {
 
 class InferenceService;
+class WorkerMetrics;
 class WorkerService;
+namespace metrics {
+class MetricsServer;
+}  // namespace metrics
 
 /// How a WorkerServer presents itself.
 struct WorkerServerOptions {
@@ -30,6 +37,8 @@ struct WorkerServerOptions {
   /// Run one short request through the engine before reporting SERVING, so the first client
   /// request does not pay for lazy initialisation.
   bool warmup = true;
+  /// HOST:PORT serving Prometheus /metrics (port 0 picks a free one); empty: none.
+  std::string metrics_listen;
 };
 
 /// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus
@@ -38,6 +47,9 @@ struct WorkerServerOptions {
 /// Health: the server-wide service "" and both service names report NOT_SERVING from the moment
 /// the port is bound until the warm-up request has run, then SERVING; NOT_SERVING again once the
 /// worker drains (Drain RPC or Drain()) or shuts down.
+///
+/// Metrics: the engine reports to this server's WorkerMetrics from the end of the warm-up on (so
+/// the warm-up request is not counted); /metrics is served on options.metrics_listen.
 ///
 /// Threading: every RPC uses gRPC's callback API; no thread blocks per call. The model and the
 /// engine are not owned and must outlive the server (destroy the server first: shutting down
@@ -51,8 +63,8 @@ class WorkerServer {
   WorkerServer& operator=(const WorkerServer&) = delete;
 
   /// Binds `listen_address` ("host:port"; port 0 picks a free one), starts serving, runs the
-  /// warm-up and reports SERVING. Returns the bound port. UNAVAILABLE when the address cannot
-  /// be bound; FAILED_PRECONDITION when called twice.
+  /// warm-up, starts /metrics when asked and reports SERVING. Returns the bound port.
+  /// UNAVAILABLE when an address cannot be bound; FAILED_PRECONDITION when called twice.
   absl::StatusOr<int> Start(const std::string& listen_address);
 
   /// Stops admitting requests and reports NOT_SERVING; running requests finish.
@@ -68,6 +80,11 @@ class WorkerServer {
   /// What GenerateResponse.worker reports.
   const std::string& advertised_address() const { return advertise_; }
   ServingStats stats() const { return counters_.Snapshot(); }
+  /// The port /metrics is served on (0 when options.metrics_listen is empty or before Start).
+  int metrics_port() const;
+  /// The worker's metrics as /metrics serves them (for in-process rendering). Valid while the
+  /// server exists.
+  std::shared_ptr<prometheus::Collectable> metrics() const;
 
  private:
   /// Sets "" and both service names to `serving` in grpc.health.v1.
@@ -79,6 +96,8 @@ class WorkerServer {
   Engine* engine_;
   WorkerServerOptions options_;
   ServingCounters counters_;
+  std::shared_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<WorkerService> worker_;
   std::unique_ptr<grpc::Server> server_;

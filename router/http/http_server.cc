@@ -1,0 +1,362 @@
+#include "router/http/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/chat_template/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "grpcpp/grpcpp.h"
+#include "kvserve/v1/inference.grpc.pb.h"
+#include "router/http/openai_response.h"
+
+namespace kvserve {
+namespace {
+
+using nlohmann::json;
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void SendJson(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(Dump(body), "application/json");
+}
+
+void SendError(httplib::Response& res, const http::ApiError& error) {
+  SendJson(res, error.http_status, error.body);
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// One Generate call in flight: the context (cancellable from Shutdown) and its reader.
+struct Call {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  bool finished = false;
+};
+
+}  // namespace
+
+struct HttpServer::State {
+  HttpServerOptions options;
+  HttpServerDeps deps;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  std::optional<ChatTemplate> chat_template;
+  absl::Status chat_template_status;
+  httplib::Server server;
+  std::thread listener;
+  int port = 0;
+
+  absl::Mutex mu;
+  absl::flat_hash_set<Call*> calls ABSL_GUARDED_BY(mu);
+  bool shutting_down ABSL_GUARDED_BY(mu) = false;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> listen_returned{false};
+
+  /// Registers a new call; nullptr once shutting down.
+  std::shared_ptr<Call> NewCall() {
+    absl::MutexLock lock(&mu);
+    if (shutting_down) return nullptr;
+    auto call = std::shared_ptr<Call>(new Call, [this](Call* c) {
+      {
+        absl::MutexLock l(&mu);
+        calls.erase(c);
+      }
+      delete c;
+    });
+    calls.insert(call.get());
+    call->context.set_deadline(absl::ToChronoTime(absl::Now() + options.request_timeout));
+    return call;
+  }
+
+  /// The status a call ended with; a cancellation by Shutdown reads as UNAVAILABLE.
+  absl::Status CallStatus(const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      absl::MutexLock lock(&mu);
+      if (shutting_down) return absl::UnavailableError("server shutting down");
+    }
+    return FromGrpc(status);
+  }
+
+  void HandleGenerate(http::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void HandleModels(httplib::Response& res);
+};
+
+void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::Request& req,
+                                       httplib::Response& res) {
+  absl::StatusOr<http::OpenAiRequest> parsed =
+      http::ParseOpenAiRequest(endpoint, req.body, options.limits);
+  if (!parsed.ok()) return SendError(res, http::ErrorFromStatus(parsed.status()));
+  http::OpenAiRequest& request = *parsed;
+  if (!request.model.empty() && request.model != deps.model_name) {
+    return SendError(res, http::ModelNotFound(request.model, deps.model_name));
+  }
+  if (endpoint == http::Endpoint::kChatCompletions) {
+    if (!chat_template_status.ok()) {
+      return SendError(res, http::ErrorFromStatus(chat_template_status));
+    }
+    ChatRenderOptions render;
+    render.add_generation_prompt = request.add_generation_prompt;
+    if (deps.tokenizer->bos_id() != kNoToken) {
+      render.bos_token = std::string(deps.tokenizer->IdToPiece(deps.tokenizer->bos_id()));
+    }
+    if (deps.tokenizer->eos_id() != kNoToken) {
+      render.eos_token = std::string(deps.tokenizer->IdToPiece(deps.tokenizer->eos_id()));
+    }
+    absl::StatusOr<std::string> prompt = chat_template->Render(request.messages, render);
+    if (!prompt.ok()) {
+      return SendError(res, http::ErrorFromStatus(absl::InvalidArgumentError(
+                                absl::StrCat("messages: ", prompt.status().message()))));
+    }
+    if (prompt->empty()) {
+      return SendError(res, http::ErrorFromStatus(absl::InvalidArgumentError(
+                                "messages: the chat template rendered an empty prompt")));
+    }
+    request.generate.set_prompt(*std::move(prompt));
+  }
+  if (req.has_header("X-Request-Id")) {
+    request.generate.set_request_id(req.get_header_value("X-Request-Id"));
+  }
+
+  std::shared_ptr<Call> call = NewCall();
+  if (call == nullptr) {
+    return SendError(res, http::ErrorFromStatus(absl::UnavailableError("server shutting down")));
+  }
+  call->reader = stub->Generate(&call->context, request.generate);
+  // The first message decides the HTTP status: errors before it (validation, admission,
+  // routing) are answered as HTTP errors.
+  v1::GenerateResponse first;
+  if (!call->reader->Read(&first)) {
+    call->finished = true;
+    grpc::Status status = call->reader->Finish();
+    if (status.ok()) status = grpc::Status(grpc::StatusCode::INTERNAL, "empty response stream");
+    return SendError(res, http::ErrorFromStatus(CallStatus(status)));
+  }
+  const bool chat = endpoint == http::Endpoint::kChatCompletions;
+  http::ResponseBuilder::Options builder_options;
+  builder_options.endpoint = endpoint;
+  builder_options.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", first.request_id());
+  builder_options.model = request.model.empty() ? deps.model_name : request.model;
+  builder_options.created = UnixSeconds();
+  builder_options.n = request.generate.n() == 0 ? 1 : static_cast<int>(request.generate.n());
+  builder_options.logprobs = request.logprobs;
+  auto builder = std::make_shared<http::ResponseBuilder>(builder_options, deps.tokenizer);
+
+  if (!request.stream) {
+    builder->Add(first);
+    v1::GenerateResponse message;
+    while (call->reader->Read(&message)) builder->Add(message);
+    call->finished = true;
+    const grpc::Status status = call->reader->Finish();
+    if (!status.ok()) return SendError(res, http::ErrorFromStatus(CallStatus(status)));
+    return SendJson(res, 200, builder->Final());
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  const bool include_usage = request.include_usage;
+  const int n = builder_options.n;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, call, builder, first, chat, include_usage, n](size_t /*offset*/,
+                                                           httplib::DataSink& sink) mutable {
+        auto send = [&sink](const json& event) {
+          const std::string text = absl::StrCat("data: ", Dump(event), "\n\n");
+          return sink.write(text.data(), text.size());
+        };
+        bool ok = true;
+        if (chat) {
+          for (int i = 0; i < n && ok; ++i) ok = send(builder->RoleChunk(i));
+        }
+        ok = ok && send(builder->Add(first));
+        v1::GenerateResponse message;
+        while (ok && call->reader->Read(&message)) ok = send(builder->Add(message));
+        if (!ok) {  // the client went away
+          call->context.TryCancel();
+          return false;
+        }
+        call->finished = true;
+        const grpc::Status status = call->reader->Finish();
+        if (!status.ok()) {
+          ok = send(http::ErrorFromStatus(CallStatus(status)).body);
+        } else if (include_usage) {
+          ok = send(builder->UsageChunk());
+        }
+        static constexpr char kDone[] = "data: [DONE]\n\n";
+        ok = ok && sink.write(kDone, sizeof(kDone) - 1);
+        if (ok) sink.done();
+        return ok;
+      },
+      [call](bool /*success*/) {
+        if (!call->finished) {
+          // Never started or abandoned: cancel, then drain so the reader can be destroyed.
+          call->context.TryCancel();
+          v1::GenerateResponse discard;
+          while (call->reader->Read(&discard)) {
+          }
+          call->reader->Finish();
+          call->finished = true;
+        }
+      });
+}
+
+void HttpServer::State::HandleModels(httplib::Response& res) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ListModelsResponse models;
+  const grpc::Status status = stub->ListModels(&context, v1::ListModelsRequest(), &models);
+  if (!status.ok()) return SendError(res, http::ErrorFromStatus(FromGrpc(status)));
+  json data = json::array();
+  const int64_t created = UnixSeconds();
+  for (const v1::ModelCard& card : models.models()) {
+    json entry = {
+        {"id", card.name()}, {"object", "model"}, {"created", created}, {"owned_by", "kvserve"}};
+    if (card.max_model_len() > 0) entry["max_model_len"] = card.max_model_len();
+    data.push_back(std::move(entry));
+  }
+  SendJson(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+}
+
+HttpServer::HttpServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+HttpServer::~HttpServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpServerDeps deps) {
+  if (deps.channel == nullptr || deps.tokenizer == nullptr) {
+    return absl::InvalidArgumentError("http: a channel and a tokenizer are required");
+  }
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http-threads: must be positive, got ", options.threads));
+  }
+  const size_t colon = options.listen.rfind(':');
+  int requested_port = -1;
+  if (colon != std::string::npos && colon + 1 < options.listen.size()) {
+    requested_port = std::atoi(options.listen.c_str() + colon + 1);
+  }
+  if (colon == std::string::npos || requested_port < 0 || requested_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http-listen: expected HOST:PORT, got '", options.listen, "'"));
+  }
+  std::string host = options.listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+
+  auto state = std::make_unique<State>();
+  state->options = options;
+  state->deps = std::move(deps);
+  state->stub = v1::Inference::NewStub(state->deps.channel);
+  const std::string& source = state->deps.tokenizer->chat_template();
+  if (source.empty()) {
+    state->chat_template_status = absl::InvalidArgumentError(absl::StrCat(
+        "messages: model '", state->deps.model_name,
+        "' has no chat template (tokenizer_config.json chat_template); use /v1/completions"));
+  } else {
+    absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Parse(source);
+    if (compiled.ok()) {
+      state->chat_template = *std::move(compiled);
+    } else {
+      state->chat_template_status = absl::InvalidArgumentError(absl::StrCat(
+          "messages: the model's chat template cannot be used: ", compiled.status().message()));
+    }
+  }
+
+  State* s = state.get();
+  httplib::Server& server = s->server;
+  const int threads = options.threads;
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.set_payload_max_length(options.max_body_bytes);
+  server.Post("/v1/completions", [s](const httplib::Request& req, httplib::Response& res) {
+    s->HandleGenerate(http::Endpoint::kCompletions, req, res);
+  });
+  server.Post("/v1/chat/completions", [s](const httplib::Request& req, httplib::Response& res) {
+    s->HandleGenerate(http::Endpoint::kChatCompletions, req, res);
+  });
+  server.Get("/v1/models",
+             [s](const httplib::Request&, httplib::Response& res) { s->HandleModels(res); });
+  server.Get("/health", [s](const httplib::Request&, httplib::Response& res) {
+    bool serving = true;
+    {
+      absl::MutexLock lock(&s->mu);
+      serving = !s->shutting_down;
+    }
+    if (serving && s->deps.ready) serving = s->deps.ready();
+    SendJson(res, serving ? 200 : 503, {{"status", serving ? "ok" : "unavailable"}});
+  });
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const absl::StatusCode code =
+        res.status == 404 ? absl::StatusCode::kNotFound : absl::StatusCode::kInvalidArgument;
+    http::ApiError error = http::ErrorFromStatus(
+        absl::Status(code, absl::StrCat(req.method, " ", req.path, ": HTTP ", res.status)));
+    const int status = res.status;
+    SendJson(res, status, error.body);
+  });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, http::ErrorFromStatus(absl::InternalError("internal error")));
+      });
+
+  s->port = requested_port == 0 ? server.bind_to_any_port(host)
+                                : (server.bind_to_port(host, requested_port) ? requested_port : -1);
+  if (s->port <= 0) {
+    return absl::UnavailableError(absl::StrCat("http-listen: cannot serve on '", options.listen,
+                                               "' (address in use or invalid)"));
+  }
+  s->listener = std::thread([s] {
+    s->server.listen_after_bind();
+    s->listen_returned = true;
+  });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(state)));
+}
+
+int HttpServer::port() const { return state_->port; }
+
+const absl::Status& HttpServer::chat_template_status() const {
+  return state_->chat_template_status;
+}
+
+void HttpServer::Shutdown(absl::Duration grace) {
+  State& s = *state_;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (s.shut_down) return;
+    s.shut_down = true;
+    s.shutting_down = true;
+    s.mu.AwaitWithTimeout(absl::Condition(
+                              +[](State* st) { return st->calls.empty(); }, &s),
+                          grace);
+    for (Call* call : s.calls) call->context.TryCancel();
+    // Cancelled calls end promptly; let their responses be written out before stop(), which
+    // would cut a chunked response short.
+    s.mu.Await(absl::Condition(
+        +[](State* st) { return st->calls.empty(); }, &s));
+  }
+  // The listener may not have entered its accept loop yet (stop() is a no-op before); wait
+  // for it to run or to have returned, then stop it.
+  while (!s.server.is_running() && !s.listen_returned) std::this_thread::yield();
+  s.server.stop();
+  if (s.listener.joinable()) s.listener.join();
+}
+
+}  // namespace kvserve

@@ -1,0 +1,52 @@
+#ifndef KVSERVE_ROUTER_HTTP_OPENAI_REQUEST_H_
+#define KVSERVE_ROUTER_HTTP_OPENAI_REQUEST_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kvserve/v1/inference.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace kvserve::http {
+
+/// Which OpenAI endpoint a request came to.
+enum class Endpoint { kCompletions, kChatCompletions };
+
+/// Limits the HTTP front checks before forwarding (the worker checks the rest again).
+struct RequestLimits {
+  /// Largest n (samples per request); the workers' EngineOptions::max_n.
+  int max_n = 16;
+  /// Largest logprobs / top_logprobs; the workers' kMaxLogprobs.
+  int max_logprobs = 20;
+};
+
+/// An OpenAI request translated to kvserve.v1.
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  /// The model as the client named it ("" when absent).
+  std::string model;
+  /// Completions: prompt or prompt_token_ids set. Chat: neither (the prompt comes from the
+  /// chat template) and add_special_tokens false (the template places BOS itself). Sampling,
+  /// stop, n, logprobs, cache_salt and the vLLM extensions are filled in; model stays empty.
+  v1::GenerateRequest generate;
+  /// Chat: the messages, each content flattened to a string (text parts joined).
+  nlohmann::json messages = nlohmann::json::array();
+  /// Chat: end the prompt with the assistant header. Default true.
+  bool add_generation_prompt = true;
+  bool stream = false;
+  /// stream_options.include_usage: a last chunk with usage and no choices.
+  bool include_usage = false;
+  /// Logprobs were asked for (completions: logprobs set; chat: logprobs true).
+  bool logprobs = false;
+};
+
+/// Parses and validates a request body. INVALID_ARGUMENT messages start with the offending
+/// field ("temperature: expected a number, got string") so the error body can name it;
+/// unknown fields are ignored, as OpenAI's own optional features the server lacks (echo,
+/// suffix, best_of > 1, logit_bias, tools) are refused by name.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::string& body,
+                                                 const RequestLimits& limits);
+
+}  // namespace kvserve::http
+
+#endif  // KVSERVE_ROUTER_HTTP_OPENAI_REQUEST_H_

@@ -1,0 +1,366 @@
+// The OpenAI-compatible HTTP front with real HTTP requests on loopback (httplib client), over
+// an in-process router whose workers are fakes (tests/router/fake_worker: tokens 7, 8, 9 with
+// text "t" each, then finish_reason LENGTH and completion_tokens 3).
+
+#include "router/http/http_server.h"
+
+#include <httplib.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "router/http/openai_response.h"
+#include "router/router_server.h"
+#include "tests/router/fake_worker.h"
+
+namespace kvserve {
+namespace {
+
+using nlohmann::json;
+using testing::FakeWorker;
+
+constexpr char kStories[] = KVSERVE_SHARED_DIR "/models/stories260K/stories260K.gguf";
+constexpr char kTinyLlama[] = KVSERVE_SHARED_DIR "/models/tokenizers/tinyllama-1.1b-chat-v1.0";
+
+struct Reply {
+  int status = 0;
+  std::string content_type;
+  std::string body;
+  json Json() const { return json::parse(body, nullptr, false); }
+  /// The `data:` payloads of a server-sent event stream.
+  std::vector<std::string> Events() const {
+    std::vector<std::string> events;
+    size_t pos = 0;
+    while (true) {
+      const size_t end = body.find("\n\n", pos);
+      if (end == std::string::npos) break;
+      const std::string event = body.substr(pos, end - pos);
+      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+      events.push_back(event.substr(6));
+      pos = end + 2;
+    }
+    EXPECT_EQ(pos, body.size()) << "trailing bytes after the last event";
+    return events;
+  }
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& model_path, int max_queue = 8) {
+    worker_ = std::make_unique<FakeWorker>();
+    RouterOptions options;
+    options.listen = "127.0.0.1:0";
+    options.model_path = model_path;
+    options.policy = "round_robin";
+    options.dispatch.max_inflight_per_worker = 4;
+    options.dispatch.max_queue = max_queue;
+    options.pool.static_workers = {worker_->address()};
+    options.pool.background_probes = false;
+    options.pool.failure_threshold = 1;
+    options.pool.probe_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(options);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = *std::move(router);
+    HttpServerOptions http_options;
+    http_options.listen = "127.0.0.1:0";
+    http_options.threads = 4;
+    http_options.request_timeout = absl::Seconds(20);
+    HttpServerDeps deps;
+    deps.channel = router_->InProcessChannel();
+    deps.tokenizer = &router_->tokenizer();
+    deps.model_name = router_->model_name();
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(http_options, deps);
+    ASSERT_TRUE(http.ok()) << http.status();
+    http_ = *std::move(http);
+  }
+
+  void TearDown() override {
+    if (http_ != nullptr) http_->Shutdown();
+    if (router_ != nullptr) router_->Shutdown();
+  }
+
+  Reply Post(const std::string& path, const std::string& body) {
+    httplib::Client client("127.0.0.1", http_->port());
+    client.set_read_timeout(20, 0);
+    httplib::Result result = client.Post(path.c_str(), body, "application/json");
+    Reply reply;
+    EXPECT_TRUE(result) << "no HTTP response for " << path << ": "
+                        << httplib::to_string(result.error());
+    if (!result) return reply;
+    reply.status = result->status;
+    reply.content_type = result->get_header_value("Content-Type");
+    reply.body = result->body;
+    return reply;
+  }
+
+  Reply Get(const std::string& path) {
+    httplib::Client client("127.0.0.1", http_->port());
+    httplib::Result result = client.Get(path.c_str());
+    Reply reply;
+    EXPECT_TRUE(result);
+    if (!result) return reply;
+    reply.status = result->status;
+    reply.body = result->body;
+    return reply;
+  }
+
+  /// Checks an OpenAI error body and returns its "error" object.
+  static json ExpectError(const Reply& reply, int status) {
+    EXPECT_EQ(reply.status, status) << reply.body;
+    const json body = reply.Json();
+    EXPECT_TRUE(body.is_object() && body.contains("error")) << reply.body;
+    if (!body.is_object() || !body.contains("error")) return json::object();
+    const json& error = body["error"];
+    EXPECT_TRUE(error["message"].is_string() && !error["message"].get<std::string>().empty());
+    EXPECT_TRUE(error["type"].is_string());
+    EXPECT_TRUE(error.contains("param"));
+    EXPECT_TRUE(error.contains("code"));
+    return error;
+  }
+
+  std::unique_ptr<FakeWorker> worker_;
+  std::unique_ptr<RouterServer> router_;
+  std::unique_ptr<HttpServer> http_;
+};
+
+TEST_F(HttpServerTest, CompletionTranslatesTheRequestAndAnswersLikeOpenAi) {
+  Start(kStories);
+  const Reply reply = Post("/v1/completions", R"({
+      "model": "stories260K", "prompt": "Once upon a time", "max_tokens": 3,
+      "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 7, "stop": ["x", "y"],
+      "cache_salt": "tenant-a", "user": "u1"})");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.content_type, "application/json");
+  const json body = reply.Json();
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "stories260K");
+  EXPECT_EQ(body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_TRUE(body["created"].is_number_integer());
+  ASSERT_EQ(body["choices"].size(), 1u);
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["text"], "ttt");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(body["usage"]["total_tokens"].get<int>(),
+            body["usage"]["prompt_tokens"].get<int>() + 3);
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  const std::vector<v1::GenerateRequest> seen = worker_->requests();
+  ASSERT_EQ(seen.size(), 1u);
+  const v1::GenerateRequest& g = seen[0];
+  EXPECT_EQ(g.prompt_token_ids(0), 1u);  // tokenized by the router, BOS added
+  EXPECT_GT(g.prompt_token_ids_size(), 2);
+  EXPECT_EQ(g.max_tokens(), 3u);
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 40u);
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(g.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().frequency_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.1f);
+  EXPECT_EQ(g.sampling().seed(), 7u);
+  ASSERT_EQ(g.stop_size(), 2);
+  EXPECT_EQ(g.stop(1), "y");
+  EXPECT_EQ(g.cache_salt(), "tenant-a");
+  EXPECT_FALSE(g.has_logprobs());
+  EXPECT_EQ(body["id"], "cmpl-" + g.request_id());
+}
+
+TEST_F(HttpServerTest, TokenIdPromptsAndStringStop) {
+  Start(kStories);
+  const Reply reply = Post("/v1/completions", R"({"prompt": [1, 403, 407], "stop": "end"})");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const v1::GenerateRequest g = worker_->requests().at(0);
+  ASSERT_EQ(g.prompt_token_ids_size(), 3);
+  EXPECT_EQ(g.prompt_token_ids(2), 407u);
+  ASSERT_EQ(g.stop_size(), 1);
+  EXPECT_EQ(g.stop(0), "end");
+}
+
+TEST_F(HttpServerTest, CompletionStreamsServerSentEvents) {
+  Start(kStories);
+  const Reply reply = Post("/v1/completions", R"({"prompt": "Once", "stream": true,
+                                                   "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.content_type, "text/event-stream");
+  const std::vector<std::string> events = reply.Events();
+  ASSERT_EQ(events.size(), 5u) << reply.body;  // 3 tokens, usage, [DONE]
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string id;
+  for (int i = 0; i < 3; ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    if (i == 0) id = chunk["id"];
+    EXPECT_EQ(chunk["id"], id);
+    ASSERT_EQ(chunk["choices"].size(), 1u);
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (i < 2) {
+      EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+    } else {
+      EXPECT_EQ(chunk["choices"][0]["finish_reason"], "length");
+    }
+  }
+  EXPECT_EQ(text, "ttt");
+  const json usage = json::parse(events[3]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
+}
+
+TEST_F(HttpServerTest, ChatAppliesTheModelsTemplate) {
+  Start(kTinyLlama);
+  const Reply reply = Post("/v1/chat/completions", R"({"model": "tinyllama-1.1b-chat-v1.0",
+      "messages": [{"role": "system", "content": "Be nice."},
+                   {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+      "logprobs": false, "max_completion_tokens": 5})");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const json body = reply.Json();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "ttt");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);
+
+  // The prompt the worker got is TinyLlama's zephyr format (written out by hand), encoded
+  // without an extra BOS.
+  const std::string expected = "<|system|>\nBe nice.</s>\n<|user|>\nHi</s>\n<|assistant|>\n";
+  EncodeOptions no_special;
+  no_special.add_special_tokens = false;
+  absl::StatusOr<std::vector<TokenId>> ids = router_->tokenizer().Encode(expected, no_special);
+  ASSERT_TRUE(ids.ok());
+  const v1::GenerateRequest g = worker_->requests().at(0);
+  EXPECT_EQ(std::vector<TokenId>(g.prompt_token_ids().begin(), g.prompt_token_ids().end()), *ids);
+  EXPECT_EQ(g.max_tokens(), 5u);
+}
+
+TEST_F(HttpServerTest, ChatStreamsDeltas) {
+  Start(kTinyLlama);
+  const Reply reply = Post("/v1/chat/completions", R"({"stream": true,
+      "messages": [{"role": "user", "content": "Hi"}]})");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const std::vector<std::string> events = reply.Events();
+  ASSERT_EQ(events.size(), 5u) << reply.body;  // role, 3 deltas, [DONE]
+  const json role = json::parse(events[0]);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (int i = 1; i <= 3; ++i) {
+    text += json::parse(events[i])["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, "ttt");
+  EXPECT_EQ(json::parse(events[3])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(events[4], "[DONE]");
+}
+
+TEST_F(HttpServerTest, ModelsAndHealth) {
+  Start(kStories);
+  const Reply models = Get("/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const json body = models.Json();
+  EXPECT_EQ(body["object"], "list");
+  ASSERT_EQ(body["data"].size(), 1u);
+  EXPECT_EQ(body["data"][0]["id"], "stories260K");
+  EXPECT_EQ(body["data"][0]["object"], "model");
+  EXPECT_EQ(body["data"][0]["max_model_len"], 256);
+  const Reply health = Get("/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.Json()["status"], "ok");
+  ExpectError(Get("/v1/nothing"), 404);
+}
+
+TEST_F(HttpServerTest, BadRequestsGetOpenAiErrors) {
+  Start(kStories);
+  json error = ExpectError(Post("/v1/completions", R"({"max_tokens": 3})"), 400);
+  EXPECT_EQ(error["param"], "prompt");
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  error = ExpectError(Post("/v1/completions", R"({"prompt": "a", "temperature": "hot"})"), 400);
+  EXPECT_EQ(error["param"], "temperature");
+  EXPECT_NE(error["message"].get<std::string>().find("expected a number, got string"),
+            std::string::npos);
+  error = ExpectError(Post("/v1/completions", R"({"prompt": "a", "n": 100})"), 400);
+  EXPECT_EQ(error["param"], "n");
+  error = ExpectError(Post("/v1/completions", R"({"prompt": "a", "model": "gpt-4"})"), 404);
+  EXPECT_EQ(error["code"], "model_not_found");
+  EXPECT_EQ(error["param"], "model");
+  error = ExpectError(Post("/v1/completions", "{not json"), 400);
+  EXPECT_EQ(error["param"], "body");
+  error = ExpectError(Post("/v1/completions", R"({"prompt": "a", "echo": true})"), 400);
+  EXPECT_EQ(error["param"], "echo");
+  // Checked by the router on the gRPC path, named the same way.
+  error = ExpectError(Post("/v1/completions", R"({"prompt": [1, 100000]})"), 400);
+  EXPECT_EQ(error["param"], "prompt_token_ids[1]");
+  EXPECT_EQ(error["code"], "invalid_argument");
+  // stories260K has no chat template.
+  error = ExpectError(
+      Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}]})"), 400);
+  EXPECT_NE(error["message"].get<std::string>().find("no chat template"), std::string::npos);
+  error = ExpectError(Post("/v1/chat/completions", R"({"messages": []})"), 400);
+  EXPECT_EQ(error["param"], "messages");
+  EXPECT_EQ(worker_->generate_count(), 0);
+}
+
+TEST_F(HttpServerTest, WorkerErrorsMapToHttpStatuses) {
+  Start(kStories);
+  worker_->set_mode(FakeWorker::Mode::kFailBeforeFirst, grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectError(Post("/v1/completions", R"({"prompt": "a"})"), 400);
+  worker_->set_mode(FakeWorker::Mode::kFailBeforeFirst, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  json error = ExpectError(Post("/v1/completions", R"({"prompt": "a"})"), 429);
+  EXPECT_EQ(error["code"], "resource_exhausted");
+  // A failure after the first chunk of a stream arrives as an error event, then [DONE].
+  worker_->set_mode(FakeWorker::Mode::kFailAfterFirst);
+  const Reply reply = Post("/v1/completions", R"({"prompt": "a", "stream": true})");
+  ASSERT_EQ(reply.status, 200);
+  const std::vector<std::string> events = reply.Events();
+  ASSERT_EQ(events.size(), 3u) << reply.body;
+  EXPECT_EQ(json::parse(events[1])["error"]["code"], "unavailable");
+  EXPECT_EQ(events[2], "[DONE]");
+}
+
+TEST_F(HttpServerTest, ShutdownCancelsRunningStreams) {
+  Start(kStories);
+  worker_->set_mode(FakeWorker::Mode::kHoldAfterFirst);
+  Reply reply;
+  std::thread client(
+      [&] { reply = Post("/v1/completions", R"({"prompt": "a", "stream": true})"); });
+  ASSERT_TRUE(worker_->WaitForGenerates(1));
+  http_->Shutdown();  // no grace: the held stream is cancelled, not waited for
+  client.join();
+  EXPECT_TRUE(worker_->WaitForCancelled(1));
+  // Cancelled before the HTTP handler saw the first token: 503; after: an error event.
+  if (reply.status == 503) {
+    EXPECT_EQ(ExpectError(reply, 503)["message"], "server shutting down");
+    return;
+  }
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const std::vector<std::string> events = reply.Events();
+  ASSERT_GE(events.size(), 2u) << reply.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(json::parse(events[events.size() - 2])["error"]["code"], "unavailable") << reply.body;
+}
+
+TEST(HttpStatusTest, MapsGrpcCodes) {
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kDeadlineExceeded), 504);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kInternal), 500);
+  EXPECT_EQ(http::HttpStatusFor(absl::StatusCode::kCancelled), 500);
+  const http::ApiError error =
+      http::ErrorFromStatus(absl::UnavailableError("no healthy worker to serve the request"));
+  EXPECT_EQ(error.http_status, 503);
+  EXPECT_TRUE(error.body["error"]["param"].is_null());
+  EXPECT_EQ(error.body["error"]["type"], "service_unavailable_error");
+}
+
+}  // namespace
+}  // namespace kvserve

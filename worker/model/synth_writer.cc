@@ -1,0 +1,524 @@
+#include "worker/model/synth_writer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/gguf/gguf_writer.h"
+#include "nlohmann/json.hpp"
+#include "worker/loader/safetensors_writer.h"
+
+namespace kvserve {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+// The text the tokenizer's merges are learned from (written for this purpose).
+constexpr char kTrainingText[] =
+    "The old lighthouse keeper walked down to the harbor every morning before the sun came up. "
+    "He liked the quiet of the water and the sound of the boats as they knocked against the "
+    "pier. One morning he found a small girl sitting on the steps with a basket of apples. "
+    "She said that her name was Mia and that she was waiting for her father, who had gone out "
+    "with the fishing boats the night before. The keeper sat down next to her and they watched "
+    "the light turn from grey to gold. When the first boat came around the rocks, Mia stood up "
+    "and waved both of her hands. Her father waved back, and the keeper smiled, because the "
+    "sea had been kind that night. Every story about the sea is a story about waiting. People "
+    "wait for the tide, for the wind, for the weather to change, and for the ones they love to "
+    "come home. A server that answers many requests at once is waiting too: it waits for the "
+    "memory to bring the weights, for the next token, and for the next request in the queue. "
+    "We measure how long the first token takes, how long each later token takes, and how many "
+    "tokens come out of the machine every second. We share the cache between requests that "
+    "start with the same words, so the second request with the same system prompt does not "
+    "compute those words again. It is a simple idea, and it saves a lot of time when many "
+    "people ask questions that begin with the same long instructions. Then the keeper went "
+    "back up the hill, and Mia and her father walked home with the basket of apples.";
+
+constexpr const char* kSpecials[] = {"<unk>", "<s>", "</s>"};
+constexpr char kSpace[] = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+// GGUF token types.
+constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUnused = 5,
+                  kTypeByte = 6;
+
+struct Piece {
+  std::string text;
+  float score = 0.0f;
+  int32_t type = kTypeNormal;
+};
+
+// The printable ASCII characters and U+2581: every piece is built from these.
+std::vector<std::string> Alphabet() {
+  std::vector<std::string> chars = {kSpace};
+  for (char c = '!'; c <= '~'; ++c) chars.emplace_back(1, c);
+  return chars;
+}
+
+// Learns BPE merges on kTrainingText (words prefixed with U+2581, no merge across words), most
+// frequent pair first, ties broken by the pair's text; stops at `max_new` pieces or when no pair
+// occurs twice. Returns the new pieces in merge order.
+std::vector<std::string> LearnMerges(int max_new, const std::map<std::string, int>& known) {
+  std::map<std::string, int> word_counts;
+  for (absl::string_view w : absl::StrSplit(kTrainingText, ' ', absl::SkipEmpty())) {
+    ++word_counts[absl::StrCat(kSpace, w)];
+  }
+  std::vector<std::pair<std::vector<std::string>, int>> words;
+  for (const auto& [word, count] : word_counts) {
+    std::vector<std::string> symbols = {kSpace};
+    for (size_t i = sizeof(kSpace) - 1; i < word.size(); ++i) symbols.emplace_back(1, word[i]);
+    words.emplace_back(std::move(symbols), count);
+  }
+  std::vector<std::string> pieces;
+  std::map<std::string, int> seen = known;
+  while (static_cast<int>(pieces.size()) < max_new) {
+    std::map<std::pair<std::string, std::string>, int> pair_counts;
+    for (const auto& [symbols, count] : words) {
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+        pair_counts[{symbols[i], symbols[i + 1]}] += count;
+      }
+    }
+    const std::pair<std::string, std::string>* best = nullptr;
+    int best_count = 1;
+    for (const auto& [pair, count] : pair_counts) {
+      if (count > best_count) {
+        best = &pair;
+        best_count = count;
+      }
+    }
+    if (best == nullptr) break;
+    const std::string merged = best->first + best->second;
+    const auto [left, right] = *best;
+    for (auto& [symbols, count] : words) {
+      std::vector<std::string> out;
+      for (size_t i = 0; i < symbols.size(); ++i) {
+        if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
+          out.push_back(merged);
+          ++i;
+        } else {
+          out.push_back(symbols[i]);
+        }
+      }
+      symbols = std::move(out);
+    }
+    if (seen.emplace(merged, 0).second) pieces.push_back(merged);
+  }
+  return pieces;
+}
+
+// The whole vocabulary, `vocab_size` pieces; `*num_real` counts the non-padding ones.
+std::vector<Piece> BuildVocab(int vocab_size, int* num_real) {
+  std::vector<Piece> vocab;
+  vocab.push_back({kSpecials[0], 0.0f, kTypeUnknown});
+  vocab.push_back({kSpecials[1], 0.0f, kTypeControl});
+  vocab.push_back({kSpecials[2], 0.0f, kTypeControl});
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab.push_back({name, 0.0f, kTypeByte});
+  }
+  std::map<std::string, int> known;
+  for (const std::string& c : Alphabet()) {
+    known[c] = static_cast<int>(vocab.size());
+    vocab.push_back({c, -static_cast<float>(vocab.size()), kTypeNormal});
+  }
+  for (const std::string& p : LearnMerges(vocab_size - static_cast<int>(vocab.size()), known)) {
+    vocab.push_back({p, -static_cast<float>(vocab.size()), kTypeNormal});
+  }
+  *num_real = static_cast<int>(vocab.size());
+  for (int i = 0; static_cast<int>(vocab.size()) < vocab_size; ++i) {
+    vocab.push_back({absl::StrCat("<unused_", i, ">"), 0.0f, kTypeUnused});
+  }
+  return vocab;
+}
+
+// Hugging Face merges for a SentencePiece vocabulary: every split of a normal piece into two
+// normal pieces, ordered by the merged piece's score (descending), then by the parts' ids.
+std::vector<std::string> DeriveMerges(const std::vector<Piece>& vocab) {
+  std::unordered_map<std::string, int> ids;
+  for (int i = 0; i < static_cast<int>(vocab.size()); ++i) {
+    if (vocab[i].type == kTypeNormal) ids.emplace(vocab[i].text, i);
+  }
+  std::vector<std::tuple<float, int, int, std::string>> merges;  // (-score, left, right, text)
+  for (const Piece& p : vocab) {
+    if (p.type != kTypeNormal) continue;
+    for (size_t cut = 1; cut < p.text.size(); ++cut) {
+      if ((static_cast<unsigned char>(p.text[cut]) & 0xC0) == 0x80) continue;  // inside a char
+      auto l = ids.find(p.text.substr(0, cut));
+      auto r = ids.find(p.text.substr(cut));
+      if (l == ids.end() || r == ids.end()) continue;
+      merges.emplace_back(-p.score, l->second, r->second, absl::StrCat(l->first, " ", r->first));
+    }
+  }
+  std::sort(merges.begin(), merges.end());
+  std::vector<std::string> out;
+  for (auto& m : merges) out.push_back(std::move(std::get<3>(m)));
+  return out;
+}
+
+GgmlType ToGgml(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return GgmlType::kF32;
+    case DType::kF16:
+      return GgmlType::kF16;
+    case DType::kBF16:
+      return GgmlType::kBF16;
+    case DType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case DType::kQ4_0:
+      return GgmlType::kQ4_0;
+  }
+  return GgmlType::kF32;
+}
+
+// llama.cpp's LLAMA_FTYPE numbers for general.file_type.
+uint32_t GgufFileType(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kQ4_0:
+      return 2;
+    case DType::kQ8_0:
+      return 7;
+    case DType::kBF16:
+      return 32;
+  }
+  return 0;
+}
+
+absl::string_view Bytes(const TensorView& t) {
+  return absl::string_view(static_cast<const char*>(t.data), static_cast<size_t>(t.nbytes()));
+}
+
+// All named weights of the model, in file order, with their GGUF and HF names.
+struct NamedTensor {
+  const TensorView* view;
+  std::string gguf_name;
+  std::string hf_name;
+  /// Heads whose rows are permuted for rotate_half in the HF copy; 0 for none.
+  int rope_heads = 0;
+};
+
+std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  std::vector<NamedTensor> out;
+  out.push_back({&w.token_embedding, "token_embd.weight", "model.embed_tokens.weight"});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    const std::string g = absl::StrCat("blk.", l, ".");
+    const std::string h = absl::StrCat("model.layers.", l, ".");
+    out.push_back({&lw.attn_norm, g + "attn_norm.weight", h + "input_layernorm.weight"});
+    out.push_back({&lw.wq, g + "attn_q.weight", h + "self_attn.q_proj.weight", c.num_heads});
+    out.push_back({&lw.wk, g + "attn_k.weight", h + "self_attn.k_proj.weight", c.num_kv_heads});
+    out.push_back({&lw.wv, g + "attn_v.weight", h + "self_attn.v_proj.weight"});
+    out.push_back({&lw.wo, g + "attn_output.weight", h + "self_attn.o_proj.weight"});
+    out.push_back({&lw.ffn_norm, g + "ffn_norm.weight", h + "post_attention_layernorm.weight"});
+    out.push_back({&lw.w_gate, g + "ffn_gate.weight", h + "mlp.gate_proj.weight"});
+    out.push_back({&lw.w_up, g + "ffn_up.weight", h + "mlp.up_proj.weight"});
+    out.push_back({&lw.w_down, g + "ffn_down.weight", h + "mlp.down_proj.weight"});
+  }
+  out.push_back({&w.final_norm, "output_norm.weight", "model.norm.weight"});
+  if (!c.tie_word_embeddings) out.push_back({&w.output, "output.weight", "lm_head.weight"});
+  return out;
+}
+
+absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, DType dtype,
+                       const std::string& path) {
+  const ModelConfig& c = w.config;
+  GgufWriter g;
+  g.SetString("general.architecture", "llama");
+  g.SetString("general.name", "kvserve-synth");
+  g.SetU32("general.file_type", GgufFileType(dtype));
+  g.SetU32("general.quantization_version", 2);
+  g.SetU32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+  g.SetU32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  g.SetU32("llama.embedding_length", static_cast<uint32_t>(c.hidden_size));
+  g.SetU32("llama.block_count", static_cast<uint32_t>(c.num_layers));
+  g.SetU32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  g.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  g.SetU32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
+  g.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
+  g.SetF32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  g.SetF32("llama.rope.freq_base", c.rope_theta);
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  for (const Piece& p : vocab) {
+    tokens.push_back(p.text);
+    scores.push_back(p.score);
+    types.push_back(p.type);
+  }
+  g.SetString("tokenizer.ggml.model", "llama");
+  g.SetStringArray("tokenizer.ggml.tokens", tokens);
+  g.SetF32Array("tokenizer.ggml.scores", scores);
+  g.SetI32Array("tokenizer.ggml.token_type", types);
+  g.SetU32("tokenizer.ggml.unknown_token_id", 0);
+  g.SetU32("tokenizer.ggml.bos_token_id", 1);
+  g.SetU32("tokenizer.ggml.eos_token_id", 2);
+  g.SetBool("tokenizer.ggml.add_bos_token", true);
+  g.SetBool("tokenizer.ggml.add_eos_token", false);
+  g.SetBool("tokenizer.ggml.add_space_prefix", true);
+  for (const NamedTensor& t : NameTensors(w)) {
+    std::vector<int64_t> dims(t.view->shape.rbegin(), t.view->shape.rend());
+    g.AddTensor(t.gguf_name, ToGgml(t.view->dtype), std::move(dims), Bytes(*t.view));
+  }
+  return g.WriteFile(path);
+}
+
+// Rows of a [heads * head_dim, in] matrix reordered from interleaved pairs to rotate_half halves.
+std::string PermuteForRotateHalf(const TensorView& t, int heads) {
+  const int64_t row_bytes = t.row_bytes();
+  const int64_t head_dim = t.shape[0] / heads;
+  const std::string_view src(static_cast<const char*>(t.data), t.nbytes());
+  std::string out(src.size(), '\0');
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < 2; ++j) {
+      for (int64_t k = 0; k < head_dim / 2; ++k) {
+        const int64_t dst = h * head_dim + j * (head_dim / 2) + k;
+        const int64_t from = h * head_dim + 2 * k + j;
+        out.replace(dst * row_bytes, row_bytes, src.substr(from * row_bytes, row_bytes));
+      }
+    }
+  }
+  return out;
+}
+
+std::string TorchDtype(DType d) {
+  switch (d) {
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    default:
+      return "float32";
+  }
+}
+
+ojson AddedToken(int id, const std::string& content) {
+  return ojson{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+               {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+ojson TokenizerJson(const std::vector<Piece>& vocab) {
+  ojson added = ojson::array();
+  for (int i = 0; i < 3; ++i) added.push_back(AddedToken(i, kSpecials[i]));
+  ojson normalizer = {
+      {"type", "Sequence"},
+      {"normalizers",
+       {{{"type", "Prepend"}, {"prepend", kSpace}},
+        {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}}}};
+  auto special = [](const char* id, int type_id) {
+    return ojson{{"SpecialToken", {{"id", id}, {"type_id", type_id}}}};
+  };
+  auto sequence = [](const char* id, int type_id) {
+    return ojson{{"Sequence", {{"id", id}, {"type_id", type_id}}}};
+  };
+  ojson post = {
+      {"type", "TemplateProcessing"},
+      {"single", {special("<s>", 0), sequence("A", 0)}},
+      {"pair", {special("<s>", 0), sequence("A", 0), special("<s>", 1), sequence("B", 1)}},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+  ojson decoder = {{"type", "Sequence"},
+                   {"decoders",
+                    {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                     {{"type", "ByteFallback"}},
+                     {{"type", "Fuse"}},
+                     {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  ojson vocab_map = ojson::object();
+  for (int i = 0; i < static_cast<int>(vocab.size()); ++i) vocab_map[vocab[i].text] = i;
+  ojson model = {{"type", "BPE"},
+                 {"dropout", nullptr},
+                 {"unk_token", "<unk>"},
+                 {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr},
+                 {"fuse_unk", true},
+                 {"byte_fallback", true},
+                 {"ignore_merges", false},
+                 {"vocab", std::move(vocab_map)},
+                 {"merges", DeriveMerges(vocab)}};
+  return ojson{{"version", "1.0"},       {"truncation", nullptr},    {"padding", nullptr},
+               {"added_tokens", added},  {"normalizer", normalizer}, {"pre_tokenizer", nullptr},
+               {"post_processor", post}, {"decoder", decoder},       {"model", model}};
+}
+
+ojson TokenizerConfigJson(int max_len) {
+  ojson decoder = ojson::object();
+  for (int i = 0; i < 3; ++i) {
+    ojson t = AddedToken(i, kSpecials[i]);
+    t.erase("id");
+    decoder[std::to_string(i)] = t;
+  }
+  return ojson{{"add_bos_token", true},
+               {"add_eos_token", false},
+               {"added_tokens_decoder", decoder},
+               {"bos_token", "<s>"},
+               {"clean_up_tokenization_spaces", false},
+               {"eos_token", "</s>"},
+               {"legacy", false},
+               {"model_max_length", max_len},
+               {"pad_token", nullptr},
+               {"tokenizer_class", "LlamaTokenizer"},
+               {"unk_token", "<unk>"}};
+}
+
+ojson ConfigJson(const ModelConfig& c, DType dtype) {
+  return ojson{{"architectures", {"LlamaForCausalLM"}},
+               {"attention_bias", false},
+               {"attention_dropout", 0.0},
+               {"bos_token_id", 1},
+               {"eos_token_id", 2},
+               {"head_dim", c.head_dim},
+               {"hidden_act", "silu"},
+               {"hidden_size", c.hidden_size},
+               {"initializer_range", 0.02},
+               {"intermediate_size", c.intermediate_size},
+               {"max_position_embeddings", c.max_position_embeddings},
+               {"mlp_bias", false},
+               {"model_type", "llama"},
+               {"num_attention_heads", c.num_heads},
+               {"num_hidden_layers", c.num_layers},
+               {"num_key_value_heads", c.num_kv_heads},
+               {"pretraining_tp", 1},
+               {"rms_norm_eps", c.rms_norm_eps},
+               {"rope_scaling", nullptr},
+               {"rope_theta", c.rope_theta},
+               {"tie_word_embeddings", c.tie_word_embeddings},
+               {"torch_dtype", TorchDtype(dtype)},
+               {"use_cache", true},
+               {"vocab_size", c.vocab_size}};
+}
+
+absl::Status WriteJson(const fs::path& path, const ojson& j) {
+  return WriteStringToFile(path.string(), j.dump(2) + "\n");
+}
+
+absl::Status WriteHf(const ModelWeights& w, const std::vector<Piece>& vocab, DType dtype,
+                     const fs::path& dir) {
+  const ModelConfig& c = w.config;
+  SafetensorsWriter st;
+  st.SetMetadata("format", "pt");
+  for (const NamedTensor& t : NameTensors(w)) {
+    if (t.rope_heads > 0) {
+      st.AddTensor(t.hf_name, t.view->dtype, t.view->shape,
+                   PermuteForRotateHalf(*t.view, t.rope_heads));
+    } else {
+      st.AddTensor(t.hf_name, t.view->dtype, t.view->shape, Bytes(*t.view));
+    }
+  }
+  if (absl::Status s = st.WriteFile((dir / "model.safetensors").string()); !s.ok()) return s;
+  try {
+    const ojson special_map = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
+    const ojson generation = {{"bos_token_id", 1}, {"eos_token_id", 2}};
+    for (const auto& [name, j] :
+         {std::pair<const char*, ojson>{"config.json", ConfigJson(c, dtype)},
+          {"generation_config.json", generation},
+          {"tokenizer.json", TokenizerJson(vocab)},
+          {"tokenizer_config.json", TokenizerConfigJson(c.max_position_embeddings)},
+          {"special_tokens_map.json", special_map}}) {
+      if (absl::Status s = WriteJson(dir / name, j); !s.ok()) return s;
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(dir.string(), ": writing JSON failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SynthFormat> ParseSynthFormat(const std::string& name) {
+  if (name == "gguf") return SynthFormat::kGguf;
+  if (name == "hf") return SynthFormat::kHf;
+  if (name == "both") return SynthFormat::kBoth;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--format '", name, "' is not one of gguf, hf, both"));
+}
+
+int SynthMinVocabSize() { return 3 + 256 + static_cast<int>(Alphabet().size()); }
+
+absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
+  const SyntheticModelOptions& m = options.model;
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const std::pair<const char*, int> positive[] = {{"--layers", m.num_layers},
+                                                  {"--hidden", m.hidden_size},
+                                                  {"--heads", m.num_heads},
+                                                  {"--kv-heads", m.num_kv_heads},
+                                                  {"--ffn", m.intermediate_size},
+                                                  {"--vocab", m.vocab_size},
+                                                  {"--max-position", m.max_position_embeddings}};
+  for (const auto& [flag, value] : positive) {
+    if (value < 1) return bad(flag, " must be at least 1, got ", value);
+  }
+  if (m.hidden_size % m.num_heads != 0) {
+    return bad("--heads ", m.num_heads, " must divide --hidden ", m.hidden_size);
+  }
+  if ((m.hidden_size / m.num_heads) % 2 != 0) {
+    return bad("head size --hidden / --heads = ", m.hidden_size / m.num_heads,
+               " must be even (RoPE rotates pairs)");
+  }
+  if (m.num_heads % m.num_kv_heads != 0) {
+    return bad("--kv-heads ", m.num_kv_heads, " must divide --heads ", m.num_heads);
+  }
+  if (m.vocab_size < SynthMinVocabSize()) {
+    return bad("--vocab ", m.vocab_size, " is too small: the tokenizer needs at least ",
+               SynthMinVocabSize(), " (3 special + 256 byte tokens + ", Alphabet().size(),
+               " characters)");
+  }
+  const int64_t block = DTypeBlockElems(m.dtype);
+  if (block > 1 && (m.hidden_size % block != 0 || m.intermediate_size % block != 0)) {
+    return bad("--dtype ", std::string(DTypeName(m.dtype)),
+               " needs --hidden and --ffn to be multiples of ", block, ", got ", m.hidden_size,
+               " and ", m.intermediate_size);
+  }
+  if (block > 1 && options.format != SynthFormat::kGguf) {
+    return bad("--dtype ", std::string(DTypeName(m.dtype)),
+               " exists only in GGUF; use --format gguf (safetensors has no such dtype)");
+  }
+  if (options.out_dir.empty()) return bad("--out is required");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SynthOutputs> WriteSynthModel(const SynthWriteOptions& options) {
+  if (absl::Status s = ValidateSynthOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = MakeSyntheticModel(options.model);
+  if (!weights.ok()) return weights.status();
+  SynthOutputs out;
+  const std::vector<Piece> vocab = BuildVocab(options.model.vocab_size, &out.num_real_tokens);
+  for (const NamedTensor& t : NameTensors(**weights)) out.num_params += t.view->numel();
+  const fs::path dir(options.out_dir);
+  if (absl::Status s = MakeDir(dir); !s.ok()) return s;
+  if (options.format != SynthFormat::kHf) {
+    out.gguf_path = (dir / "model.gguf").string();
+    if (absl::Status s = WriteGguf(**weights, vocab, options.model.dtype, out.gguf_path); !s.ok()) {
+      return s;
+    }
+  }
+  if (options.format != SynthFormat::kGguf) {
+    out.hf_dir = (dir / "hf").string();
+    if (absl::Status s = MakeDir(out.hf_dir); !s.ok()) return s;
+    if (absl::Status s = WriteHf(**weights, vocab, options.model.dtype, out.hf_dir); !s.ok()) {
+      return s;
+    }
+  }
+  return out;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,67 @@
+#ifndef KVSERVE_WORKER_MODEL_SYNTH_WRITER_H_
+#define KVSERVE_WORKER_MODEL_SYNTH_WRITER_H_
+
+// Writes a random-weight Llama model (worker/model/synthetic_model.h) to disk, as a GGUF file and
+// as a Hugging Face directory, each with a working tokenizer, for benchmarks at realistic shapes.
+//
+// The tokenizer: a SentencePiece-style BPE vocabulary trained at write time on a small built-in
+// English text: <unk> <s> </s>, the 256 byte-fallback tokens <0x00>..<0xFF>, the characters of
+// the text, then one piece per BPE merge (score = -id, so earlier merges win), then unused
+// padding pieces "<unused_N>" up to the vocabulary size. The GGUF file carries it as a
+// `tokenizer.ggml.model = "llama"` vocabulary (tokens, scores, token types); tokenizer.json
+// carries the same pieces as a byte-fallback BPE model whose merges are every split of a piece
+// into two pieces of the vocabulary, ordered by the merged piece's score (the SentencePiece to
+// Hugging Face conversion), so both files encode text to the same ids.
+//
+// Layout: GGUF stores q/k rows in Meta's interleaved-pair RoPE order; the Hugging Face copy
+// permutes each head's q/k rows for `rotate_half` (new row h*d + j*d/2 + k = old row
+// h*d + 2k + j), as Hugging Face's Llama converter does, so both give the same logits.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model/synthetic_model.h"
+
+namespace kvserve {
+
+/// Which files WriteSynthModel produces.
+enum class SynthFormat { kGguf, kHf, kBoth };
+
+/// Parses "gguf", "hf" or "both".
+absl::StatusOr<SynthFormat> ParseSynthFormat(const std::string& name);
+
+/// What to write and where.
+struct SynthWriteOptions {
+  SyntheticModelOptions model;
+  /// Output directory (created if missing): the GGUF file goes to `out_dir`/model.gguf, the
+  /// Hugging Face directory to `out_dir`/hf.
+  std::string out_dir;
+  SynthFormat format = SynthFormat::kBoth;
+};
+
+/// The paths written (empty when that format was not asked for).
+struct SynthOutputs {
+  std::string gguf_path;
+  std::string hf_dir;
+  /// Parameters of the model (tied output counted once).
+  int64_t num_params = 0;
+  /// Number of real (non-padding) pieces of the tokenizer.
+  int num_real_tokens = 0;
+};
+
+/// Smallest vocabulary the built-in tokenizer needs (specials, bytes and its characters).
+int SynthMinVocabSize();
+
+/// Checks the shape against what the writers and loaders accept; errors name the flag
+/// (e.g. "--kv-heads 3 must divide --heads 8").
+absl::Status ValidateSynthOptions(const SynthWriteOptions& options);
+
+/// Builds the model with MakeSyntheticModel and writes it. Q8_0 (and Q4_0) weights exist in
+/// GGUF only: asking for a Hugging Face copy of them is an INVALID_ARGUMENT error.
+absl::StatusOr<SynthOutputs> WriteSynthModel(const SynthWriteOptions& options);
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_MODEL_SYNTH_WRITER_H_

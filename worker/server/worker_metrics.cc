@@ -1,0 +1,166 @@
+#include "worker/server/worker_metrics.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/buckets.h"
+#include "common/metrics/metric_names.h"
+#include "common/metrics/metrics_server.h"
+#include "kernels/kv_dtype.h"
+
+namespace kvserve {
+namespace {
+
+using metrics::CounterName;
+using metrics::MetricName;
+
+constexpr char kSub[] = "worker";
+
+prometheus::Gauge* AddGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Counter* AddCounter(prometheus::Registry& r, const std::string& name,
+                                const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Histogram* AddHistogram(prometheus::Registry& r, const std::string& name,
+                                    const std::string& help, const std::vector<double>& buckets) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+
+// Adds `now - *last` to a counter that mirrors a cumulative figure.
+void Mirror(prometheus::Counter* counter, int64_t now, int64_t* last) {
+  if (now > *last) counter->Increment(static_cast<double>(now - *last));
+  *last = now;
+}
+
+std::string FinishLabel(const RequestMetrics& m) {
+  if (m.status_code == absl::StatusCode::kCancelled) return "abort";
+  if (m.status_code != absl::StatusCode::kOk) return "error";
+  return m.finish_reason == FinishReason::kStop ? "stop" : "length";
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(const Engine* engine, const ServingCounters* counters)
+    : engine_(engine), counters_(counters), registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::Registry& r = *registry_;
+  requests_running_ = AddGauge(r, MetricName(kSub, "requests_running"),
+                               "Requests in the engine's running batch.");
+  requests_waiting_ = AddGauge(r, MetricName(kSub, "requests_waiting"),
+                               "Requests queued in the engine, waiting for KV blocks or a slot.");
+  kv_capacity_blocks_ = AddGauge(r, MetricName(kSub, "kv_cache_capacity", "blocks"),
+                                 "KV blocks in the pool (excluding the reserved null block).");
+  kv_used_blocks_ = AddGauge(r, MetricName(kSub, "kv_cache_used", "blocks"),
+                             "KV blocks referenced by running or preempted sequences.");
+  kv_cached_free_blocks_ =
+      AddGauge(r, MetricName(kSub, "kv_cache_cached_free", "blocks"),
+               "Unreferenced KV blocks still holding a cached prefix (evictable).");
+  kv_free_blocks_ = AddGauge(r, MetricName(kSub, "kv_cache_free", "blocks"),
+                             "KV blocks free to allocate (including cached-free ones).");
+  kv_usage_ratio_ = AddGauge(r, MetricName(kSub, "kv_cache_usage", "ratio"),
+                             "Used KV blocks over capacity, 0 to 1.");
+  draining_ = AddGauge(r, MetricName(kSub, "draining"),
+                       "1 once the worker stopped admitting requests (drain or shutdown).");
+  open_generate_streams_ = AddGauge(r, MetricName(kSub, "open_generate_streams"),
+                                    "Generate calls streaming now.");
+  prefix_queries_tokens_ =
+      AddCounter(r, CounterName(kSub, "prefix_cache_queries", "tokens"),
+                 "Prompt tokens looked up in the prefix cache when requests were admitted.");
+  prefix_hits_tokens_ = AddCounter(r, CounterName(kSub, "prefix_cache_hits", "tokens"),
+                                   "Prompt tokens found in the prefix cache (not recomputed).");
+  preemptions_ = AddCounter(r, CounterName(kSub, "preemptions"),
+                            "Sequences preempted (blocks freed, recomputed later).");
+  engine_steps_ = AddCounter(r, CounterName(kSub, "engine_steps"), "Engine steps run.");
+  generate_rejected_ = AddCounter(r, CounterName(kSub, "generate_rejected"),
+                                  "Generate calls refused before or by the engine's Submit.");
+  generate_cancelled_ = AddCounter(r, CounterName(kSub, "generate_cancelled"),
+                                   "Generate calls cancelled by the client or its deadline.");
+  prompt_tokens_ = AddCounter(r, CounterName(kSub, "prompt", "tokens"),
+                              "Prompt tokens of requests that produced their first token.");
+  generation_tokens_ =
+      AddCounter(r, CounterName(kSub, "generation", "tokens"), "Tokens generated (all samples).");
+  finished_family_ = &prometheus::BuildCounter()
+                          .Name(CounterName(kSub, "requests_finished"))
+                          .Help("Requests that ended, by finish_reason: stop, length, abort "
+                                "(cancelled) or error.")
+                          .Register(r);
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    finished_family_->Add({{"finish_reason", reason}});
+  }
+  ttft_ = AddHistogram(r, MetricName(kSub, "time_to_first_token", "seconds"),
+                       "From the engine accepting a request to its first token.",
+                       metrics::TimeToFirstTokenBuckets());
+  itl_ = AddHistogram(r, MetricName(kSub, "inter_token_latency", "seconds"),
+                      "Between consecutive tokens of one sample.",
+                      metrics::InterTokenLatencyBuckets());
+  e2e_ = AddHistogram(r, MetricName(kSub, "e2e_request_latency", "seconds"),
+                      "From the engine accepting a request to its end.",
+                      metrics::RequestPhaseBuckets());
+  queue_time_ = AddHistogram(r, MetricName(kSub, "request_queue_time", "seconds"),
+                             "From accepting a request to its first engine step.",
+                             metrics::RequestPhaseBuckets());
+  prefill_time_ = AddHistogram(r, MetricName(kSub, "request_prefill_time", "seconds"),
+                               "From a request's first engine step to its first token.",
+                               metrics::RequestPhaseBuckets());
+  decode_time_ = AddHistogram(r, MetricName(kSub, "request_decode_time", "seconds"),
+                              "From a request's first token to its last.",
+                              metrics::RequestPhaseBuckets());
+  step_tokens_ = AddHistogram(r, MetricName(kSub, "engine_step", "tokens"),
+                              "Tokens fed to the model per engine step.",
+                              metrics::TokenCountBuckets());
+  const EngineOptions& options = engine_->options();
+  prometheus::BuildGauge()
+      .Name(MetricName(kSub, "cache_config_info"))
+      .Help("The KV cache configuration, as labels; the value is always 1.")
+      .Register(r)
+      .Add({{"block_size", absl::StrCat(options.block_size)},
+            {"kv_cache_dtype", std::string(KvCacheDTypeName(options.kv_cache_dtype))},
+            {"num_blocks", absl::StrCat(engine_->num_kv_blocks())},
+            {"enable_prefix_caching", options.scheduler.enable_prefix_caching ? "true" : "false"}})
+      .Set(1);
+  collectable_ = std::make_shared<metrics::RefreshingCollectable>(registry_, [this] { Refresh(); });
+}
+
+void WorkerMetrics::Refresh() {
+  const EngineStats s = engine_->stats();
+  requests_running_->Set(s.num_running);
+  requests_waiting_->Set(s.num_waiting);
+  kv_capacity_blocks_->Set(s.total_blocks);
+  kv_used_blocks_->Set(s.used_blocks);
+  kv_cached_free_blocks_->Set(s.cached_free_blocks);
+  kv_free_blocks_->Set(s.free_blocks);
+  kv_usage_ratio_->Set(s.total_blocks > 0 ? static_cast<double>(s.used_blocks) / s.total_blocks
+                                          : 0.0);
+  draining_->Set(engine_->draining() ? 1 : 0);
+  const ServingStats serving = counters_->Snapshot();
+  open_generate_streams_->Set(static_cast<double>(serving.open_generate_streams));
+  std::lock_guard<std::mutex> lock(mirror_mu_);
+  Mirror(prefix_queries_tokens_, s.prefix_query_tokens, &last_prefix_queries_);
+  Mirror(prefix_hits_tokens_, s.prefix_hit_tokens, &last_prefix_hits_);
+  Mirror(preemptions_, s.num_preemptions, &last_preemptions_);
+  Mirror(engine_steps_, s.num_steps, &last_steps_);
+  Mirror(generate_rejected_, serving.generate_rejected, &last_rejected_);
+  Mirror(generate_cancelled_, serving.generate_cancelled, &last_cancelled_);
+}
+
+void WorkerMetrics::OnStep(const StepMetrics& step) {
+  step_tokens_->Observe(step.num_tokens);
+  if (step.prompt_tokens > 0) prompt_tokens_->Increment(step.prompt_tokens);
+  if (step.generation_tokens > 0) generation_tokens_->Increment(step.generation_tokens);
+  for (double s : step.time_to_first_token_seconds) ttft_->Observe(s);
+  for (double s : step.inter_token_latency_seconds) itl_->Observe(s);
+}
+
+void WorkerMetrics::OnRequestFinished(const RequestMetrics& request) {
+  finished_family_->Add({{"finish_reason", FinishLabel(request)}}).Increment();
+  e2e_->Observe(request.e2e_seconds);
+  if (request.queue_seconds >= 0) queue_time_->Observe(request.queue_seconds);
+  if (request.prefill_seconds >= 0) prefill_time_->Observe(request.prefill_seconds);
+  if (request.decode_seconds >= 0) decode_time_->Observe(request.decode_seconds);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,87 @@
+#ifndef KVSERVE_WORKER_SERVER_WORKER_METRICS_H_
+#define KVSERVE_WORKER_SERVER_WORKER_METRICS_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/engine/engine.h"
+#include "worker/server/serving_stats.h"
+
+namespace kvserve {
+
+/// The worker's Prometheus metrics (listed with their vLLM equivalents in docs/metrics.md).
+///
+/// Two sources: the engine reports steps and finished requests as they happen (this class is
+/// its EngineObserver: histograms and token counters), and the pool and queue state is read
+/// from Engine::stats() when scraped (gauges, plus counters mirrored from the engine's
+/// cumulative figures). Thread-safe.
+class WorkerMetrics final : public EngineObserver {
+ public:
+  /// `engine` and `counters` must outlive every scrape of collectable().
+  WorkerMetrics(const Engine* engine, const ServingCounters* counters);
+
+  /// What /metrics serves: the registry, refreshed from the engine before each collection.
+  std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
+
+  // EngineObserver.
+  void OnStep(const StepMetrics& step) override;
+  void OnRequestFinished(const RequestMetrics& request) override;
+
+ private:
+  /// Sets the gauges and mirrored counters from the engine's latest stats.
+  void Refresh();
+
+  const Engine* engine_;
+  const ServingCounters* counters_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> collectable_;
+
+  // Gauges set at scrape time.
+  prometheus::Gauge* requests_running_;
+  prometheus::Gauge* requests_waiting_;
+  prometheus::Gauge* kv_capacity_blocks_;
+  prometheus::Gauge* kv_used_blocks_;
+  prometheus::Gauge* kv_cached_free_blocks_;
+  prometheus::Gauge* kv_free_blocks_;
+  prometheus::Gauge* kv_usage_ratio_;
+  prometheus::Gauge* draining_;
+  prometheus::Gauge* open_generate_streams_;
+  // Counters mirrored from cumulative engine/serving figures at scrape time.
+  prometheus::Counter* prefix_queries_tokens_;
+  prometheus::Counter* prefix_hits_tokens_;
+  prometheus::Counter* preemptions_;
+  prometheus::Counter* engine_steps_;
+  prometheus::Counter* generate_rejected_;
+  prometheus::Counter* generate_cancelled_;
+  // Fed by the engine.
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Family<prometheus::Counter>* finished_family_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* queue_time_;
+  prometheus::Histogram* prefill_time_;
+  prometheus::Histogram* decode_time_;
+  prometheus::Histogram* step_tokens_;
+
+  // Last mirrored values, so each refresh adds only the difference.
+  std::mutex mirror_mu_;
+  int64_t last_prefix_queries_ = 0;
+  int64_t last_prefix_hits_ = 0;
+  int64_t last_preemptions_ = 0;
+  int64_t last_steps_ = 0;
+  int64_t last_rejected_ = 0;
+  int64_t last_cancelled_ = 0;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_SERVER_WORKER_METRICS_H_
