@@ -45,6 +45,10 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
       ->capture_default_str();
   app->add_option("--max-n", e.max_n, "Most samples (n) one request may ask for")
       ->capture_default_str();
+  app->add_option("--tp", e.tensor_parallel_size,
+                  "Tensor-parallel ranks (CPU threads today); must divide the attention heads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
 }
 
 }  // namespace kvserve::cli

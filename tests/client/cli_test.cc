@@ -75,6 +75,15 @@ TEST(CliTest, StreamsTextAndStopsAtStopString) {
   EXPECT_EQ(r.out, ", there was a little girl named \n");
 }
 
+TEST(CliTest, TensorParallelGenerateMatchesReference) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  RunResult r = Kvserve(std::string("generate --model ") + testing_golden::kStoriesHf +
+                        " --prompt 'Once upon a time' --max-tokens 196 --temperature 0 --tp 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].get<std::vector<TokenId>>(),
+            golden.cases[0].generated_ids);
+}
+
 TEST(CliTest, SeededSamplingIsReproducible) {
   const std::string args = std::string("generate --model ") + testing_golden::kStoriesGguf +
                            " --prompt 'Lily and Tom' --temperature 0.9 --top-p 0.9 --seed 42 "

@@ -85,14 +85,17 @@ absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
     return p->chosen().num_kv_blocks;
   }
   if (budget == 0) {
-    absl::StatusOr<int64_t> per_token = KvBytesPerToken(spec, options.kv_cache_dtype, 1);
+    absl::StatusOr<int64_t> per_token =
+        KvBytesPerToken(spec, options.kv_cache_dtype, options.tensor_parallel_size);
     if (!per_token.ok()) return per_token.status();
     const int64_t full =
-        int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings * *per_token;
+        int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings * *per_token *
+        options.tensor_parallel_size;
     budget = std::min<int64_t>(full, int64_t{4} << 30);
   }
   absl::StatusOr<int64_t> blocks =
-      KvBlocksForBudget(spec, options.kv_cache_dtype, 1, options.block_size, budget);
+      KvBlocksForBudget(spec, options.kv_cache_dtype, options.tensor_parallel_size,
+                        options.block_size, budget / options.tensor_parallel_size);
   if (!blocks.ok()) return blocks.status();
   if (*blocks < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,6 +117,10 @@ absl::Status EngineOptions::Validate() const {
         "gpu_memory_utilization must be in [0, 1], got ", gpu_memory_utilization));
   }
   if (max_n <= 0) return absl::InvalidArgumentError("max_n must be positive");
+  if (tensor_parallel_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel_size (--tp) must be >= 1, got ",
+                                                   tensor_parallel_size));
+  }
   return scheduler.Validate();
 }
 
@@ -125,16 +132,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<Engine> engine(new Engine(model, options));
   const ModelConfig& config = model->config();
-  engine->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
-      LlamaModel::Create(model->weights.get(), engine->pool_.get());
+  TensorParallelOptions tp_options;
+  tp_options.tp_size = options.tensor_parallel_size;
+  tp_options.num_threads = options.num_threads;
+  absl::StatusOr<std::unique_ptr<TensorParallelModel>> llama =
+      TensorParallelModel::Create(model->weights.get(), tp_options);
   if (!llama.ok()) return llama.status();
   engine->llama_ = std::move(*llama);
 
   absl::StatusOr<int64_t> num_blocks = PoolBlocks(*model->weights, options);
   if (!num_blocks.ok()) return num_blocks.status();
-  absl::StatusOr<std::unique_ptr<KvCache>> cache =
-      KvCache::Create(config, *num_blocks, options.block_size, options.kv_cache_dtype);
+  absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
+      engine->llama_->CreateKvCache(*num_blocks, options.block_size, options.kv_cache_dtype);
   if (!cache.ok()) return cache.status();
   engine->cache_ = std::move(*cache);
 

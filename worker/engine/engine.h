@@ -24,6 +24,7 @@
 #include "worker/model/batch_builder.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
+#include "worker/tp/tp_model.h"
 
 namespace kvserve {
 
@@ -49,6 +50,9 @@ struct EngineOptions {
   int32_t max_n = 16;
   /// Compute threads; 0 uses every core.
   int32_t num_threads = 0;
+  /// Tensor-parallel CPU ranks (--tp): the model is split Megatron-style over this many rank
+  /// threads, each with num_threads / tp kernel threads. Must divide the attention heads.
+  int32_t tensor_parallel_size = 1;
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;
@@ -144,9 +148,8 @@ class Engine {
 
   const LoadedModel* model_;
   EngineOptions options_;
-  std::unique_ptr<cpu::ThreadPool> pool_;
-  std::unique_ptr<LlamaModel> llama_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<TensorParallelModel> llama_;  // owns the ranks' thread pools
+  std::unique_ptr<ShardedKvCache> cache_;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;

@@ -352,6 +352,29 @@ TEST_F(EngineTest, QuantizedKvCacheDtypes) {
   }
 }
 
+TEST_F(EngineTest, TensorParallelRanksGiveTheGoldenTokens) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  for (int tp : {2, 4}) {
+    EngineOptions o = Options();
+    o.tensor_parallel_size = tp;
+    o.num_threads = tp;
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& c : golden.cases) {
+      streams.push_back(*engine->Submit(
+          Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()))));
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      EXPECT_EQ(Drain(*streams[i])[0].tokens, golden.cases[i].generated_ids) << "tp " << tp;
+    }
+    ExpectPoolFree(*engine);
+  }
+  EngineOptions bad = Options();
+  bad.tensor_parallel_size = 3;  // 8 heads do not split over 3 ranks
+  absl::Status s = Engine::Create(model_, bad).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+}
+
 TEST_F(EngineTest, KvEventsReportCachedBlocks) {
   EngineOptions o = Options();
   o.run_loop_thread = false;
