@@ -2,14 +2,17 @@
 // measured in the same run so that results read as a fraction of the hardware limit.
 //
 //   build/bench/decode_bench                      # all cases
-//   build/bench/decode_bench --benchmark_filter=Decode/synthetic
+//   build/bench/decode_bench --benchmark_filter=BM_DecodeSynthetic --benchmark_repetitions=3
 //
 // Counters: tok/s (tokens generated per second), weight_GB/s (bytes of weights and KV read per
 // step / step time), triad_GB/s (STREAM triad measured at start-up), bw_ratio = weight_GB/s /
-// triad_GB/s; prefill reports GFLOP/s.
+// triad_GB/s; prefill reports GFLOP/s, the register-only FMA peak of the same threads measured
+// right after it (peak_GFLOP/s, bench/peak_fma.h) and their ratio; BM_DecodeKvDtype compares KV
+// cache dtypes at a long context.
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -18,9 +21,9 @@
 
 #include "kernels/cpu/membw.h"
 #include "kernels/cpu/thread_pool.h"
+#include "bench/decode_harness.h"
+#include "bench/peak_fma.h"
 #include "worker/kv/kv_cache.h"
-#include "worker/model/batch_builder.h"
-#include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
 #include "worker/model/synthetic_model.h"
 
@@ -36,65 +39,6 @@ double TriadBytesPerSecond() {
   static const double bw = cpu::MeasureTriadBandwidth(&Pool(), size_t{256} << 20, 5);
   return bw;
 }
-
-// Runs `batch` independent sequences of one model through prefill, then one decode step per
-// benchmark iteration. Sequence s owns a contiguous range of blocks.
-class DecodeHarness {
- public:
-  DecodeHarness(const ModelWeights* weights, int batch, int max_len)
-      : weights_(weights), batch_(batch), max_len_(max_len) {
-    model_ = *LlamaModel::Create(weights, &Pool());
-    const int blocks_per_seq = (max_len + kBlockSize - 1) / kBlockSize;
-    cache_ = *KvCache::Create(weights->config, int64_t{blocks_per_seq} * batch, kBlockSize);
-    tables_.resize(batch);
-    for (int s = 0; s < batch; ++s) {
-      tables_[s].resize(blocks_per_seq);
-      std::iota(tables_[s].begin(), tables_[s].end(), s * blocks_per_seq);
-    }
-    logits_.resize(static_cast<size_t>(weights->config.vocab_size) * batch);
-  }
-
-  // Runs `len` prompt tokens of every sequence as one batch.
-  void Prefill(int len) {
-    Step(0, len);
-    pos_ = len;
-  }
-
-  // One decode step for every sequence; wraps around before the cache is full.
-  void Decode() {
-    if (pos_ >= max_len_) pos_ = max_len_ / 2;
-    Step(pos_, 1);
-    ++pos_;
-  }
-
-  int pos() const { return pos_; }
-
- private:
-  static constexpr int kBlockSize = 16;
-
-  void Step(int start, int len) {
-    builder_.Clear();
-    std::vector<TokenId> tokens(len);
-    for (int s = 0; s < batch_; ++s) {
-      for (int j = 0; j < len; ++j) {
-        tokens[j] = ((start + j) * 7 + s * 13 + 3) % weights_->config.vocab_size;
-      }
-      builder_.AddSequence(tokens, start, tables_[s], kBlockSize, /*want_logits=*/true);
-    }
-    absl::Status s = model_->Forward(builder_.Build(), *cache_, logits_.data());
-    if (!s.ok()) std::fprintf(stderr, "forward failed: %s\n", s.ToString().c_str());
-  }
-
-  const ModelWeights* weights_;
-  int batch_;
-  int max_len_;
-  int pos_ = 0;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<KvCache> cache_;
-  std::vector<std::vector<int32_t>> tables_;
-  std::vector<float> logits_;
-  BatchBuilder builder_;
-};
 
 // Bytes a decode step streams from memory: every matmul weight once (the embedding row gather is
 // negligible) plus the K/V of the attended context.
@@ -131,7 +75,7 @@ const ModelWeights* Stories260K() {
 
 void RunDecode(benchmark::State& state, const ModelWeights* w, int batch) {
   const int max_len = 512;
-  DecodeHarness h(w, batch, max_len);
+  DecodeHarness h(w, &Pool(), batch, max_len);
   h.Prefill(64);
   double bytes = 0;
   for (auto _ : state) {
@@ -140,7 +84,8 @@ void RunDecode(benchmark::State& state, const ModelWeights* w, int batch) {
   }
   const double triad = TriadBytesPerSecond();
   state.counters["tok/s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()) * batch, benchmark::Counter::kIsRate);
+      benchmark::Counter(static_cast<double>(state.iterations()) * batch,
+                         benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["triad_GB/s"] = triad / 1e9;
   state.counters["bw_ratio"] = benchmark::Counter(bytes / triad, benchmark::Counter::kIsRate);
@@ -151,15 +96,23 @@ void RunPrefill(benchmark::State& state, const ModelWeights* w, int len) {
   const ModelConfig& c = w->config;
   // 2 FLOPs per weight per token, plus QK^T and PV over the causal triangle.
   const double matmul_params = static_cast<double>(
-      int64_t{c.num_layers} * (int64_t{c.hidden_size} * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) +
-                               3 * int64_t{c.hidden_size} * c.intermediate_size) +
+      int64_t{c.num_layers} *
+          (int64_t{c.hidden_size} * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) +
+           3 * int64_t{c.hidden_size} * c.intermediate_size) +
       int64_t{c.vocab_size} * c.hidden_size / len);  // logits only for the last token
-  const double attn = 2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (len * (len + 1) / 2.0);
+  const double attn =
+      2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (len * (len + 1) / 2.0);
   const double flops = 2.0 * matmul_params * len + attn;
-  DecodeHarness h(w, 1, len);
+  DecodeHarness h(w, &Pool(), 1, len);
   for (auto _ : state) h.Prefill(len);
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * static_cast<double>(state.iterations()) / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  // The register-only FMA peak of the same threads, measured right after (same machine load).
+  const double peak = bench::PeakFlopsPerSecond(&Pool());
+  state.counters["peak_GFLOP/s"] = peak / 1e9;
+  state.counters["peak_ratio"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / std::max(peak, 1.0),
+      benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * len,
                                                benchmark::Counter::kIsRate);
 }
@@ -178,6 +131,47 @@ BENCHMARK(BM_DecodeSynthetic)
     ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16),
                     static_cast<int>(DType::kF16), static_cast<int>(DType::kQ8_0)},
                    {1, 32}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// KV cache dtype: decode at a long context, where reading K/V is a large part of each step.
+// Small model (8 layers, hidden 512, 8 KV heads, bf16 weights), 16 sequences at ~1024 tokens
+// (positions jumped to, not prefilled). Args: KvCacheDType, batch. Counters: tok/s, kv_bytes per
+// token, seqs_per_GiB = how many 1024-token sequences a GiB of KV holds.
+void BM_DecodeKvDtype(benchmark::State& state) {
+  static const std::unique_ptr<ModelWeights> model = [] {
+    SyntheticModelOptions o;
+    o.num_layers = 8;
+    o.hidden_size = 512;
+    o.num_heads = 8;
+    o.num_kv_heads = 8;
+    o.intermediate_size = 1408;
+    o.vocab_size = 4096;
+    o.dtype = DType::kBF16;
+    return *MakeSyntheticModel(o);
+  }();
+  const auto kv_dtype = static_cast<KvCacheDType>(state.range(0));
+  const int batch = static_cast<int>(state.range(1));
+  const int context = 1024;
+  DecodeHarness h(model.get(), &Pool(), batch, context + 64, kv_dtype);
+  h.Seek(context);
+  h.Decode();  // warm-up
+  for (auto _ : state) {
+    h.Decode();
+    if (h.pos() >= context + 60) h.Seek(context);
+  }
+  const double kv_bytes = static_cast<double>(KvCache::BytesPerToken(model->config, kv_dtype));
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch,
+                                               benchmark::Counter::kIsRate);
+  state.counters["kv_bytes/token"] = kv_bytes;
+  state.counters["seqs_per_GiB"] = static_cast<double>(int64_t{1} << 30) / (kv_bytes * context);
+  state.SetLabel(std::string(KvCacheDTypeName(kv_dtype)));
+}
+BENCHMARK(BM_DecodeKvDtype)
+    ->ArgsProduct({{static_cast<int>(KvCacheDType::kF32), static_cast<int>(KvCacheDType::kBF16),
+                    static_cast<int>(KvCacheDType::kInt8),
+                    static_cast<int>(KvCacheDType::kFp8E4M3)},
+                   {16}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

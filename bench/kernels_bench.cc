@@ -10,6 +10,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,9 @@
 #include <random>
 #include <vector>
 
+
+#include "bench/peak_fma.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/membw.h"
 #include "kernels/cpu/paged_attention.h"
@@ -71,10 +75,14 @@ std::vector<uint8_t> RandomWeights(DType dtype, int64_t n, int64_t k) {
   return w;
 }
 
-// Args: dtype, m. Weights are 4096 x 4096 (a Llama-7B attention projection).
+// Args: dtype, m [, n, k]. Weights are n x k, by default 4096 x 4096 (a Llama-7B attention
+// projection, streamed from memory); BM_MatmulInCache uses 256 x 1024 (1 MiB of f32, resident in
+// L2), the kernel's arithmetic ceiling.
 void BM_Matmul(benchmark::State& state) {
   const auto dtype = static_cast<DType>(state.range(0));
-  const int64_t m = state.range(1), n = 4096, k = 4096;
+  const int64_t m = state.range(1);
+  const int64_t n = state.range(2) > 0 ? state.range(2) : 4096;
+  const int64_t k = state.range(3) > 0 ? state.range(3) : 4096;
   const std::vector<uint8_t> w = RandomWeights(dtype, n, k);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 1);
   std::vector<float> y(static_cast<size_t>(m * n));
@@ -91,11 +99,22 @@ void BM_Matmul(benchmark::State& state) {
       benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Matmul)
-    ->ArgNames({"dtype", "m"})
+    ->ArgNames({"dtype", "m", "n", "k"})
     ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kF16),
                     static_cast<int>(DType::kBF16), static_cast<int>(DType::kQ8_0),
                     static_cast<int>(DType::kQ4_0)},
-                   {1, 32}})
+                   {1, 32},
+                   {0},
+                   {0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+void BM_MatmulInCache(benchmark::State& state) { BM_Matmul(state); }
+BENCHMARK(BM_MatmulInCache)
+    ->ArgNames({"dtype", "m", "n", "k"})
+    ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16)},
+                   {32, 128},
+                   {256},
+                   {1024}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -151,6 +170,23 @@ BENCHMARK(BM_DecodeAttention)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Fixed cost of one ParallelFor / ParallelForDynamic over all pool threads with an empty body
+// (the per-call overhead a decode step pays ~57 times for a 8-layer model). Arg: dynamic (1).
+void BM_ParallelForOverhead(benchmark::State& state) {
+  const int64_t n = 4096;
+  std::atomic<int64_t> sink{0};
+  const auto fn = [&](int64_t b, int64_t e) { sink.fetch_add(e - b, std::memory_order_relaxed); };
+  for (auto _ : state) {
+    if (state.range(0) != 0) {
+      Pool().ParallelForDynamic(n, n / (4 * Pool().num_threads()), fn);
+    } else {
+      Pool().ParallelFor(n, 1, fn);
+    }
+  }
+  state.SetLabel(state.range(0) != 0 ? "dynamic" : "static");
+}
+BENCHMARK(BM_ParallelForOverhead)->ArgName("dynamic")->Arg(0)->Arg(1)->UseRealTime();
+
 // The machine's memory bandwidth (STREAM triad, 64 MiB arrays) in the same run, for comparison.
 void BM_TriadBandwidth(benchmark::State& state) {
   double best = 0;
@@ -161,6 +197,21 @@ void BM_TriadBandwidth(benchmark::State& state) {
   state.counters["threads"] = Pool().num_threads();
 }
 BENCHMARK(BM_TriadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+// Args: threads: 1, or 0 = the whole pool. flops = 2 * lanes * 16 chains * iterations per thread.
+void BM_PeakFma(benchmark::State& state) {
+  if (ActiveCpuIsa() == CpuIsa::kScalar) {
+    state.SkipWithError("no SIMD FMA path on this CPU");
+    return;
+  }
+  const int threads = state.range(0) == 0 ? Pool().num_threads() : 1;
+  double flops = 0;
+  for (auto _ : state) flops += bench::RunPeakFma(threads == 1 ? nullptr : &Pool());
+  state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["threads"] = threads;
+}
+BENCHMARK(BM_PeakFma)->ArgName("threads")->Arg(1)->Arg(0)->UseRealTime()->Unit(
+    benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kvserve::cpu

@@ -64,7 +64,8 @@ absl::Status Dispatcher::Submit(PendingRequest* request) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "router overloaded: all ", routable, " healthy workers have ",
             options_.max_inflight_per_worker, " requests in flight and ", queue_.size(),
-            " requests are queued (--max-queue ", options_.max_queue, ")"));
+            " requests are queued (--max-queue ", options_.max_queue, "); retry after ",
+            absl::ToInt64Milliseconds(options_.retry_after), " ms"));
       }
       queue_.push_back(request);
       return absl::OkStatus();

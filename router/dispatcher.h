@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -16,6 +17,10 @@
 namespace kvserve {
 
 class RouterMetrics;
+
+/// Trailing metadata of a RESOURCE_EXHAUSTED answer: how many milliseconds the client should
+/// wait before trying again (a hint, not a promise).
+inline constexpr std::string_view kRetryAfterMetadata = "retry-after-ms";
 
 /// A request that needs a worker slot. Implemented by the Generate forwarding call.
 class PendingRequest {
@@ -43,6 +48,8 @@ struct DispatcherOptions {
   int max_queue = 256;
   /// Tokens per KV block (for the policy's hit ratio).
   int block_size = 16;
+  /// The retry hint of an overload refusal (message text and `retry-after-ms` metadata).
+  absl::Duration retry_after = absl::Milliseconds(500);
 };
 
 /// Admission control and worker choice: reserves a slot on the worker the policy picks among

@@ -291,6 +291,13 @@ void GenerateCall::Complete(const grpc::Status& status) {
                 {"status", code},
                 {"error", message},
                 {"duration_s", e2e_seconds}});
+  // Give the key's slot back before the client can see the end: a client that sends its next
+  // call as soon as this one ends must not find its key still at its limit.
+  { ApiKeyGuard::Lease released = std::move(lease_); }
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    context_->AddTrailingMetadata(std::string(kRetryAfterMetadata),
+                                  absl::StrCat(absl::ToInt64Milliseconds(retry_after_)));
+  }
   Finish(status);
 }
 

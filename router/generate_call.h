@@ -13,6 +13,7 @@
 #include "common/block_hash/block_hash.h"
 #include "grpcpp/support/server_callback.h"
 #include "kvserve/v1/inference.pb.h"
+#include "router/api_key_guard.h"
 #include "router/dispatcher.h"
 #include "router/worker_pool.h"
 
@@ -52,6 +53,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                RouterMetrics* metrics = nullptr);
   ~GenerateCall() override;
 
+  /// Keeps `lease` (the caller's API key slot) until the call finishes (released before the
+  /// client sees the status). Call before Begin.
+  void HoldUntilDone(ApiKeyGuard::Lease lease) { lease_ = std::move(lease); }
+  /// A RESOURCE_EXHAUSTED end carries trailing metadata `retry-after-ms` with this value.
+  /// Call before Begin.
+  void SetRetryAfter(absl::Duration retry_after) { retry_after_ = retry_after; }
   /// Hands the request to the dispatcher; finishes at once when it is refused.
   void Begin();
 
@@ -105,6 +112,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   /// The message being written to the client; touched only while no write is pending.
   v1::GenerateResponse outgoing_;
+  /// Released in Complete, just before Finish.
+  ApiKeyGuard::Lease lease_;
+  absl::Duration retry_after_ = absl::Milliseconds(500);
 };
 
 }  // namespace kvserve

@@ -23,6 +23,7 @@ std::string ModelNameFromPath(const std::string& path) {
 
 struct RouterServer::State {
   std::unique_ptr<RouterMetrics> metrics;
+  std::unique_ptr<ApiKeyGuard> api_keys;
   std::unique_ptr<Tokenizer> tokenizer;
   PrefixIndex index;
   std::unique_ptr<RoutingPolicy> policy;
@@ -65,6 +66,26 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
         absl::StrCat("load-weight: must be a finite value >= 0, got ", load_weight));
   }
   auto state = std::make_unique<State>();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      auth::MakeServerCredentials(options.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  WorkerPoolOptions pool_options = options.pool;
+  if (options.worker_tls.enabled()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials =
+        auth::MakeChannelCredentials(options.worker_tls,
+                                     "--worker-ca,--worker-tls-cert,--worker-tls-key");
+    if (!worker_credentials.ok()) return worker_credentials.status();
+    pool_options.credentials = *std::move(worker_credentials);
+    pool_options.tls_server_name = options.worker_tls.server_name;
+  }
+  if (!options.api_keys_path.empty()) {
+    absl::StatusOr<auth::ApiKeyTable> keys = auth::ApiKeyTable::Load(options.api_keys_path);
+    if (!keys.ok()) {
+      return absl::Status(keys.status().code(),
+                          absl::StrCat("api-keys: ", keys.status().message()));
+    }
+    state->api_keys = std::make_unique<ApiKeyGuard>(*std::move(keys));
+  }
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.model_path);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),
@@ -78,7 +99,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   state->metrics = std::make_unique<RouterMetrics>(std::string(state->policy->name()));
 
   absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
-      WorkerPool::Create(options.pool, &state->index);
+      WorkerPool::Create(pool_options, &state->index);
   if (!pool.ok()) return pool.status();
   state->pool = *std::move(pool);
   state->dispatcher = std::make_unique<Dispatcher>(options.dispatch, state->pool.get(),
@@ -92,17 +113,20 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       options.model_name.empty() ? ModelNameFromPath(options.model_path) : options.model_name;
   state->model_name = service_options.model_name;
   service_options.block_size = options.dispatch.block_size;
+  service_options.tenant_cache_isolation = options.tenant_cache_isolation;
+  service_options.retry_after = options.dispatch.retry_after;
   RouterServiceDeps deps;
   deps.tokenizer = state->tokenizer.get();
   deps.dispatcher = state->dispatcher.get();
   deps.pool = state->pool.get();
   deps.metrics = state->metrics.get();
+  deps.api_keys = state->api_keys.get();
   state->service = std::make_unique<RouterService>(service_options, deps);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &state->port);
+  builder.AddListeningPort(options.listen, *server_credentials, &state->port);
   builder.RegisterService(state->service.get());
   state->server = builder.BuildAndStart();
   if (state->server == nullptr || state->port == 0) {
@@ -148,6 +172,7 @@ void RouterServer::Shutdown(absl::Duration grace) {
 WorkerPool& RouterServer::pool() { return *state_->pool; }
 PrefixIndex& RouterServer::index() { return state_->index; }
 Dispatcher& RouterServer::dispatcher() { return *state_->dispatcher; }
+ApiKeyGuard* RouterServer::api_keys() { return state_->api_keys.get(); }
 
 std::shared_ptr<grpc::Channel> RouterServer::InProcessChannel() {
   return state_->server->InProcessChannel(grpc::ChannelArguments());

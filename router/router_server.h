@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/auth/tls_credentials.h"
+#include "router/api_key_guard.h"
 #include "router/dispatcher.h"
 #include "router/router_metrics.h"
 #include "router/routing_policy.h"
@@ -37,6 +39,15 @@ struct RouterOptions {
   WorkerPoolOptions pool;
   /// HOST:PORT serving Prometheus /metrics (port 0 picks a free one); empty: none.
   std::string metrics_listen;
+  /// TLS of the client-facing port (--tls-cert, --tls-key, --tls-client-ca); none: plaintext.
+  auth::ServerTlsFiles tls;
+  /// TLS (mutual when a certificate is given) of the connections to workers (--worker-ca,
+  /// --worker-tls-cert, --worker-tls-key, --worker-tls-server-name); none: plaintext.
+  auth::ChannelTlsFiles worker_tls;
+  /// API key file (--api-keys, format in common/auth/api_keys.h); empty: no authentication.
+  std::string api_keys_path;
+  /// With API keys, keep tenants' prefix-cache blocks apart (--no-tenant-cache-isolation).
+  bool tenant_cache_isolation = true;
 };
 
 /// The name ListModels reports for a model path: "stories260K" for ".../stories260K.gguf".
@@ -65,6 +76,8 @@ class RouterServer {
   WorkerPool& pool();
   PrefixIndex& index();
   Dispatcher& dispatcher();
+  /// The API key check; nullptr when RouterOptions::api_keys_path is empty.
+  ApiKeyGuard* api_keys();
 
   /// A channel to this router's own kvserve.v1.Inference that skips the network (gRPC's
   /// in-process transport): fronts in the same process, such as the HTTP server, call through

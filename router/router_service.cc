@@ -1,6 +1,8 @@
 #include "router/router_service.h"
 
+#include <optional>
 #include <random>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,7 +22,14 @@ grpc::Status ToGrpc(const absl::Status& status) {
 /// A Generate that fails before reaching any worker.
 class FailedGenerate final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  explicit FailedGenerate(const absl::Status& status) { Finish(ToGrpc(status)); }
+  FailedGenerate(grpc::CallbackServerContext* context, const absl::Status& status,
+                 absl::Duration retry_after) {
+    if (absl::IsResourceExhausted(status)) {
+      context->AddTrailingMetadata(std::string(kRetryAfterMetadata),
+                                   absl::StrCat(absl::ToInt64Milliseconds(retry_after)));
+    }
+    Finish(ToGrpc(status));
+  }
   void OnDone() override { delete this; }
 };
 
@@ -35,6 +44,16 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
 
 RouterService::RouterService(const RouterServiceOptions& options, const RouterServiceDeps& deps)
     : options_(options), deps_(deps), id_nonce_(std::random_device{}()) {}
+
+absl::StatusOr<const auth::ApiKey*> RouterService::Authenticate(
+    const grpc::CallbackServerContext& context) {
+  if (deps_.api_keys == nullptr) return nullptr;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  std::optional<std::string_view> value;
+  if (it != metadata.end()) value = std::string_view(it->second.data(), it->second.size());
+  return deps_.api_keys->Authenticate(value);
+}
 
 absl::Status RouterService::CheckModel(const std::string& model) const {
   if (model.empty() || model == options_.model_name) return absl::OkStatus();
@@ -81,13 +100,28 @@ absl::StatusOr<v1::GenerateRequest> RouterService::PrepareRequest(
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  absl::StatusOr<const auth::ApiKey*> key = Authenticate(*context);
+  if (!key.ok()) return new FailedGenerate(context, key.status(), options_.retry_after);
   absl::StatusOr<v1::GenerateRequest> prepared = PrepareRequest(*request);
-  if (!prepared.ok()) return new FailedGenerate(prepared.status());
+  if (!prepared.ok()) {
+    return new FailedGenerate(context, prepared.status(), options_.retry_after);
+  }
+  ApiKeyGuard::Lease lease;
+  if (*key != nullptr) {
+    absl::StatusOr<ApiKeyGuard::Lease> acquired = deps_.api_keys->Acquire(**key);
+    if (!acquired.ok()) return new FailedGenerate(context, acquired.status(), options_.retry_after);
+    lease = *std::move(acquired);
+    if (options_.tenant_cache_isolation) {
+      prepared->set_cache_salt(auth::TenantCacheSalt((*key)->tenant, prepared->cache_salt()));
+    }
+  }
   std::vector<TokenId> ids(prepared->prompt_token_ids().begin(),
                            prepared->prompt_token_ids().end());
   std::vector<BlockKey> keys = HashFullBlocks(ids, options_.block_size, prepared->cache_salt());
   auto* call = new GenerateCall(context, *std::move(prepared), std::move(keys), deps_.dispatcher,
                                 deps_.pool, deps_.metrics);
+  call->HoldUntilDone(std::move(lease));
+  call->SetRetryAfter(options_.retry_after);
   call->Begin();
   return call;
 }
@@ -95,6 +129,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
 grpc::ServerUnaryReactor* RouterService::ListModels(grpc::CallbackServerContext* context,
                                                     const v1::ListModelsRequest* /*request*/,
                                                     v1::ListModelsResponse* response) {
+  if (absl::StatusOr<const auth::ApiKey*> key = Authenticate(*context); !key.ok()) {
+    return FinishUnary(context, key.status());
+  }
   v1::ModelCard* card = response->add_models();
   card->set_name(options_.model_name);
   card->set_vocab_size(static_cast<uint32_t>(deps_.tokenizer->vocab_size()));
@@ -111,6 +148,9 @@ grpc::ServerUnaryReactor* RouterService::ListModels(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
                                                   const v1::TokenizeRequest* request,
                                                   v1::TokenizeResponse* response) {
+  if (absl::StatusOr<const auth::ApiKey*> key = Authenticate(*context); !key.ok()) {
+    return FinishUnary(context, key.status());
+  }
   if (absl::Status status = CheckModel(request->model()); !status.ok()) {
     return FinishUnary(context, status);
   }
@@ -128,6 +168,9 @@ grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* RouterService::Detokenize(grpc::CallbackServerContext* context,
                                                     const v1::DetokenizeRequest* request,
                                                     v1::DetokenizeResponse* response) {
+  if (absl::StatusOr<const auth::ApiKey*> key = Authenticate(*context); !key.ok()) {
+    return FinishUnary(context, key.status());
+  }
   if (absl::Status status = CheckModel(request->model()); !status.ok()) {
     return FinishUnary(context, status);
   }

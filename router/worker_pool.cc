@@ -148,14 +148,18 @@ absl::StatusOr<std::vector<std::string>> ResolveWorkers(std::string_view target_
   return std::vector<std::string>(addresses.begin(), addresses.end());
 }
 
-WorkerHandle::WorkerHandle(WorkerId id, std::string address)
+WorkerHandle::WorkerHandle(WorkerId id, std::string address,
+                           std::shared_ptr<grpc::ChannelCredentials> credentials,
+                           const std::string& tls_server_name)
     : id_(id), address_(std::move(address)) {
   grpc::ChannelArguments args;
   // Come back quickly after a worker restarts; the default backoff grows to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  if (!tls_server_name.empty()) args.SetSslTargetNameOverride(tls_server_name);
+  channel_ = grpc::CreateCustomChannel(
+      address_, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
   inference_ = v1::Inference::NewStub(channel_);
   control_ = v1::Worker::NewStub(channel_);
   generic_ = std::make_unique<grpc::GenericStub>(channel_);
@@ -290,7 +294,8 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
       if (it != workers_.end()) {
         next.push_back(*it);
       } else {
-        next.push_back(std::make_shared<WorkerHandle>(next_id_++, address));
+        next.push_back(std::make_shared<WorkerHandle>(next_id_++, address, options_.credentials,
+                                                     options_.tls_server_name));
         added.push_back(next.back());
       }
     }

@@ -23,6 +23,7 @@
 #include "router/routing_policy.h"
 
 namespace grpc {
+class ChannelCredentials;
 class ClientContext;
 }  // namespace grpc
 
@@ -48,6 +49,11 @@ struct WorkerPoolOptions {
   absl::Duration kv_backoff_max = absl::Seconds(5);
   /// Run the periodic probe / DNS thread. Tests turn it off and call ProbeNow themselves.
   bool background_probes = true;
+  /// How the router's channels to workers authenticate (TLS, mutual TLS); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  /// With TLS: the name workers' certificates are checked against instead of the dialled
+  /// address (needed when workers are reached by pod IP). Empty: the address's host.
+  std::string tls_server_name;
 };
 
 /// Splits "A,B,C" into addresses; INVALID_ARGUMENT naming `field` for empty or duplicate ones.
@@ -62,7 +68,10 @@ absl::StatusOr<std::vector<std::string>> ResolveWorkers(std::string_view target)
 /// that leaves the pool stays usable until its last request ends.
 class WorkerHandle {
  public:
-  WorkerHandle(WorkerId id, std::string address);
+  /// `credentials` null means plaintext; `tls_server_name` overrides the checked name.
+  WorkerHandle(WorkerId id, std::string address,
+               std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+               const std::string& tls_server_name = "");
   ~WorkerHandle();
   WorkerHandle(const WorkerHandle&) = delete;
   WorkerHandle& operator=(const WorkerHandle&) = delete;

@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
   python3-grpcio python3-protobuf
   gnuplot-nox
+  clang libclang-rt-14-dev  # scripts/fuzz-smoke.sh: libFuzzer and the sanitizer runtimes for clang
 )
 
 missing=()

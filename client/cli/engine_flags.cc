@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/backend.h"
 #include "kernels/kv_dtype.h"
 
 namespace kvserve::cli {
@@ -45,6 +46,19 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
       ->capture_default_str();
   app->add_option("--max-n", e.max_n, "Most samples (n) one request may ask for")
       ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--device",
+         [options](const std::string& name) {
+           std::optional<DeviceChoice> device = DeviceChoiceFromName(name);
+           if (!device) {
+             throw CLI::ValidationError("--device", "unknown device '" + name +
+                                                        "' (expected cpu, cuda or auto)");
+           }
+           options->device = *device;
+         },
+         "Where the model runs: cpu, cuda (fails without a usable GPU) or auto (CUDA when a "
+         "usable GPU is present, else the CPU, saying why once on stderr)")
+      ->default_str(std::string(DeviceChoiceName(e.device)));
   app->add_option("--tp", e.tensor_parallel_size,
                   "Tensor-parallel ranks (CPU threads today); must divide the attention heads")
       ->check(CLI::Range(1, 256))

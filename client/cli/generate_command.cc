@@ -2,6 +2,7 @@
 // (continuous batching over the paged KV pool) and stream the text.
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "client/cli/command.h"
 #include "client/cli/engine_flags.h"
 #include "client/sdk/client.h"
+#include "common/auth/tls_credentials.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
@@ -44,6 +46,11 @@ struct GenerateOptions {
   int32_t logprobs = -1;
   bool no_special = false;
   bool json = false;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
+  std::string api_key;
 };
 
 SamplingParams ToSamplingParams(const GenerateOptions& o) {
@@ -214,10 +221,42 @@ RemoteResult GenerateOneRemote(Client& client, GenerateParams params, const std:
   return r;
 }
 
+// TLS files and the API key (flag, else $KVSERVE_API_KEY) for the endpoint.
+absl::StatusOr<ClientOptions> ToClientOptions(const GenerateOptions& o) {
+  ClientOptions options;
+  const bool tls = !o.tls_ca.empty() || !o.tls_cert.empty() || !o.tls_key.empty();
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert/--tls-key: give both or neither");
+  }
+  options.use_tls = tls;
+  if (!o.tls_ca.empty()) {
+    absl::StatusOr<std::string> ca = auth::ReadPemFile(o.tls_ca, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    options.tls_root_certs = *std::move(ca);
+  }
+  if (!o.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = auth::ReadPemFile(o.tls_cert, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = auth::ReadPemFile(o.tls_key, "--tls-key");
+    if (!key.ok()) return key.status();
+    options.tls_client_cert = *std::move(cert);
+    options.tls_client_key = *std::move(key);
+  }
+  options.tls_server_name = o.tls_server_name;
+  options.api_key = o.api_key;
+  if (options.api_key.empty()) {
+    if (const char* env = std::getenv("KVSERVE_API_KEY")) options.api_key = env;
+  }
+  return options;
+}
+
 int RunRemoteGenerate(const GenerateOptions& opts) {
   absl::StatusOr<GenerateParams> params = ToRemoteParams(opts);
   if (!params.ok()) return ReportError("generate", params.status());
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(opts.endpoint);
+  absl::StatusOr<ClientOptions> client_options = ToClientOptions(opts);
+  if (!client_options.ok()) return ReportError("generate", client_options.status());
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(opts.endpoint, *std::move(client_options));
   if (!client.ok()) return ReportError("generate", WithEndpoint(opts.endpoint, client.status()));
   if (!opts.json && opts.prompts.size() == 1 && opts.n == 1) {
     // Stream the text as it arrives.
@@ -381,6 +420,16 @@ Command AddGenerateCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cache-salt", o->cache_salt,
                   "Prefix-cache namespace: only requests with the same salt share blocks");
+  sub->add_option("--tls-ca", o->tls_ca,
+                  "With --endpoint: PEM CA that signed the endpoint's certificate (enables TLS)");
+  sub->add_option("--tls-cert", o->tls_cert,
+                  "With --endpoint: PEM client certificate, for endpoints requiring one");
+  sub->add_option("--tls-key", o->tls_key, "With --endpoint: PEM private key of --tls-cert");
+  sub->add_option("--tls-server-name", o->tls_server_name,
+                  "With --endpoint: name to check the endpoint's certificate against");
+  sub->add_option("--api-key", o->api_key,
+                  "With --endpoint: API key sent as 'authorization: Bearer <key>' (default: "
+                  "$KVSERVE_API_KEY)");
   AddEngineFlags(sub, &o->engine);
   return {sub, [o] { return RunGenerate(*o); }};
 }

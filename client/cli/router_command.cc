@@ -37,6 +37,10 @@ struct RouterFlags {
   std::string metrics_listen;
   std::string http_listen;
   std::string log_format = "text";
+  auth::ServerTlsFiles tls;
+  auth::ChannelTlsFiles worker_tls;
+  std::string api_keys;
+  bool no_tenant_cache_isolation = false;
 };
 
 absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
@@ -65,6 +69,10 @@ absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
   options.pool.dns_interval = absl::Milliseconds(flags.dns_interval_ms);
   options.pool.failure_threshold = flags.failure_threshold;
   options.metrics_listen = flags.metrics_listen;
+  options.tls = flags.tls;
+  options.worker_tls = flags.worker_tls;
+  options.api_keys_path = flags.api_keys;
+  options.tenant_cache_isolation = !flags.no_tenant_cache_isolation;
   return options;
 }
 
@@ -184,6 +192,25 @@ Command AddRouterCommand(CLI::App& app) {
                   "HOST:PORT serving the OpenAI-compatible HTTP API (port 0 picks one); empty: off");
   sub->add_option("--metrics-listen", flags->metrics_listen,
                   "HOST:PORT serving Prometheus /metrics (port 0 picks one); empty: off");
+  sub->add_option("--tls-cert", flags->tls.cert_path,
+                  "PEM certificate chain of the client-facing gRPC port (enables TLS)");
+  sub->add_option("--tls-key", flags->tls.key_path, "PEM private key of --tls-cert");
+  sub->add_option("--tls-client-ca", flags->tls.client_ca_path,
+                  "PEM CA: clients must present a certificate it signed (mutual TLS)");
+  sub->add_option("--worker-ca", flags->worker_tls.ca_path,
+                  "PEM CA that signed the workers' certificates (enables TLS to workers)");
+  sub->add_option("--worker-tls-cert", flags->worker_tls.cert_path,
+                  "PEM client certificate presented to workers (mutual TLS)");
+  sub->add_option("--worker-tls-key", flags->worker_tls.key_path,
+                  "PEM private key of --worker-tls-cert");
+  sub->add_option("--worker-tls-server-name", flags->worker_tls.server_name,
+                  "Name the workers' certificates are checked against (default: each address)");
+  sub->add_option("--api-keys", flags->api_keys,
+                  "API key file: one '<key> [<tenant> [<max_concurrent>]]' per line; callers "
+                  "must send 'authorization: Bearer <key>' (see docs/reliability.md)");
+  sub->add_flag("--no-tenant-cache-isolation", flags->no_tenant_cache_isolation,
+                "With --api-keys, let different tenants share prefix-cache blocks (by default "
+                "each tenant's requests get their own cache salt)");
   sub->add_option("--log-format", flags->log_format, "Log lines as 'text' or 'json'")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();

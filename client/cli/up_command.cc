@@ -28,6 +28,9 @@ struct UpOptions {
   std::string policy = "kv_aware";
   int threads_per_worker = 1;
   int startup_timeout_s = 120;
+  std::string api_keys;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 // The default model: ../shared/models/stories260K beside the checkout, found from the working
@@ -80,9 +83,13 @@ int RunUp(const UpOptions& opts) {
     addresses.push_back(*address);
     workers.push_back(std::move(*worker));
   }
-  absl::StatusOr<ChildProcess> router = ChildProcess::Spawn(
-      {exe.string(), "router", "--listen", opts.listen, "--workers", absl::StrJoin(addresses, ","),
-       "--model", model, "--policy", opts.policy});
+  std::vector<std::string> router_argv = {
+      exe.string(), "router", "--listen", opts.listen, "--workers", absl::StrJoin(addresses, ","),
+      "--model", model, "--policy", opts.policy};
+  if (!opts.api_keys.empty()) router_argv.insert(router_argv.end(), {"--api-keys", opts.api_keys});
+  if (!opts.tls_cert.empty()) router_argv.insert(router_argv.end(), {"--tls-cert", opts.tls_cert});
+  if (!opts.tls_key.empty()) router_argv.insert(router_argv.end(), {"--tls-key", opts.tls_key});
+  absl::StatusOr<ChildProcess> router = ChildProcess::Spawn(router_argv);
   if (!router.ok()) return ReportError("up", router.status());
   absl::StatusOr<std::string> endpoint = router->WaitForLine("kvserve router listening on ", timeout);
   if (!endpoint.ok()) return ReportError("up", endpoint.status());
@@ -127,6 +134,9 @@ Command AddUpCommand(CLI::App& app) {
   sub->add_option("--startup-timeout", o->startup_timeout_s,
                   "Seconds to wait for each process to come up")
       ->capture_default_str();
+  sub->add_option("--api-keys", o->api_keys, "The router's API key file (see kvserve router)");
+  sub->add_option("--tls-cert", o->tls_cert, "PEM certificate of the router's port (TLS)");
+  sub->add_option("--tls-key", o->tls_key, "PEM private key of --tls-cert");
   return {sub, [o] { return RunUp(*o); }};
 }
 

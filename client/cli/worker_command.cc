@@ -30,6 +30,7 @@ struct WorkerOptions {
   std::string metrics_listen;
   std::string log_format = "text";
   double drain_timeout_s = 30.0;
+  auth::ServerTlsFiles tls;
   EngineOptions engine;
 };
 
@@ -59,6 +60,7 @@ int RunWorker(const WorkerOptions& o) {
       o.served_model_name.empty() ? DefaultModelName(o.model) : o.served_model_name;
   server_options.advertise = o.advertise;
   server_options.metrics_listen = o.metrics_listen;
+  server_options.tls = o.tls;
   WorkerServer server(&*model, engine->get(), server_options);
   absl::StatusOr<int> port = server.Start(o.listen);
   if (!port.ok()) return ReportError("worker", port.status());
@@ -118,6 +120,11 @@ Command AddWorkerCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--metrics-listen", o->metrics_listen,
                   "HOST:PORT serving Prometheus /metrics (port 0 picks one); empty: off");
+  sub->add_option("--tls-cert", o->tls.cert_path,
+                  "PEM certificate chain of the gRPC port (enables TLS)");
+  sub->add_option("--tls-key", o->tls.key_path, "PEM private key of --tls-cert");
+  sub->add_option("--tls-client-ca", o->tls.client_ca_path,
+                  "PEM CA: callers (the router) must present a certificate it signed");
   sub->add_option("--log-format", o->log_format, "Log lines as 'text' or 'json'")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();

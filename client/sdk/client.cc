@@ -6,6 +6,9 @@
 #include <utility>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/cord.h"
+#include "absl/types/optional.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/sdk/proto_convert.h"
 #include "grpcpp/grpcpp.h"
@@ -58,6 +61,17 @@ struct CallHandleAccess {
   }
 };
 
+std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return std::nullopt;
+  absl::optional<absl::Cord> payload =
+      status.GetPayload(absl::string_view(kRetryAfterPayload.data(), kRetryAfterPayload.size()));
+  int64_t ms = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) {
+    return std::nullopt;
+  }
+  return absl::Milliseconds(ms);
+}
+
 std::string_view CompletionFinishReasonName(CompletionFinishReason reason) {
   switch (reason) {
     case CompletionFinishReason::kStop:
@@ -87,6 +101,16 @@ absl::Status ValidateOptions(const std::string& target, const ClientOptions& o) 
     return absl::InvalidArgumentError(
         absl::StrCat("ClientOptions.backoff_multiplier: must be >= 1, got ", o.backoff_multiplier));
   }
+  if (o.tls_client_cert.empty() != o.tls_client_key.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_client_cert/tls_client_key: give both or neither");
+  }
+  for (char c : o.api_key) {
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.api_key: only printable ASCII characters other than space");
+    }
+  }
   if (o.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.max_message_bytes: must be positive, got ", o.max_message_bytes));
@@ -94,10 +118,30 @@ absl::Status ValidateOptions(const std::string& target, const ClientOptions& o) 
   return absl::OkStatus();
 }
 
-// gRPC and abseil share the canonical status code numbering.
-absl::Status FromGrpc(const grpc::Status& status) {
+// gRPC and abseil share the canonical status code numbering. A RESOURCE_EXHAUSTED answer's
+// retry hint (trailing metadata) travels on as a payload.
+absl::Status FromGrpc(const grpc::Status& status, const grpc::ClientContext& ctx) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    auto it = trailers.find("retry-after-ms");
+    if (it != trailers.end()) {
+      out.SetPayload(absl::string_view(kRetryAfterPayload.data(), kRetryAfterPayload.size()),
+                     absl::Cord(absl::string_view(it->second.data(), it->second.size())));
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& o) {
+  const bool tls = o.use_tls || !o.tls_root_certs.empty() || !o.tls_client_cert.empty();
+  if (!tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = o.tls_root_certs;
+  ssl.pem_cert_chain = o.tls_client_cert;
+  ssl.pem_private_key = o.tls_client_key;
+  return grpc::SslCredentials(ssl);
 }
 
 }  // namespace
@@ -105,6 +149,8 @@ absl::Status FromGrpc(const grpc::Status& status) {
 struct Client::Impl {
   std::string target;
   ClientOptions options;
+  /// "Bearer <api_key>", or empty.
+  std::string authorization;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Inference::Stub> stub;
 
@@ -126,6 +172,7 @@ struct Client::Impl {
     for (int32_t attempt_number = 1;; ++attempt_number) {
       grpc::ClientContext ctx;
       if (deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(deadline));
+      if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
       if (!CallHandleAccess::Attach(*handle, &ctx)) return cancelled;
       bool started = false;
       const grpc::Status status = attempt(ctx, started);
@@ -135,10 +182,14 @@ struct Client::Impl {
       const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE && !started &&
                          attempt_number < options.max_attempts && absl::Now() + backoff < deadline;
       if (!retry) {
-        absl::Status result = FromGrpc(status);
+        absl::Status result = FromGrpc(status, ctx);
         if (attempt_number == 1) return result;
-        return absl::Status(result.code(), absl::StrCat(result.message(), " (after ",
-                                                        attempt_number, " attempts)"));
+        absl::Status annotated(result.code(), absl::StrCat(result.message(), " (after ",
+                                                           attempt_number, " attempts)"));
+        result.ForEachPayload([&](absl::string_view type, const absl::Cord& payload) {
+          annotated.SetPayload(type, payload);
+        });
+        return annotated;
       }
       if (!CallHandleAccess::WaitUnlessCancelled(*handle, backoff)) return cancelled;
       backoff = std::min(backoff * options.backoff_multiplier, options.max_backoff);
@@ -158,7 +209,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   auto impl = std::make_unique<Impl>();
   impl->target = target;
   impl->options = options;
-  impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!options.api_key.empty()) impl->authorization = absl::StrCat("Bearer ", options.api_key);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  impl->channel = grpc::CreateCustomChannel(target, Credentials(options), args);
   if (impl->channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("target: cannot open a channel to '", target, "'"));

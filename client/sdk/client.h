@@ -42,7 +42,27 @@ struct ClientOptions {
   /// When positive, Connect waits this long for the channel to be ready and fails with
   /// UNAVAILABLE otherwise; zero connects lazily on the first call. Default zero.
   absl::Duration connect_timeout = absl::ZeroDuration();
+
+  /// Connect with TLS. Implied by any of the tls_* fields below. Default off (plaintext).
+  bool use_tls = false;
+  /// PEM roots that verify the server's certificate; empty: the system's roots.
+  std::string tls_root_certs;
+  /// PEM client certificate chain and its private key, for servers that require one (mutual
+  /// TLS); both or neither.
+  std::string tls_client_cert;
+  std::string tls_client_key;
+  /// Name to check the server's certificate against instead of the target's host.
+  std::string tls_server_name;
+  /// Sent as `authorization: Bearer <api_key>` metadata on every call; empty: none.
+  std::string api_key;
 };
+
+/// The absl::Status payload type URL under which a RESOURCE_EXHAUSTED status carries the
+/// server's retry hint (its `retry-after-ms` trailing metadata, as decimal milliseconds).
+inline constexpr std::string_view kRetryAfterPayload = "type.kvserve.dev/retry-after-ms";
+
+/// The server's retry hint on a RESOURCE_EXHAUSTED status, when it sent one.
+std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 
 /// Cancels one in-flight call from any thread. Create it with std::make_shared, pass it in
 /// CallOptions::handle, and call Cancel() while (or before) the call runs: the call then returns
@@ -212,7 +232,8 @@ using ChunkCallback = std::function<void(const GenerateChunk&)>;
 /// A connection to a kvserve router or worker. Thread-safe: calls may run concurrently.
 class Client {
  public:
-  /// Opens a channel to `target` ("host:port", or any gRPC target URI), without TLS.
+  /// Opens a channel to `target` ("host:port", or any gRPC target URI), with TLS when the
+  /// options ask for it. INVALID_ARGUMENT for options that do not fit together.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          ClientOptions options = {});
   ~Client();

@@ -10,6 +10,15 @@ namespace {
 
 // Below this many multiply-adds per chunk, another thread costs more than it saves.
 constexpr int64_t kMinMacsPerChunk = int64_t{1} << 16;
+// Pieces handed out per thread: enough that a thread slowed by the rest of the machine (or a
+// short last piece) leaves little idle time on the others, few enough that claiming one (an
+// atomic add) stays negligible.
+constexpr int64_t kPiecesPerThread = 4;
+// Piece sizes are a multiple of this many columns so every register tile / weight panel of the
+// ISA paths stays whole (matmul_avx512.cc: 8-column decode tiles and weight panels).
+constexpr int64_t kColumnGrain = 8;
+
+int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 internal::MatmulColumnsFn SelectPath(CpuIsa isa) {
   switch (isa) {
@@ -34,15 +43,20 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa());
 
   const int64_t macs_per_column = std::max<int64_t>(1, args.m * args.k);
-  // Chunks are a multiple of 4 columns so the register tiles stay full.
-  int64_t min_chunk = (kMinMacsPerChunk + macs_per_column - 1) / macs_per_column;
-  min_chunk = (min_chunk + 3) & ~int64_t{3};
+  const int64_t min_chunk =
+      RoundUp((kMinMacsPerChunk + macs_per_column - 1) / macs_per_column, kColumnGrain);
   if (pool == nullptr || pool->num_threads() == 1 || min_chunk * 2 > args.n) {
     columns(args, plan, 0, args.n);
     return;
   }
-  pool->ParallelFor(args.n, min_chunk,
-                    [&](int64_t begin, int64_t end) { columns(args, plan, begin, end); });
+  // Every output element is computed whole by one thread in an order fixed by k, so which
+  // thread takes which piece cannot change the result: balance the load dynamically.
+  const int64_t grain = std::max(
+      min_chunk, RoundUp((args.n + pool->num_threads() * kPiecesPerThread - 1) /
+                             (pool->num_threads() * kPiecesPerThread),
+                         kColumnGrain));
+  pool->ParallelForDynamic(args.n, grain,
+                           [&](int64_t begin, int64_t end) { columns(args, plan, begin, end); });
 }
 
 }  // namespace kvserve::cpu

@@ -14,6 +14,9 @@
 //   avx2:   one 8-lane FMA accumulator over k (zero-padded tail step), fixed horizontal sum.
 //   avx512: one 16-lane FMA accumulator over k (masked tail step), fixed horizontal sum.
 // then + bias. Quantized weights are converted to fp32 as float(q) * d (exact) before the FMA.
+// The avx512 path for m >= 4 converts weight panels to fp32 once into a per-thread buffer and
+// walks k in slices, storing the 16-lane accumulators between slices: the same FMA sequence per
+// element as m < 4, so results stay bit-identical (matmul_avx512.cc).
 
 #include <cstdint>
 
@@ -24,7 +27,7 @@ namespace kvserve::cpu::internal {
 /// Sizes the dispatcher computes once per call (in baseline code, see above).
 struct MatmulPlan {
   int64_t w_row_bytes;  // DTypeRowBytes(w_dtype, k)
-  int64_t row_block;    // x rows per pass over a column tile (keeps those rows in L2), % 4 == 0
+  int64_t row_block;    // avx2: x rows per pass over a column tile (kept in L2), % 4 == 0
 };
 
 using MatmulColumnsFn = void (*)(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,

@@ -160,7 +160,10 @@ void PagedAttention(const PagedAttentionArgs& args, ThreadPool* pool) {
   if (pool == nullptr || items < 2 * min_chunk) {
     run(0, items);
   } else {
-    pool->ParallelFor(items, min_chunk, run);
+    // Items differ in cost (context lengths vary across the batch) and each is computed whole by
+    // one thread, so hand them out dynamically: no thread idles while another has a long tail.
+    const int64_t pieces = int64_t{pool->num_threads()} * 4;
+    pool->ParallelForDynamic(items, std::max(min_chunk, (items + pieces - 1) / pieces), run);
   }
 }
 

@@ -94,6 +94,23 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   busy_.store(false, std::memory_order_release);
 }
 
+void ThreadPool::ParallelForDynamic(int64_t n, int64_t grain,
+                                    const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t pieces = (n + grain - 1) / grain;
+  const int participants = static_cast<int>(std::min<int64_t>(pieces, num_threads_));
+  // Each participant claims the next unclaimed piece until none is left.
+  alignas(64) std::atomic<int64_t> next{0};
+  const std::function<void(int64_t, int64_t)> claim = [&](int64_t, int64_t) {
+    for (int64_t begin = next.fetch_add(grain, std::memory_order_relaxed); begin < n;
+         begin = next.fetch_add(grain, std::memory_order_relaxed)) {
+      fn(begin, std::min(n, begin + grain));
+    }
+  };
+  ParallelFor(participants, 1, claim);
+}
+
 void ThreadPool::WorkerLoop(int index) {
   Slot& slot = slots_[index];
   uint64_t seen = 0;

@@ -38,6 +38,15 @@ class ThreadPool {
   /// The number of chunks ParallelFor(n, min_chunk, ...) uses (exposed for tests/planning).
   int NumChunks(int64_t n, int64_t min_chunk) const;
 
+  /// Calls fn(begin, end) once for each piece [i * grain, min((i + 1) * grain, n)) of [0, n),
+  /// handing pieces to threads as they become free (load balancing: a thread slowed by other
+  /// work on the machine takes fewer pieces, and nobody idles while work is left). The pieces
+  /// are fixed by (n, grain); which thread runs a piece is not, so use this only where a piece's
+  /// result does not depend on the thread that computes it. Blocks until all are done; nested
+  /// or concurrent calls run the pieces inline, in order.
+  void ParallelForDynamic(int64_t n, int64_t grain,
+                          const std::function<void(int64_t, int64_t)>& fn);
+
  private:
   struct alignas(64) Slot {
     std::atomic<uint64_t> seq{0};  // bumped (release) after the job fields below are written

@@ -33,7 +33,24 @@ void SendJson(httplib::Response& res, int status, const json& body) {
 }
 
 void SendError(httplib::Response& res, const http::ApiError& error) {
+  // Overload and per-key limits: tell the client when to come back (whole seconds).
+  if (error.http_status == 429) res.set_header("Retry-After", "1");
   SendJson(res, error.http_status, error.body);
+}
+
+/// Passes the request's Authorization header on as gRPC `authorization` metadata, for the
+/// router's API key check. A value gRPC cannot carry (bytes outside printable ASCII) is
+/// replaced by one that fails the check, rather than dropped.
+void ForwardAuthorization(const httplib::Request& req, grpc::ClientContext& context) {
+  if (!req.has_header("Authorization")) return;
+  std::string value = req.get_header_value("Authorization");
+  for (char c : value) {
+    if (c < 0x20 || c > 0x7e) {
+      value = "invalid";
+      break;
+    }
+  }
+  context.AddMetadata("authorization", value);
 }
 
 absl::Status FromGrpc(const grpc::Status& status) {
@@ -97,7 +114,7 @@ struct HttpServer::State {
   }
 
   void HandleGenerate(http::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void HandleModels(httplib::Response& res);
+  void HandleModels(const httplib::Request& req, httplib::Response& res);
 };
 
 void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::Request& req,
@@ -140,6 +157,7 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
   if (call == nullptr) {
     return SendError(res, http::ErrorFromStatus(absl::UnavailableError("server shutting down")));
   }
+  ForwardAuthorization(req, call->context);
   call->reader = stub->Generate(&call->context, request.generate);
   // The first message decides the HTTP status: errors before it (validation, admission,
   // routing) are answered as HTTP errors.
@@ -218,8 +236,9 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
       });
 }
 
-void HttpServer::State::HandleModels(httplib::Response& res) {
+void HttpServer::State::HandleModels(const httplib::Request& req, httplib::Response& res) {
   grpc::ClientContext context;
+  ForwardAuthorization(req, context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::ListModelsResponse models;
   const grpc::Status status = stub->ListModels(&context, v1::ListModelsRequest(), &models);
@@ -293,7 +312,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     s->HandleGenerate(http::Endpoint::kChatCompletions, req, res);
   });
   server.Get("/v1/models",
-             [s](const httplib::Request&, httplib::Response& res) { s->HandleModels(res); });
+             [s](const httplib::Request& req, httplib::Response& res) {
+               s->HandleModels(req, res);
+             });
   server.Get("/health", [s](const httplib::Request&, httplib::Response& res) {
     bool serving = true;
     {

@@ -62,6 +62,11 @@ struct HttpServerDeps {
 /// chat_template_status() says why and the chat endpoint answers 400 with that message while
 /// completions keep working.
 ///
+/// Authentication: the request's `Authorization` header is passed on as gRPC `authorization`
+/// metadata, so the router's API key check applies to HTTP as it does to gRPC
+/// (UNAUTHENTICATED → 401, a key at its concurrency limit → 429 with Retry-After). /health is
+/// never authenticated. The HTTP front itself has no TLS: terminate TLS in front of it.
+///
 /// Threading: httplib serves each connection on a pool thread, which blocks on its Generate
 /// stream; a client that disconnects mid-stream cancels the call at its next chunk.
 class HttpServer {

@@ -260,7 +260,8 @@ absl::StatusOr<json> ParseMessages(const Fields& f) {
       for (size_t j = 0; j < content->size(); ++j) {
         const json& part = (*content)[j];
         const std::string part_field = absl::StrCat(field, ".content[", j, "]");
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        // value() with a json default: a non-string "type" compares unequal instead of throwing.
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return Invalid(part_field,
                          "only {\"type\": \"text\", \"text\": ...} parts are supported");
@@ -293,7 +294,8 @@ absl::Status RefuseUnsupported(const Fields& f) {
     return Invalid("tools", "tool calling is not supported");
   }
   if (const json* format = f.Get("response_format");
-      format != nullptr && !(format->is_object() && format->value("type", "text") == "text")) {
+      format != nullptr &&
+      !(format->is_object() && format->value("type", json("text")) == "text")) {
     return Invalid("response_format", "only {\"type\": \"text\"} is supported");
   }
   return absl::OkStatus();

@@ -127,28 +127,73 @@ absl::Status EngineOptions::Validate() const {
 Engine::Engine(const LoadedModel* model, const EngineOptions& options)
     : model_(model), options_(options) {}
 
+absl::Status Engine::CreateModel() {
+  const ModelWeights& weights = *model_->weights;
+  EngineOptions sizing = options_;
+  if (options_.device != DeviceChoice::kCpu) {
+    BackendOptions backend_options;
+    backend_options.enable_graphs = options_.cuda_graphs;
+    // kAuto comes back as the CPU backend (having said why) when CUDA is unusable.
+    absl::StatusOr<std::unique_ptr<Backend>> backend =
+        CreateBackend(options_.device, backend_options, nullptr);
+    if (!backend.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device cuda: ", backend.status().message()));
+    }
+    if (!(*backend)->host_memory()) backend_ = std::move(*backend);
+  }
+  if (backend_ == nullptr) {
+    TensorParallelOptions tp_options;
+    tp_options.tp_size = options_.tensor_parallel_size;
+    tp_options.num_threads = options_.num_threads;
+    absl::StatusOr<std::unique_ptr<TensorParallelModel>> llama =
+        TensorParallelModel::Create(&weights, tp_options);
+    if (!llama.ok()) return llama.status();
+    llama_ = std::move(*llama);
+    absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
+    if (!num_blocks.ok()) return num_blocks.status();
+    absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
+        llama_->CreateKvCache(*num_blocks, options_.block_size, options_.kv_cache_dtype);
+    if (!cache.ok()) return cache.status();
+    cache_ = std::move(*cache);
+    num_kv_blocks_ = *num_blocks;
+    return absl::OkStatus();
+  }
+  if (options_.tensor_parallel_size != 1) {
+    return absl::InvalidArgumentError(
+        "--tp > 1 with --device cuda is not supported yet (the CUDA engine runs one GPU)");
+  }
+  // The planner sizes the pool from the memory free on the device before the weights land
+  // (it subtracts the weights and the activation peak itself).
+  if (sizing.gpu_memory_utilization > 0 && sizing.device_memory == 0) {
+    absl::StatusOr<std::pair<int64_t, int64_t>> memory = backend_->MemoryInfo();
+    if (!memory.ok()) return memory.status();
+    sizing.device_memory = memory->first;
+  }
+  absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
+  if (!num_blocks.ok()) return num_blocks.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
+      LlamaModel::Create(&weights, nullptr, nullptr, backend_.get());
+  if (!llama.ok()) return llama.status();
+  device_model_ = std::move(*llama);
+  absl::StatusOr<std::unique_ptr<KvCache>> cache =
+      KvCache::Create(weights.config, *num_blocks, options_.block_size, options_.kv_cache_dtype,
+                      backend_.get());
+  if (!cache.ok()) return cache.status();
+  device_cache_ = std::move(*cache);
+  num_kv_blocks_ = *num_blocks;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
                                                        const EngineOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<Engine> engine(new Engine(model, options));
   const ModelConfig& config = model->config();
-  TensorParallelOptions tp_options;
-  tp_options.tp_size = options.tensor_parallel_size;
-  tp_options.num_threads = options.num_threads;
-  absl::StatusOr<std::unique_ptr<TensorParallelModel>> llama =
-      TensorParallelModel::Create(model->weights.get(), tp_options);
-  if (!llama.ok()) return llama.status();
-  engine->llama_ = std::move(*llama);
-
-  absl::StatusOr<int64_t> num_blocks = PoolBlocks(*model->weights, options);
-  if (!num_blocks.ok()) return num_blocks.status();
-  absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
-      engine->llama_->CreateKvCache(*num_blocks, options.block_size, options.kv_cache_dtype);
-  if (!cache.ok()) return cache.status();
-  engine->cache_ = std::move(*cache);
+  if (absl::Status s = engine->CreateModel(); !s.ok()) return s;
 
   KvManagerOptions kv_options;
-  kv_options.num_blocks = static_cast<int32_t>(*num_blocks);
+  kv_options.num_blocks = static_cast<int32_t>(engine->num_kv_blocks_);
   kv_options.block_size = options.block_size;
   kv_options.enable_prefix_caching = options.scheduler.enable_prefix_caching;
   kv_options.sliding_window = config.sliding_window;
@@ -208,9 +253,14 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
                                                    request.n));
   }
   if (absl::Status s = request.params.Validate(config.vocab_size); !s.ok()) return s;
+  if (request.params.max_tokens > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be at most the model's context of ",
+                     config.max_position_embeddings, " tokens, got ", request.params.max_tokens));
+  }
   // The prompt plus the first generated token must fit in the pool on its own.
   const int64_t needed = (prompt_len + 1 + options_.block_size - 1) / options_.block_size;
-  const int64_t usable = cache_->num_blocks() - 1;
+  const int64_t usable = num_kv_blocks_ - 1;
   if (needed > usable) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", prompt_len, " tokens needs ", needed, " KV blocks; the pool has ", usable));
@@ -362,7 +412,13 @@ void Engine::DrainInbox() {
 
 void Engine::Step() {
   SchedulerOutput out = scheduler_->Schedule();
-  for (const BlockCopy& copy : kv_->TakeCopies()) cache_->CopyBlock(copy.src, copy.dst);
+  for (const BlockCopy& copy : kv_->TakeCopies()) {
+    if (device_cache_ != nullptr) {
+      device_cache_->CopyBlock(copy.src, copy.dst);
+    } else {
+      cache_->CopyBlock(copy.src, copy.dst);
+    }
+  }
   if (out.scheduled.empty()) {
     // Nothing runs and the oldest waiting sequence does not fit in an empty pool: it grew past
     // the pool's capacity (its output is kept). End it rather than spin.
@@ -397,7 +453,10 @@ void Engine::RunModel(const SchedulerOutput& out) {
   }
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   if (logits_.size() < sampled.size() * vocab) logits_.resize(sampled.size() * vocab);
-  absl::Status status = llama_->Forward(builder_.Build(), *cache_, logits_.data());
+  absl::Status status =
+      device_model_ != nullptr
+          ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
+          : llama_->Forward(builder_.Build(), *cache_, logits_.data());
   if (!status.ok()) {
     // A failed forward pass is a bug (inputs were validated); fail the requests involved.
     std::vector<RequestState*> failed;

@@ -8,12 +8,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_dtype.h"
 #include "worker/engine/request.h"
@@ -53,6 +55,12 @@ struct EngineOptions {
   /// Tensor-parallel CPU ranks (--tp): the model is split Megatron-style over this many rank
   /// threads, each with num_threads / tp kernel threads. Must divide the attention heads.
   int32_t tensor_parallel_size = 1;
+  /// Where the model runs (--device): kCpu, kCuda (fails when no usable GPU), or kAuto (CUDA
+  /// when a usable GPU is present, else the CPU, saying why once on stderr). The CUDA engine
+  /// runs one GPU (tensor_parallel_size 1).
+  DeviceChoice device = DeviceChoice::kCpu;
+  /// CUDA: allow CUDA-graph capture (BackendOptions::enable_graphs).
+  bool cuda_graphs = false;
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;
@@ -117,10 +125,14 @@ class Engine {
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
-  int64_t num_kv_blocks() const { return cache_->num_blocks(); }
+  int64_t num_kv_blocks() const { return num_kv_blocks_; }
+  /// "cpu" or "cuda": the backend the model runs on.
+  std::string_view device_name() const { return backend_ != nullptr ? backend_->name() : "cpu"; }
 
  private:
   Engine(const LoadedModel* model, const EngineOptions& options);
+  /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
+  absl::Status CreateModel();
   /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
   static absl::StatusOr<int64_t> PoolBlocks(const ModelWeights& weights,
                                             const EngineOptions& options);
@@ -148,8 +160,14 @@ class Engine {
 
   const LoadedModel* model_;
   EngineOptions options_;
+  // CPU: the (tensor-parallel) model and its per-rank caches. CUDA: one LlamaModel and KvCache
+  // on backend_ (declared first: destroyed last).
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<TensorParallelModel> llama_;  // owns the ranks' thread pools
   std::unique_ptr<ShardedKvCache> cache_;
+  std::unique_ptr<LlamaModel> device_model_;
+  std::unique_ptr<KvCache> device_cache_;
+  int64_t num_kv_blocks_ = 0;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;

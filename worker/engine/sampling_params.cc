@@ -40,10 +40,25 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return Invalid("frequency_penalty", "in [-2, 2]", frequency_penalty);
   }
   if (max_tokens < 1) return Invalid("max_tokens", ">= 1", max_tokens);
+  if (stop.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat("stop has ", stop.size(),
+                                                   " strings; at most ", kMaxStopStrings,
+                                                   " are allowed"));
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] must not be empty"));
     }
+    if (stop[i].size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is ", stop[i].size(),
+                                                     " bytes long; at most ",
+                                                     kMaxStopStringBytes, " are allowed"));
+    }
+  }
+  if (stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids has ", stop_token_ids.size(),
+                                                   " ids; at most ", kMaxStopTokenIds,
+                                                   " are allowed"));
   }
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     const TokenId id = stop_token_ids[i];

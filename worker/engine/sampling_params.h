@@ -1,6 +1,7 @@
 #ifndef KVSERVE_WORKER_ENGINE_SAMPLING_PARAMS_H_
 #define KVSERVE_WORKER_ENGINE_SAMPLING_PARAMS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,6 +15,13 @@ namespace kvserve {
 /// The most alternatives a request may ask for per token (OpenAI's `top_logprobs` limit and
 /// vLLM's default `max_logprobs`).
 inline constexpr int32_t kMaxLogprobs = 20;
+
+/// Most stop strings a request may give, and the longest one in bytes: together they bound the
+/// stop checker's work per token and the text it holds back.
+inline constexpr size_t kMaxStopStrings = 32;
+inline constexpr size_t kMaxStopStringBytes = 1024;
+/// Most stop token ids a request may give.
+inline constexpr size_t kMaxStopTokenIds = 256;
 
 /// Temperatures below this decode greedily (vLLM's _SAMPLING_EPS).
 inline constexpr float kGreedyTemperature = 1e-5f;
@@ -42,9 +50,10 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   /// Most tokens to generate; >= 1.
   int32_t max_tokens = 16;
-  /// Generation stops when the output text contains one of these (non-empty) strings.
+  /// Generation stops when the output text contains one of these (non-empty) strings; at most
+  /// kMaxStopStrings of at most kMaxStopStringBytes each.
   std::vector<std::string> stop;
-  /// Generation stops on these ids, in addition to the model's EOS ids.
+  /// Generation stops on these ids (at most kMaxStopTokenIds), in addition to the model's EOS ids.
   std::vector<TokenId> stop_token_ids;
   /// Keep generating past the model's EOS ids (stop_token_ids still stop).
   bool ignore_eos = false;

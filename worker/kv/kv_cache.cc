@@ -13,7 +13,7 @@ namespace kvserve {
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& config,
                                                           int64_t num_blocks, int64_t block_size,
-                                                          KvCacheDType dtype) {
+                                                          KvCacheDType dtype, Backend* backend) {
   if (num_blocks <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache needs positive num_blocks and block_size, got ", num_blocks,
@@ -40,13 +40,22 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
   const int64_t data_bytes = rows * head_dim * elem_bytes;
 
   std::unique_ptr<KvCache> cache(new KvCache());
+  if (backend != nullptr && !backend->host_memory()) cache->backend_ = backend;
   cache->layout_ = {kv_heads, head_dim, block_size, dtype};
   cache->num_blocks_ = num_blocks;
   for (int l = 0; l < config.num_layers; ++l) {
     for (std::vector<Buffer>* buffers : {&cache->k_, &cache->v_}) {
       Buffer b;
-      b.data.reset(new (std::nothrow) uint8_t[data_bytes]());
-      if (scaled) b.scales.reset(new (std::nothrow) float[rows]());
+      if (cache->backend_ != nullptr) {
+        absl::Status s = cache->AllocDevice(&b, data_bytes, scaled ? rows : 0);
+        if (!s.ok()) return s;
+        buffers->push_back(std::move(b));
+        continue;
+      }
+      b.host_data.reset(new (std::nothrow) uint8_t[data_bytes]());
+      if (scaled) b.host_scales.reset(new (std::nothrow) float[rows]());
+      b.data = b.host_data.get();
+      b.scales = b.host_scales.get();
       if (b.data == nullptr || (scaled && b.scales == nullptr)) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cannot allocate ", num_blocks, " KV blocks (",
@@ -65,14 +74,47 @@ void KvCache::CopyBlock(int64_t src, int64_t dst) {
   const int64_t bytes = rows * layout_.head_dim * KvCacheDTypeElemBytes(layout_.dtype);
   for (std::vector<Buffer>* buffers : {&k_, &v_}) {
     for (Buffer& b : *buffers) {
-      std::memcpy(b.data.get() + dst * bytes, b.data.get() + src * bytes,
-                  static_cast<size_t>(bytes));
+      if (backend_ != nullptr) {
+        // Queued on the backend's stream, so it lands before the next step's kernels.
+        (void)backend_->CopyOnDevice(b.data + dst * bytes, b.data + src * bytes,
+                                     static_cast<size_t>(bytes));
+        if (b.scales != nullptr) {
+          (void)backend_->CopyOnDevice(b.scales + dst * rows, b.scales + src * rows,
+                                       static_cast<size_t>(rows) * sizeof(float));
+        }
+        continue;
+      }
+      std::memcpy(b.data + dst * bytes, b.data + src * bytes, static_cast<size_t>(bytes));
       if (b.scales != nullptr) {
-        std::memcpy(b.scales.get() + dst * rows, b.scales.get() + src * rows,
+        std::memcpy(b.scales + dst * rows, b.scales + src * rows,
                     static_cast<size_t>(rows) * sizeof(float));
       }
     }
   }
+}
+
+absl::Status KvCache::AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_count) {
+  auto fail = [&](const absl::Status& s) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", num_blocks_, " KV blocks on ", std::string(backend_->name()), " (",
+        data_bytes + scale_count * 4, " bytes per buffer, ",
+        std::string(KvCacheDTypeName(layout_.dtype)), "): ", s.message()));
+  };
+  absl::StatusOr<DeviceBuffer> data = backend_->AllocBuffer(static_cast<size_t>(data_bytes));
+  if (!data.ok()) return fail(data.status());
+  // Zero bytes decode to 0.0 in every dtype (scale 0): a fresh cache reads as empty.
+  if (absl::Status s = backend_->Memset(data->get(), 0, data_bytes); !s.ok()) return fail(s);
+  b->device_data = std::move(*data);
+  b->data = b->device_data.as<uint8_t>();
+  if (scale_count > 0) {
+    const size_t scale_bytes = static_cast<size_t>(scale_count) * sizeof(float);
+    absl::StatusOr<DeviceBuffer> scales = backend_->AllocBuffer(scale_bytes);
+    if (!scales.ok()) return fail(scales.status());
+    if (absl::Status s = backend_->Memset(scales->get(), 0, scale_bytes); !s.ok()) return fail(s);
+    b->device_scales = std::move(*scales);
+    b->scales = b->device_scales.as<float>();
+  }
+  return absl::OkStatus();
 }
 
 int64_t KvCache::BytesPerToken(const ModelConfig& config, KvCacheDType dtype) {

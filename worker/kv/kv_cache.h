@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/kv_dtype.h"
 #include "worker/model/model_config.h"
@@ -24,27 +25,29 @@ namespace kvserve {
 ///           = scale * decoded code. Empty (null) for f32 / f16 / bf16.
 /// Slot `s` of the cache is block s / block_size, offset s % block_size. Which blocks a sequence
 /// owns is decided elsewhere (the block pool); this class only holds bytes.
+///
+/// Memory: host memory by default; with a device backend (Create's `backend`) every buffer is
+/// device memory from that backend, zeroed with its Memset, and CopyBlock copies on the device.
 class KvCache {
  public:
   /// Allocates zeroed storage (zero bytes decode to 0.0 in every dtype, with scale 0). Fails on
   /// non-positive sizes, a config without layers / kv heads / head_dim, or if the allocation
   /// would overflow or cannot be made.
+  /// `backend` (null: host memory) must outlive the cache.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(
       const ModelConfig& config, int64_t num_blocks, int64_t block_size,
-      KvCacheDType dtype = KvCacheDType::kF32);
+      KvCacheDType dtype = KvCacheDType::kF32, Backend* backend = nullptr);
 
   /// Layer `layer`'s K storage (data + scales), for cpu::WriteKvCache / cpu::PagedAttention.
-  cpu::KvCacheBuffer k(int layer) { return {k_[layer].data.get(), k_[layer].scales.get()}; }
+  cpu::KvCacheBuffer k(int layer) { return {k_[layer].data, k_[layer].scales}; }
   /// Layer `layer`'s V storage (data + scales).
-  cpu::KvCacheBuffer v(int layer) { return {v_[layer].data.get(), v_[layer].scales.get()}; }
+  cpu::KvCacheBuffer v(int layer) { return {v_[layer].data, v_[layer].scales}; }
   /// Read-only K storage of `layer`.
-  cpu::ConstKvCacheBuffer k(int layer) const {
-    return {k_[layer].data.get(), k_[layer].scales.get()};
-  }
+  cpu::ConstKvCacheBuffer k(int layer) const { return {k_[layer].data, k_[layer].scales}; }
   /// Read-only V storage of `layer`.
-  cpu::ConstKvCacheBuffer v(int layer) const {
-    return {v_[layer].data.get(), v_[layer].scales.get()};
-  }
+  cpu::ConstKvCacheBuffer v(int layer) const { return {v_[layer].data, v_[layer].scales}; }
+  /// Whether the buffers are device memory of a backend (not host memory).
+  bool on_device() const { return backend_ != nullptr; }
   /// Shape and dtype of every buffer.
   const cpu::PagedKvLayout& layout() const { return layout_; }
   /// Element type of the cache.
@@ -66,12 +69,20 @@ class KvCache {
 
  private:
   struct Buffer {
-    std::unique_ptr<uint8_t[]> data;  // [num_blocks][num_kv_heads][block_size][head_dim] elements
-    std::unique_ptr<float[]> scales;  // [num_blocks][num_kv_heads][block_size]; int8 / fp8 only
+    uint8_t* data = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim] elements
+    float* scales = nullptr;  // [num_blocks][num_kv_heads][block_size]; int8 / fp8 only
+    // Owners: host arrays, or device memory of backend_.
+    std::unique_ptr<uint8_t[]> host_data;
+    std::unique_ptr<float[]> host_scales;
+    DeviceBuffer device_data;
+    DeviceBuffer device_scales;
   };
 
   KvCache() = default;
+  /// Allocates and zeroes one device buffer (and its scales when scale_count > 0).
+  absl::Status AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_count);
 
+  Backend* backend_ = nullptr;  // device backend, or null for host memory
   cpu::PagedKvLayout layout_{};
   int64_t num_blocks_ = 0;
   std::vector<Buffer> k_;

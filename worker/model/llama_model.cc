@@ -1,13 +1,13 @@
 #include "worker/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/activation.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -17,38 +17,17 @@ namespace {
 
 const float* F32(const TensorView& t) { return static_cast<const float*>(t.data); }
 
-// y[m, n] = x[m, k] . W^T (+ bias), x and y densely packed.
-void Linear(const float* x, const TensorView& w, const TensorView& bias, float* y, int64_t m,
-            cpu::ThreadPool* pool) {
-  const int64_t n = w.shape[0];
-  const int64_t k = w.shape[1];
-  cpu::MatmulArgs args{};
-  args.x = x;
-  args.x_stride = k;
-  args.w = w.data;
-  args.w_dtype = w.dtype;
-  args.bias = bias.present() ? F32(bias) : nullptr;
-  args.y = y;
-  args.y_stride = n;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  cpu::Matmul(args, pool);
-}
+// Bytes rounded up to a multiple of 256 (keeps every workspace slice aligned).
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-void Norm(float* x, const float* residual, const TensorView& weight, float* y, int64_t rows,
-          int64_t dim, float eps, cpu::ThreadPool* pool) {
-  cpu::RmsNormArgs args{};
-  args.x = x;
-  args.residual = residual;
-  args.weight = F32(weight);
-  args.y = y;
-  args.rows = rows;
-  args.dim = dim;
-  args.eps = eps;
-  args.x_stride = dim;
-  args.y_stride = dim;
-  cpu::RmsNorm(args, pool);
+// Makes `buffer` hold at least `bytes`; contents are not kept.
+absl::Status Grow(Backend& backend, DeviceBuffer* buffer, int64_t bytes) {
+  if (static_cast<int64_t>(buffer->bytes()) >= bytes) return absl::OkStatus();
+  buffer->reset();
+  absl::StatusOr<DeviceBuffer> b = backend.AllocBuffer(static_cast<size_t>(bytes));
+  if (!b.ok()) return b.status();
+  *buffer = std::move(*b);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -88,12 +67,16 @@ std::vector<float> ComputeRopeInvFreq(const ModelConfig& config, const TensorVie
   return inv_freq;
 }
 
+
 LlamaModel::LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce)
     : weights_(weights), pool_(pool), all_reduce_(std::move(all_reduce)) {}
 
+LlamaModel::~LlamaModel() = default;
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeights* weights,
                                                                cpu::ThreadPool* pool,
-                                                               AllReduceFn all_reduce) {
+                                                               AllReduceFn all_reduce,
+                                                               Backend* backend) {
   if (weights == nullptr) return absl::InvalidArgumentError("LlamaModel: no weights");
   if (absl::Status s = weights->config.Validate(); !s.ok()) return s;
   if (static_cast<int>(weights->layers.size()) != weights->config.num_layers) {
@@ -102,26 +85,87 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
                                                    weights->config.num_layers));
   }
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
+  if (backend == nullptr) {
+    model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
+    backend = model->owned_backend_.get();
+  }
+  model->backend_ = backend;
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
+  if (absl::Status s = model->PrepareWeights(); !s.ok()) return s;
   return model;
 }
 
-void LlamaModel::EnsureWorkspace(int64_t num_tokens) {
-  if (num_tokens <= workspace_tokens_) return;
+absl::Status LlamaModel::PrepareWeights() {
+  Backend& b = *backend_;
+  auto matrix = [&b](const TensorView& t, PreparedMatrix* out) -> absl::Status {
+    if (t.shape.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("weight '", t.name, "' is not a matrix"));
+    }
+    absl::StatusOr<PreparedMatrix> m = b.PrepareMatrix(t.data, t.dtype, t.shape[0], t.shape[1]);
+    if (!m.ok()) return m.status();
+    *out = std::move(*m);
+    return absl::OkStatus();
+  };
+  auto vector = [&b](const TensorView& t, PreparedVector* out) -> absl::Status {
+    if (!t.present()) return absl::OkStatus();  // absent bias
+    absl::StatusOr<PreparedVector> v = b.PrepareVector(static_cast<const float*>(t.data),
+                                                       t.numel());
+    if (!v.ok()) return v.status();
+    *out = std::move(*v);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = matrix(weights_->token_embedding, &embedding_); !s.ok()) return s;
+  if (weights_->output.data == weights_->token_embedding.data && !b.host_memory()) {
+    // Tied embedding: one device copy serves the gather and the vocabulary projection.
+    output_.data = embedding_.data;
+    output_.dtype = embedding_.dtype;
+    output_.rows = embedding_.rows;
+    output_.cols = embedding_.cols;
+  } else if (absl::Status s = matrix(weights_->output, &output_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = vector(weights_->final_norm, &final_norm_); !s.ok()) return s;
+  absl::StatusOr<PreparedVector> f =
+      b.PrepareVector(inv_freq_.data(), static_cast<int64_t>(inv_freq_.size()));
+  if (!f.ok()) return f.status();
+  inv_freq_dev_ = std::move(*f);
+  layers_.resize(weights_->layers.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerWeights& w = weights_->layers[i];
+    Layer& l = layers_[i];
+    for (auto [t, v] : {std::pair{&w.attn_norm, &l.attn_norm}, {&w.ffn_norm, &l.ffn_norm},
+                        {&w.bq, &l.bq}, {&w.bk, &l.bk}, {&w.bv, &l.bv}}) {
+      if (absl::Status s = vector(*t, v); !s.ok()) return s;
+    }
+    for (auto [t, m] : {std::pair{&w.wq, &l.wq}, {&w.wk, &l.wk}, {&w.wv, &l.wv}, {&w.wo, &l.wo},
+                        {&w.w_gate, &l.w_gate}, {&w.w_up, &l.w_up}, {&w.w_down, &l.w_down}}) {
+      if (absl::Status s = matrix(*t, m); !s.ok()) return s;
+    }
+  }
+  return b.Synchronize();
+}
+
+absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
+  if (num_tokens <= workspace_tokens_) return absl::OkStatus();
   const ModelConfig& c = weights_->config;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  hidden_.resize(num_tokens * c.hidden_size);
-  delta_.resize(num_tokens * c.hidden_size);
-  normed_.resize(num_tokens * c.hidden_size);
-  q_.resize(num_tokens * q_dim);
-  k_.resize(num_tokens * kv_dim);
-  v_.resize(num_tokens * kv_dim);
-  attn_out_.resize(num_tokens * q_dim);
-  gate_.resize(num_tokens * c.intermediate_size);
-  up_.resize(num_tokens * c.intermediate_size);
-  final_rows_.resize(num_tokens * c.hidden_size);
+  const int64_t sizes[] = {c.hidden_size, c.hidden_size,       c.hidden_size, q_dim,
+                           kv_dim,        kv_dim,              q_dim,         c.intermediate_size,
+                           c.intermediate_size, c.hidden_size, c.hidden_size};
+  float** slices[] = {&hidden_, &delta_,    &normed_, &q_,          &k_,          &v_,
+                      &attn_out_, &gate_, &up_,     &final_rows_, &final_delta_};
+  int64_t bytes = 0;
+  for (int64_t n : sizes) bytes += Aligned(num_tokens * n * int64_t{sizeof(float)});
+  workspace_.reset();
+  if (absl::Status s = Grow(*backend_, &workspace_, bytes); !s.ok()) return s;
+  auto* base = workspace_.as<uint8_t>();
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *slices[i] = reinterpret_cast<float*>(base);
+    base += Aligned(num_tokens * sizes[i] * int64_t{sizeof(float)});
+  }
   workspace_tokens_ = num_tokens;
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::CheckBatch(const ForwardBatch& b, const KvCache& cache) const {
@@ -162,96 +206,196 @@ absl::Status LlamaModel::CheckBatch(const ForwardBatch& b, const KvCache& cache)
   return absl::OkStatus();
 }
 
+absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b) {
+  const int64_t seqs = static_cast<int64_t>(b.q_start.size());
+  const int64_t table_entries = seqs * b.block_table_stride;
+  if (backend_->host_memory()) {
+    return StagedBatch{b.tokens.data(),  b.positions.data(), b.slot_mapping.data(),
+                       b.q_start.data(), b.q_len.data(),     b.context_len.data(),
+                       b.block_tables,   b.logits_rows.data()};
+  }
+  // One host staging area, one copy: [slot_mapping | tokens | positions | q_start | q_len |
+  // context_len | block_tables | logits_rows], each part 256-byte aligned.
+  struct Part {
+    const void* src;
+    int64_t bytes;
+  };
+  const Part parts[] = {
+      {b.slot_mapping.data(), static_cast<int64_t>(b.slot_mapping.size_bytes())},
+      {b.tokens.data(), static_cast<int64_t>(b.tokens.size_bytes())},
+      {b.positions.data(), static_cast<int64_t>(b.positions.size_bytes())},
+      {b.q_start.data(), static_cast<int64_t>(b.q_start.size_bytes())},
+      {b.q_len.data(), static_cast<int64_t>(b.q_len.size_bytes())},
+      {b.context_len.data(), static_cast<int64_t>(b.context_len.size_bytes())},
+      {b.block_tables, table_entries * int64_t{sizeof(int32_t)}},
+      {b.logits_rows.data(), static_cast<int64_t>(b.logits_rows.size_bytes())},
+  };
+  int64_t total = 0;
+  for (const Part& p : parts) total += Aligned(p.bytes);
+  std::vector<uint8_t> host(static_cast<size_t>(total));
+  int64_t offsets[std::size(parts)];
+  int64_t at = 0;
+  for (size_t i = 0; i < std::size(parts); ++i) {
+    offsets[i] = at;
+    if (parts[i].bytes > 0) std::memcpy(host.data() + at, parts[i].src, parts[i].bytes);
+    at += Aligned(parts[i].bytes);
+  }
+  if (absl::Status s = Grow(*backend_, &staging_, total); !s.ok()) return s;
+  if (absl::Status s = backend_->CopyToDevice(staging_.get(), host.data(), total); !s.ok()) {
+    return s;
+  }
+  const uint8_t* d = staging_.as<uint8_t>();
+  auto i32 = [&](int i) { return reinterpret_cast<const int32_t*>(d + offsets[i]); };
+  return StagedBatch{i32(1), i32(2), reinterpret_cast<const int64_t*>(d + offsets[0]),
+                     i32(3), i32(4), i32(5), i32(6), i32(7)};
+}
+
+void LlamaModel::Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias,
+                        float* y, int64_t m) {
+  cpu::MatmulArgs args{};
+  args.x = x;
+  args.x_stride = w.cols;
+  args.w = w.data;
+  args.w_dtype = w.dtype;
+  args.bias = bias.data;
+  args.y = y;
+  args.y_stride = w.rows;
+  args.m = m;
+  args.n = w.rows;
+  args.k = w.cols;
+  backend_->Matmul(args);
+}
+
+void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& weight, float* y,
+                      int64_t rows) {
+  const ModelConfig& c = weights_->config;
+  cpu::RmsNormArgs args{};
+  args.x = x;
+  args.residual = residual;
+  args.weight = weight.data;
+  args.y = y;
+  args.rows = rows;
+  args.dim = c.hidden_size;
+  args.eps = c.rms_norm_eps;
+  args.x_stride = c.hidden_size;
+  args.y_stride = c.hidden_size;
+  backend_->RmsNorm(args);
+}
+
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, float* logits) {
   if (absl::Status s = CheckBatch(batch, cache); !s.ok()) return s;
   const ModelConfig& c = weights_->config;
   const int64_t t = static_cast<int64_t>(batch.tokens.size());
   const int64_t h = c.hidden_size;
-  EnsureWorkspace(t);
+  if (absl::Status s = EnsureWorkspace(t); !s.ok()) return s;
+  absl::StatusOr<StagedBatch> staged = Stage(batch);
+  if (!staged.ok()) return staged.status();
 
-  cpu::EmbeddingGather(weights_->token_embedding.data, weights_->token_embedding.dtype, h,
-                       batch.tokens.data(), t, hidden_.data());
+  AttentionShape shape;
+  shape.num_seqs = static_cast<int64_t>(batch.q_start.size());
+  shape.num_heads = c.num_heads;
+  for (size_t s = 0; s < batch.q_start.size(); ++s) {
+    shape.max_q_len = std::max<int64_t>(shape.max_q_len, batch.q_len[s]);
+    shape.max_context_len = std::max<int64_t>(shape.max_context_len, batch.context_len[s]);
+  }
+  shape.layout = cache.layout();
+  const AttentionPlan plan = backend_->PlanAttention(shape);
+
+  backend_->Embedding({embedding_.data, embedding_.dtype, h, staged->tokens, t, hidden_});
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    if (absl::Status s = RunLayer(layer, batch, cache, t); !s.ok()) return s;
+    if (absl::Status s = RunLayer(layer, batch, *staged, plan, cache, t); !s.ok()) return s;
   }
 
-  // Only the rows that need logits go through the final norm and the vocabulary projection.
+  // Only the rows that need logits go through the final norm and the vocabulary projection:
+  // gather them (an f32 "embedding" of the stream), then add the last MLP output in the norm.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-  if (rows == 0 || logits == nullptr) return absl::OkStatus();
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t r = batch.logits_rows[i];
-    const float* src_h = hidden_.data() + r * h;
-    const float* src_d = delta_.data() + r * h;
-    float* dst = final_rows_.data() + i * h;
-    for (int64_t j = 0; j < h; ++j) dst[j] = src_h[j] + src_d[j];
+  if (rows == 0 || logits == nullptr) return backend_->Synchronize();
+  backend_->Embedding({hidden_, DType::kF32, h, staged->logits_rows, rows, final_rows_});
+  backend_->Embedding({delta_, DType::kF32, h, staged->logits_rows, rows, final_delta_});
+  Norm(final_rows_, final_delta_, final_norm_, normed_, rows);
+  if (backend_->host_memory()) {
+    Linear(normed_, output_, PreparedVector{}, logits, rows);
+    return backend_->Synchronize();
   }
-  Norm(final_rows_.data(), nullptr, weights_->final_norm, normed_.data(), rows, h, c.rms_norm_eps,
-       pool_);
-  Linear(normed_.data(), weights_->output, TensorView{}, logits, rows, pool_);
-  return absl::OkStatus();
+  const int64_t bytes = rows * c.vocab_size * int64_t{sizeof(float)};
+  if (absl::Status s = Grow(*backend_, &device_logits_, bytes); !s.ok()) return s;
+  Linear(normed_, output_, PreparedVector{}, device_logits_.as<float>(), rows);
+  return backend_->CopyToHost(logits, device_logits_.get(), static_cast<size_t>(bytes));
 }
 
-absl::Status LlamaModel::RunLayer(int layer, const ForwardBatch& b, KvCache& cache, int64_t t) {
+absl::Status LlamaModel::RunLayer(int layer, const ForwardBatch& b, const StagedBatch& staged,
+                                  const AttentionPlan& plan, KvCache& cache, int64_t t) {
   const ModelConfig& c = weights_->config;
-  const LayerWeights& w = weights_->layers[layer];
+  const Layer& w = layers_[layer];
   const int64_t h = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
 
   // Pre-attention norm; from layer 1 on it first adds the previous MLP output to the stream.
-  Norm(hidden_.data(), layer == 0 ? nullptr : delta_.data(), w.attn_norm, normed_.data(), t, h,
-       c.rms_norm_eps, pool_);
+  Norm(hidden_, layer == 0 ? nullptr : delta_, w.attn_norm, normed_, t);
 
-  Linear(normed_.data(), w.wq, w.bq, q_.data(), t, pool_);
-  Linear(normed_.data(), w.wk, w.bk, k_.data(), t, pool_);
-  Linear(normed_.data(), w.wv, w.bv, v_.data(), t, pool_);
+  Linear(normed_, w.wq, w.bq, q_, t);
+  Linear(normed_, w.wk, w.bk, k_, t);
+  Linear(normed_, w.wv, w.bv, v_, t);
 
-  const cpu::RopeLayout layout = c.rope_style == RopeStyle::kInterleaved
-                                     ? cpu::RopeLayout::kInterleaved
-                                     : cpu::RopeLayout::kHalfSplit;
-  cpu::ApplyRope({q_.data(), t, c.num_heads, c.head_dim, q_dim, b.positions.data(),
-                  inv_freq_.data(), layout});
-  cpu::ApplyRope({k_.data(), t, c.num_kv_heads, c.head_dim, kv_dim, b.positions.data(),
-                  inv_freq_.data(), layout});
-
-  cpu::WriteKvCache(k_.data(), v_.data(), t, kv_dim, kv_dim, b.slot_mapping.data(), cache.layout(),
-                    cache.k(layer), cache.v(layer));
+  RopeKvWriteArgs rope{};
+  rope.q = q_;
+  rope.k = k_;
+  rope.v = v_;
+  rope.num_tokens = t;
+  rope.num_heads = c.num_heads;
+  rope.q_stride = q_dim;
+  rope.k_stride = kv_dim;
+  rope.v_stride = kv_dim;
+  rope.positions = staged.positions;
+  rope.inv_freq = inv_freq_dev_.data;
+  rope.rope_layout = c.rope_style == RopeStyle::kInterleaved ? cpu::RopeLayout::kInterleaved
+                                                             : cpu::RopeLayout::kHalfSplit;
+  rope.slot_mapping = staged.slot_mapping;
+  rope.layout = cache.layout();
+  rope.k_cache = cache.k(layer);
+  rope.v_cache = cache.v(layer);
+  backend_->RopeKvWrite(rope);
 
   cpu::PagedAttentionArgs attn{};
-  attn.q = q_.data();
+  attn.q = q_;
   attn.q_stride = q_dim;
-  attn.out = attn_out_.data();
+  attn.out = attn_out_;
   attn.out_stride = q_dim;
   attn.num_seqs = static_cast<int64_t>(b.q_start.size());
   attn.num_heads = c.num_heads;
-  attn.q_start = b.q_start.data();
-  attn.q_len = b.q_len.data();
-  attn.context_len = b.context_len.data();
-  attn.block_tables = b.block_tables;
+  attn.q_start = staged.q_start;
+  attn.q_len = staged.q_len;
+  attn.context_len = staged.context_len;
+  attn.block_tables = staged.block_tables;
   attn.block_table_stride = b.block_table_stride;
   attn.k_cache = cache.k(layer);
   attn.v_cache = cache.v(layer);
   attn.layout = cache.layout();
   attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   attn.sliding_window = c.sliding_window;
-  cpu::PagedAttention(attn, pool_);
+  backend_->RunAttention(plan, attn);
 
-  Linear(attn_out_.data(), w.wo, TensorView{}, delta_.data(), t, pool_);
+  Linear(attn_out_, w.wo, PreparedVector{}, delta_, t);
   // Under tensor parallelism each rank holds some heads: their output projections add up.
   if (all_reduce_) {
-    if (absl::Status s = all_reduce_(delta_.data(), t * h); !s.ok()) return s;
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    if (absl::Status s = all_reduce_(delta_, t * h); !s.ok()) return s;
   }
 
   // Residual add fused into the post-attention norm.
-  Norm(hidden_.data(), delta_.data(), w.ffn_norm, normed_.data(), t, h, c.rms_norm_eps, pool_);
+  Norm(hidden_, delta_, w.ffn_norm, normed_, t);
 
-  Linear(normed_.data(), w.w_gate, TensorView{}, gate_.data(), t, pool_);
-  Linear(normed_.data(), w.w_up, TensorView{}, up_.data(), t, pool_);
+  Linear(normed_, w.w_gate, PreparedVector{}, gate_, t);
+  Linear(normed_, w.w_up, PreparedVector{}, up_, t);
   const int64_t inter = c.intermediate_size;
-  cpu::SiluMul(gate_.data(), up_.data(), gate_.data(), t, inter, inter, inter, inter, pool_);
-  Linear(gate_.data(), w.w_down, TensorView{}, delta_.data(), t, pool_);
+  backend_->SiluMul({gate_, up_, gate_, t, inter, inter, inter, inter});
+  Linear(gate_, w.w_down, PreparedVector{}, delta_, t);
   // Each rank holds some MLP rows: their down projections add up.
-  if (all_reduce_) return all_reduce_(delta_.data(), t * h);
+  if (all_reduce_) {
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    return all_reduce_(delta_, t * h);
+  }
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/token.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/weights.h"
@@ -40,9 +41,12 @@ struct ForwardBatch {
 /// AllReduceSum); every rank must call it at the same points with the same n.
 using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
 
-/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) running on the CPU
-/// kernels in fp32, with weights read in their stored dtype. Not thread-safe: one engine loop
-/// drives it; the kernels fan out over the thread pool.
+/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) with fp32 activations,
+/// running every op through a Backend (kernels/backend.h): by default the CPU backend, whose
+/// kernels read weights in their stored dtype and fan out over the thread pool; or a CUDA
+/// backend, whose weights are prepared (uploaded, converted) once at Create and whose
+/// activations, workspace and KV cache live in device memory. Not thread-safe: one engine loop
+/// drives it.
 ///
 /// Tensor parallelism: given the weights of one rank's shard (worker/tp/shard.h: its config has
 /// the rank's head counts and MLP rows) and an `all_reduce` hook, the model computes that rank's
@@ -50,43 +54,90 @@ using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
 /// to the residual stream, so every rank carries the full hidden state.
 class LlamaModel {
  public:
-  /// `weights` and `pool` must outlive the model. `all_reduce` is empty for a whole model.
+  /// `weights` and `pool` must outlive the model. `all_reduce` is empty for a whole model (it
+  /// gets device pointers on a device backend). `backend` (must outlive the model) runs the ops;
+  /// null means a CPU backend over `pool`, owned by the model.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights* weights,
                                                             cpu::ThreadPool* pool,
-                                                            AllReduceFn all_reduce = nullptr);
+                                                            AllReduceFn all_reduce = nullptr,
+                                                            Backend* backend = nullptr);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
 
-  /// Runs the batch, writing its K/V into `cache` and `batch.logits_rows.size()` rows of
-  /// vocab_size logits into `logits`. A null `logits` skips the final norm and vocabulary
-  /// projection (tensor-parallel ranks other than 0).
+  /// Runs the batch, writing its K/V into `cache` (made with this model's backend) and
+  /// `batch.logits_rows.size()` rows of vocab_size logits into the host buffer `logits`. A null
+  /// `logits` skips the final norm and vocabulary projection (tensor-parallel ranks other
+  /// than 0). The batch's arrays are host memory; a device backend copies them over.
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+
+  /// The backend the ops run on.
+  Backend& backend() { return *backend_; }
 
   const ModelConfig& config() const { return weights_->config; }
   /// RoPE inverse frequencies per rotated pair, with the model's scaling applied.
   const std::vector<float>& inv_freq() const { return inv_freq_; }
 
  private:
+  /// One layer's weights as the backend uses them.
+  struct Layer {
+    PreparedVector attn_norm, ffn_norm, bq, bk, bv;
+    PreparedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  /// The batch's arrays where the backend reads them (the host spans themselves on the CPU).
+  struct StagedBatch {
+    const int32_t* tokens;
+    const int32_t* positions;
+    const int64_t* slot_mapping;
+    const int32_t* q_start;
+    const int32_t* q_len;
+    const int32_t* context_len;
+    const int32_t* block_tables;
+    const int32_t* logits_rows;
+  };
+
   LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce);
+  absl::Status PrepareWeights();
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
-  void EnsureWorkspace(int64_t num_tokens);
-  absl::Status RunLayer(int layer, const ForwardBatch& batch, KvCache& cache, int64_t num_tokens);
+  absl::Status EnsureWorkspace(int64_t num_tokens);
+  absl::StatusOr<StagedBatch> Stage(const ForwardBatch& batch);
+  absl::Status RunLayer(int layer, const ForwardBatch& batch, const StagedBatch& staged,
+                        const AttentionPlan& plan, KvCache& cache, int64_t num_tokens);
+  void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
+              int64_t m);
+  void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
 
   const ModelWeights* weights_;
   cpu::ThreadPool* pool_;
   AllReduceFn all_reduce_;
   std::vector<float> inv_freq_;
+  std::unique_ptr<Backend> owned_backend_;  // the CPU backend when none was given
+  Backend* backend_ = nullptr;
 
-  // Activation workspace, grown to the largest batch seen; rows are tokens.
+  // Weights in backend form (views of the file's bytes on the CPU).
+  PreparedMatrix embedding_;
+  PreparedMatrix output_;  // data == embedding_.data when tied and the backend shares them
+  PreparedVector final_norm_;
+  PreparedVector inv_freq_dev_;
+  std::vector<Layer> layers_;
+
+  // Activation workspace in backend memory, grown to the largest batch seen; rows are tokens.
   int64_t workspace_tokens_ = 0;
-  std::vector<float> hidden_;    // [T, hidden] residual stream
-  std::vector<float> delta_;     // [T, hidden] output of the last attention / MLP block
-  std::vector<float> normed_;    // [T, hidden]
-  std::vector<float> q_;         // [T, heads * head_dim]
-  std::vector<float> k_;         // [T, kv_heads * head_dim]
-  std::vector<float> v_;         // [T, kv_heads * head_dim]
-  std::vector<float> attn_out_;  // [T, heads * head_dim]
-  std::vector<float> gate_;      // [T, intermediate]
-  std::vector<float> up_;        // [T, intermediate]
-  std::vector<float> final_rows_;  // [logits_rows, hidden]
+  DeviceBuffer workspace_;
+  float* hidden_ = nullptr;       // [T, hidden] residual stream
+  float* delta_ = nullptr;        // [T, hidden] output of the last attention / MLP block
+  float* normed_ = nullptr;       // [T, hidden]
+  float* q_ = nullptr;            // [T, heads * head_dim]
+  float* k_ = nullptr;            // [T, kv_heads * head_dim]
+  float* v_ = nullptr;            // [T, kv_heads * head_dim]
+  float* attn_out_ = nullptr;     // [T, heads * head_dim]
+  float* gate_ = nullptr;         // [T, intermediate]
+  float* up_ = nullptr;           // [T, intermediate]
+  float* final_rows_ = nullptr;   // [logits rows, hidden] hidden rows that need logits
+  float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs
+  // Device backends only: the staged batch arrays and the logits before they go to the host.
+  DeviceBuffer staging_;
+  DeviceBuffer device_logits_;
 };
 
 /// Computes RoPE inverse frequencies for `config` (theta, linear or llama3 scaling, and the

@@ -53,8 +53,8 @@ std::string InferenceService::NewRequestId() {
 
 absl::Status InferenceService::CheckModel(const std::string& model) const {
   if (model.empty() || model == model_name_) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat(
-      "model '", model, "' is not served here; this worker serves '", model_name_, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model: '", model, "' is not served here; this worker serves '", model_name_, "'"));
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(

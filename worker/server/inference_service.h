@@ -39,7 +39,7 @@ class InferenceService final : public v1::Inference::CallbackService {
                                        v1::DetokenizeResponse* response) override;
 
  private:
-  /// OK when `model` is empty or names the served model, else NOT_FOUND.
+  /// OK when `model` is empty or names the served model, else INVALID_ARGUMENT (as the router).
   absl::Status CheckModel(const std::string& model) const;
   std::string NewRequestId();
   std::string worker_name();

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 
 namespace kvserve {
 namespace {
@@ -80,6 +81,15 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const v1::GenerateRequest& request
   p.frequency_penalty = s.frequency_penalty();
   if (s.has_seed()) p.seed = s.seed();
   p.max_tokens = request.max_tokens() == 0 ? kDefaultMaxTokens : Saturate(request.max_tokens());
+  // The protobuf runtime refuses invalid UTF-8 in a string field it parses off the wire; this
+  // catches requests built in memory, so a stop string can always be compared with decoded text.
+  for (int i = 0; i < request.stop_size(); ++i) {
+    const size_t bad = utf8::FindInvalid(request.stop(i));
+    if (bad != request.stop(i).size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] is not valid UTF-8 (byte ", bad, ")"));
+    }
+  }
   p.stop.assign(request.stop().begin(), request.stop().end());
   p.stop_token_ids.reserve(static_cast<size_t>(request.stop_token_ids_size()));
   for (uint32_t id : request.stop_token_ids()) p.stop_token_ids.push_back(Saturate(id));

@@ -21,7 +21,8 @@ inline constexpr int32_t kDefaultMaxTokens = 16;
 /// empty one). Unset optional fields take the defaults the proto documents; a text prompt is
 /// tokenized with the model's tokenizer. INVALID_ARGUMENT names the field for what can be checked
 /// without the engine (prompt/prompt_token_ids presence, ids outside the vocabulary, invalid
-/// UTF-8); the engine's Submit checks the rest (sampling ranges, n, context length).
+/// UTF-8 in the prompt or a stop string); the engine's Submit checks the rest (sampling ranges,
+/// stop string counts and lengths, n, context length, max_tokens).
 absl::StatusOr<EngineRequest> ToEngineRequest(const v1::GenerateRequest& request,
                                               const LoadedModel& model);
 

@@ -59,12 +59,15 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
       return absl::FailedPreconditionError("WorkerServer::Start called twice");
     }
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      auth::MakeServerCredentials(options_.tls);
+  if (!credentials.ok()) return credentials.status();
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen_address, *credentials, &port);
   builder.RegisterService(inference_.get());
   builder.RegisterService(worker_.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

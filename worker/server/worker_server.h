@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/auth/tls_credentials.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
 #include "worker/server/serving_stats.h"
@@ -39,6 +40,9 @@ struct WorkerServerOptions {
   bool warmup = true;
   /// HOST:PORT serving Prometheus /metrics (port 0 picks a free one); empty: none.
   std::string metrics_listen;
+  /// TLS of the gRPC port (--tls-cert, --tls-key); with client_ca_path (--tls-client-ca) every
+  /// caller, the router included, must present a certificate that CA signed. None: plaintext.
+  auth::ServerTlsFiles tls;
 };
 
 /// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus
@@ -64,7 +68,8 @@ class WorkerServer {
 
   /// Binds `listen_address` ("host:port"; port 0 picks a free one), starts serving, runs the
   /// warm-up, starts /metrics when asked and reports SERVING. Returns the bound port.
-  /// UNAVAILABLE when an address cannot be bound; FAILED_PRECONDITION when called twice.
+  /// UNAVAILABLE when an address cannot be bound; FAILED_PRECONDITION when called twice;
+  /// NOT_FOUND / INVALID_ARGUMENT naming the flag for unreadable or incomplete TLS files.
   absl::StatusOr<int> Start(const std::string& listen_address);
 
   /// Stops admitting requests and reports NOT_SERVING; running requests finish.

@@ -295,7 +295,7 @@ TEST_F(WorkerServerTest, ValidationErrorsAreInvalidArgumentNamingTheField) {
   }
   v1::GenerateRequest other_model = Greedy({1, 403}, 4);
   other_model.set_model("llama-70b");
-  EXPECT_EQ(Generate(other_model).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Generate(other_model).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(server_->stats().generate_rejected, static_cast<int64_t>(cases.size()) + 1);
   EXPECT_EQ(GetLoad().used_blocks(), 0u);
 }

@@ -1,0 +1,117 @@
+// The machine's practical arithmetic peak: a register-only FMA loop (no memory traffic) on every
+// thread of a pool, so benchmarks can report achieved GFLOP/s as a fraction of it measured in the
+// same run (under the same load from the rest of the machine).
+#ifndef KVSERVE_BENCH_PEAK_FMA_H_
+#define KVSERVE_BENCH_PEAK_FMA_H_
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+// g++ 12's AVX-512 intrinsics trip -Wmaybe-uninitialized falsely (see matmul_avx512.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvserve::bench {
+
+// 16 independent accumulator chains cover the FMA latency on both FMA units of a core; the
+// result is the machine's practical peak under the same load as the other benchmarks here.
+inline constexpr int64_t kPeakIters = int64_t{1} << 20;
+
+// The 16 chains are named variables (an array would be kept in memory by the compiler).
+#define KVSERVE_PEAK_FMA_BODY(FMA)                                                          \
+  for (int64_t it = 0; it < kPeakIters; ++it) {                                            \
+    c0 = FMA(c0, a, b), c1 = FMA(c1, a, b), c2 = FMA(c2, a, b), c3 = FMA(c3, a, b);         \
+    c4 = FMA(c4, a, b), c5 = FMA(c5, a, b), c6 = FMA(c6, a, b), c7 = FMA(c7, a, b);         \
+    c8 = FMA(c8, a, b), c9 = FMA(c9, a, b), c10 = FMA(c10, a, b), c11 = FMA(c11, a, b);     \
+    c12 = FMA(c12, a, b), c13 = FMA(c13, a, b), c14 = FMA(c14, a, b), c15 = FMA(c15, a, b); \
+  }
+
+__attribute__((target("avx512f"))) inline float PeakFmaAvx512(float seed) {
+  // Distinct starting values: identical chains would be merged into one by the compiler.
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 c0 = _mm512_set1_ps(seed), c1 = _mm512_add_ps(c0, one), c2 = _mm512_add_ps(c1, one),
+         c3 = _mm512_add_ps(c2, one), c4 = _mm512_add_ps(c3, one), c5 = _mm512_add_ps(c4, one),
+         c6 = _mm512_add_ps(c5, one), c7 = _mm512_add_ps(c6, one), c8 = _mm512_add_ps(c7, one),
+         c9 = _mm512_add_ps(c8, one), c10 = _mm512_add_ps(c9, one), c11 = _mm512_add_ps(c10, one),
+         c12 = _mm512_add_ps(c11, one), c13 = _mm512_add_ps(c12, one),
+         c14 = _mm512_add_ps(c13, one), c15 = _mm512_add_ps(c14, one);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  KVSERVE_PEAK_FMA_BODY(_mm512_fmadd_ps)
+  const __m512 s = _mm512_add_ps(
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                    _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                    _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+  alignas(64) float t[16];
+  _mm512_store_ps(t, s);
+  return t[0] + t[15];
+}
+
+__attribute__((target("avx2,fma"))) inline float PeakFmaAvx2(float seed) {
+  // Distinct starting values: identical chains would be merged into one by the compiler.
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 c0 = _mm256_set1_ps(seed), c1 = _mm256_add_ps(c0, one), c2 = _mm256_add_ps(c1, one),
+         c3 = _mm256_add_ps(c2, one), c4 = _mm256_add_ps(c3, one), c5 = _mm256_add_ps(c4, one),
+         c6 = _mm256_add_ps(c5, one), c7 = _mm256_add_ps(c6, one), c8 = _mm256_add_ps(c7, one),
+         c9 = _mm256_add_ps(c8, one), c10 = _mm256_add_ps(c9, one), c11 = _mm256_add_ps(c10, one),
+         c12 = _mm256_add_ps(c11, one), c13 = _mm256_add_ps(c12, one),
+         c14 = _mm256_add_ps(c13, one), c15 = _mm256_add_ps(c14, one);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  KVSERVE_PEAK_FMA_BODY(_mm256_fmadd_ps)
+  const __m256 s = _mm256_add_ps(
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                    _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7))),
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)),
+                    _mm256_add_ps(_mm256_add_ps(c12, c13), _mm256_add_ps(c14, c15))));
+  alignas(32) float t[8];
+  _mm256_store_ps(t, s);
+  return t[0] + t[7];
+}
+#undef KVSERVE_PEAK_FMA_BODY
+
+/// Runs the FMA loop once on every thread of `pool` (nullptr: the calling thread only) and
+/// returns the floating-point operations done (2 per lane per FMA); 0 without AVX2/AVX-512.
+inline double RunPeakFma(cpu::ThreadPool* pool) {
+  const cpu::CpuIsa isa = cpu::ActiveCpuIsa();
+  if (isa == cpu::CpuIsa::kScalar) return 0;
+  const int threads = pool == nullptr ? 1 : pool->num_threads();
+  std::vector<float> sink(static_cast<size_t>(threads));
+  const auto body = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      sink[t] = isa == cpu::CpuIsa::kAvx512 ? PeakFmaAvx512(static_cast<float>(t))
+                                             : PeakFmaAvx2(static_cast<float>(t));
+    }
+  };
+  if (pool == nullptr) {
+    body(0, 1);
+  } else {
+    pool->ParallelFor(threads, 1, body);
+  }
+  volatile float keep = sink[0];
+  (void)keep;
+  const double lanes = isa == cpu::CpuIsa::kAvx512 ? 16 : 8;
+  return 2.0 * lanes * 16 * static_cast<double>(kPeakIters) * threads;
+}
+
+/// Best FLOP/s of `reps` runs of RunPeakFma on `pool`.
+inline double PeakFlopsPerSecond(cpu::ThreadPool* pool, int reps = 5) {
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double flops = RunPeakFma(pool);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0 && flops / s > best) best = flops / s;
+  }
+  return best;
+}
+
+}  // namespace kvserve::bench
+
+#endif  // KVSERVE_BENCH_PEAK_FMA_H_

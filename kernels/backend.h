@@ -1,0 +1,227 @@
+#ifndef KVSERVE_KERNELS_BACKEND_H_
+#define KVSERVE_KERNELS_BACKEND_H_
+
+// The one interface the model calls its ops through. The CPU backend (kernels/cpu/cpu_backend.h)
+// wraps the CPU kernels; the CUDA backend (kernels/cuda/cuda_backend.h) lives in the shared
+// library libkvserve_cuda.so, loaded with dlopen by CreateBackend, so nothing else links CUDA.
+//
+// Pointers passed to ops are "device pointers": memory from Alloc (or PrepareMatrix /
+// PrepareVector). For the CPU backend they are plain host pointers (host_memory() is true) and
+// callers may pass any host memory. Ops are queued on the backend's one stream and may return
+// before they finish; Synchronize() waits, and the Copy*ToHost calls wait for their own result.
+//
+// The class is header-only (every member is inline or pure) so the dlopen'ed library needs no
+// symbol of the program that loads it.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/dtype.h"
+#include "kernels/kv_dtype.h"
+#include "kernels/op_args.h"
+
+namespace kvserve {
+
+class Backend;
+
+/// Which device `--device` asks for: kAuto takes CUDA when a usable GPU is present.
+enum class DeviceChoice : uint8_t { kCpu, kCuda, kAuto };
+
+/// Parses "cpu", "cuda" or "auto" (ASCII case-insensitive); nullopt otherwise.
+std::optional<DeviceChoice> DeviceChoiceFromName(std::string_view name);
+/// "cpu", "cuda" or "auto".
+std::string_view DeviceChoiceName(DeviceChoice choice);
+
+/// Options of a backend; the CPU backend ignores everything but the pool.
+struct BackendOptions {
+  /// CUDA device ordinal.
+  int device_index = 0;
+  /// Keep f32 weights in f32 on the GPU (fp32 GEMMs) instead of converting them to bf16 at load:
+  /// slower and twice the memory, but numerically next to the CPU path (tests use it).
+  bool keep_f32_weights = false;
+  /// Allow CUDA-graph capture of decode steps (LlamaModel captures one graph per batch size).
+  bool enable_graphs = false;
+};
+
+/// Device memory owned by a backend; freed on destruction. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  /// Takes ownership of `ptr` (from backend->Alloc) of `bytes` bytes.
+  DeviceBuffer(Backend* backend, void* ptr, size_t bytes)
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  inline ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  inline DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  /// The memory (nullptr when empty).
+  void* get() const { return ptr_; }
+  /// Typed view of the memory.
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  /// Size in bytes.
+  size_t bytes() const { return bytes_; }
+  /// Frees the memory now.
+  inline void reset();
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// A weight matrix [rows, cols] as the backend's matmul and embedding ops want it: for the CPU
+/// the file's own bytes (stored dtype, no copy); for CUDA a device copy in bf16 (f32 and
+/// quantized weights converted at load) or f16 / bf16 as stored.
+struct PreparedMatrix {
+  const void* data = nullptr;  // [rows, cols] row-major in `dtype`
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer storage;  // owns `data` when the backend made a copy
+};
+
+/// An f32 vector (norm weight, bias, RoPE frequencies) in backend memory.
+struct PreparedVector {
+  const float* data = nullptr;
+  int64_t n = 0;
+  DeviceBuffer storage;  // owns `data` when the backend made a copy
+};
+
+/// The ops of a model forward pass. Not thread-safe: one thread drives a backend.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// "cpu" or "cuda".
+  virtual std::string_view name() const = 0;
+  /// A line describing the device (for logs and reports).
+  virtual std::string description() const = 0;
+  /// Whether device memory is host memory (ops take host pointers directly).
+  virtual bool host_memory() const = 0;
+
+  // ---- Memory ---------------------------------------------------------------------------------
+  /// Allocates `bytes` (contents undefined, 256-byte aligned). RESOURCE_EXHAUSTED when full.
+  virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;
+  /// Frees memory from Alloc (nullptr is ignored).
+  virtual void Free(void* ptr) = 0;
+  /// Copies host -> device (blocking for the host buffer: it may be reused on return).
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  /// Copies device -> host; returns when the bytes are on the host.
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  /// Copies device -> device (queued).
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  /// Sets `bytes` bytes to `value` (queued).
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  /// Waits for every queued op; reports an asynchronous error of any of them.
+  virtual absl::Status Synchronize() = 0;
+  /// Free and total device memory in bytes.
+  virtual absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const = 0;
+
+  /// Allocates an owning buffer.
+  absl::StatusOr<DeviceBuffer> AllocBuffer(size_t bytes) {
+    absl::StatusOr<void*> p = Alloc(bytes);
+    if (!p.ok()) return p.status();
+    return DeviceBuffer(this, *p, bytes);
+  }
+
+  // ---- Weights --------------------------------------------------------------------------------
+  /// Makes a host weight matrix usable by Matmul / Embedding (see PreparedMatrix).
+  virtual absl::StatusOr<PreparedMatrix> PrepareMatrix(const void* host, DType dtype, int64_t rows,
+                                                       int64_t cols) = 0;
+  /// Makes a host f32 vector usable by the ops.
+  virtual absl::StatusOr<PreparedVector> PrepareVector(const float* host, int64_t n) = 0;
+
+  // ---- Ops (pointers are device pointers; shapes and strides are host values) -----------------
+  /// Embedding gather (cpu::EmbeddingGather).
+  virtual void Embedding(const EmbeddingArgs& args) = 0;
+  /// (Residual add +) RMSNorm (cpu::RmsNorm).
+  virtual void RmsNorm(const cpu::RmsNormArgs& args) = 0;
+  /// y = x W^T (+ bias), W a PreparedMatrix's data and dtype (cpu::Matmul).
+  virtual void Matmul(const cpu::MatmulArgs& args) = 0;
+  /// RoPE fused with the KV-cache write and quantization.
+  virtual void RopeKvWrite(const RopeKvWriteArgs& args) = 0;
+  /// Plans paged attention for a batch shape (host only, cheap).
+  virtual AttentionPlan PlanAttention(const AttentionShape& shape) const = 0;
+  /// Runs paged attention (cpu::PagedAttention semantics); `args` arrays are device pointers.
+  virtual void RunAttention(const AttentionPlan& plan, const cpu::PagedAttentionArgs& args) = 0;
+  /// SiLU-and-mul (cpu::SiluMul).
+  virtual void SiluMul(const SiluMulArgs& args) = 0;
+  /// out[r] = the first index of the largest of logits[r, 0 .. vocab) (NaN never wins).
+  virtual void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                      int32_t* out) = 0;
+  /// Sampling helper: per row, the top `k` logits (1 <= k <= 64; ties to the lower index) are
+  /// softmaxed at `temperature` (> 0), cut to the smallest prefix whose probability reaches
+  /// `top_p`, and token out[r] is drawn with the uniform uniforms[r] in [0, 1).
+  virtual void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                              int32_t k, float top_p, float temperature, const float* uniforms,
+                              int32_t* out) = 0;
+
+  // ---- CUDA graphs (UNIMPLEMENTED on the CPU) ---------------------------------------------------
+  /// Whether BeginCapture can work here.
+  virtual bool supports_graphs() const { return false; }
+  /// Starts recording the ops that follow into a graph instead of running them.
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError("no graph support"); }
+  /// Ends the recording; returns a handle for LaunchGraph.
+  virtual absl::StatusOr<int> EndCapture() { return absl::UnimplementedError("no graph support"); }
+  /// Replays a captured graph on the stream.
+  virtual absl::Status LaunchGraph(int /*graph*/) {
+    return absl::UnimplementedError("no graph support");
+  }
+};
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    backend_ = std::exchange(other.backend_, nullptr);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (backend_ != nullptr && ptr_ != nullptr) backend_->Free(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+/// Loads the CUDA backend from libkvserve_cuda.so (KVSERVE_CUDA_BACKEND names another path).
+/// UNAVAILABLE with the reason (library missing, no driver, no device) when it cannot be used.
+absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& options);
+
+/// A symbol of libkvserve_cuda.so (loading it on first use), e.g. "kvserve_create_nccl_group"
+/// (worker/tp/nccl_communicator.h). UNAVAILABLE when the library or the symbol is missing.
+absl::StatusOr<void*> CudaLibrarySymbol(const char* name);
+
+/// The backend for a --device choice. kAuto falls back to the CPU when CUDA is unusable and then
+/// says why, once per process, on stderr. `pool` is the CPU backend's thread pool (may be null).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceChoice choice,
+                                                       const BackendOptions& options,
+                                                       cpu::ThreadPool* pool);
+
+/// Name of the C entry point of libkvserve_cuda.so:
+///   extern "C" kvserve::Backend* kvserve_create_cuda_backend(const BackendOptions*, char* error,
+///                                                            size_t error_size);
+/// It returns a new backend (the caller owns it), or null with a reason in `error`.
+inline constexpr char kCudaBackendEntryPoint[] = "kvserve_create_cuda_backend";
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_KERNELS_BACKEND_H_

@@ -1,0 +1,321 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/argmax.h"
+#include "kernels/cuda/convert_weights.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope_kv_write.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/silu_mul.h"
+
+namespace kvserve::cuda {
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+absl::Status CudaError(cudaError_t err, const char* what) {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
+  int count = 0;  // not written when the driver is missing
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return CudaError(err, "cudaGetDeviceCount");
+  if (count == 0) return absl::UnavailableError("no CUDA device found");
+  if (options.device_index < 0 || options.device_index >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device_index, " requested, ", count, " present"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  if ((err = cudaSetDevice(options.device_index)) != cudaSuccess) {
+    return CudaError(err, "cudaSetDevice");
+  }
+  cudaDeviceProp prop{};
+  if ((err = cudaGetDeviceProperties(&prop, options.device_index)) != cudaSuccess) {
+    return CudaError(err, "cudaGetDeviceProperties");
+  }
+  if (prop.major < 8) {
+    return absl::UnavailableError(absl::StrCat(prop.name, " is sm_", prop.major, prop.minor,
+                                               "; kvserve is built for sm_80 and sm_90"));
+  }
+  b->num_sms_ = prop.multiProcessorCount;
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  b->description_ =
+      absl::StrCat("cuda:", options.device_index, " ", prop.name, " (sm_", prop.major, prop.minor,
+                   ", ", prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 20,
+                   " MiB, driver CUDA ", driver / 1000, ".", driver % 1000 / 10, ")");
+  if ((err = cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking)) != cudaSuccess) {
+    return CudaError(err, "cudaStreamCreate");
+  }
+  if (cublasCreate(&b->cublas_) != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnavailableError("cublasCreate failed");
+  }
+  cublasSetStream(b->cublas_, b->stream_);
+  // A fixed workspace keeps cuBLAS from allocating during a graph capture.
+  if ((err = cudaMalloc(&b->cublas_workspace_, kCublasWorkspaceBytes)) != cudaSuccess) {
+    return CudaError(err, "cudaMalloc(cuBLAS workspace)");
+  }
+  cublasSetWorkspace(b->cublas_, b->cublas_workspace_, kCublasWorkspaceBytes);
+  return b;
+}
+
+CudaBackend::~CudaBackend() {
+  Bind();
+  // Scratch first: their destructors call Free, which must still be this class's.
+  matmul_scratch_.reset();
+  attention_scratch_.reset();
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::Bind() const { cudaSetDevice(options_.device_index); }
+
+void CudaBackend::Note(cudaError_t err, const char* op) {
+  if (err == cudaSuccess || !error_.empty()) return;
+  error_ = absl::StrCat(op, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
+void CudaBackend::NoteText(const char* error, const char* op) {
+  if (error == nullptr || !error_.empty()) return;
+  error_ = absl::StrCat(op, ": ", error);
+}
+
+bool CudaBackend::Reserve(DeviceBuffer* scratch, size_t bytes, const char* op) {
+  if (scratch->bytes() >= bytes) return true;
+  scratch->reset();
+  absl::StatusOr<DeviceBuffer> buf = AllocBuffer(std::max(bytes, scratch->bytes() * 2));
+  if (!buf.ok()) {
+    NoteText(std::string(buf.status().message()).c_str(), op);
+    return false;
+  }
+  *scratch = std::move(*buf);
+  return true;
+}
+
+absl::StatusOr<void*> CudaBackend::Alloc(size_t bytes) {
+  Bind();
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: an allocation failure is not sticky
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaMalloc(", bytes, " bytes): ", cudaGetErrorString(err)));
+  }
+  return p;
+}
+
+void CudaBackend::Free(void* ptr) {
+  Bind();
+  if (ptr != nullptr) cudaFree(ptr);
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return absl::OkStatus();
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+  // Pageable host memory: wait so the caller may reuse its buffer at once.
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "copy to device");
+}
+
+absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return Synchronize();
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_);
+  if (err != cudaSuccess) return CudaError(err, "copy to host");
+  return Synchronize();
+}
+
+absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return absl::OkStatus();
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "copy on device");
+}
+
+absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes) {
+  Bind();
+  if (bytes == 0) return absl::OkStatus();
+  const cudaError_t err = cudaMemsetAsync(dst, value, bytes, stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "memset");
+}
+
+absl::Status CudaBackend::Synchronize() {
+  Bind();
+  Note(cudaStreamSynchronize(stream_), "stream");
+  if (error_.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA op failed: ", error_));
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> CudaBackend::MemoryInfo() const {
+  Bind();
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) return CudaError(err, "cudaMemGetInfo");
+  return std::make_pair(static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes));
+}
+
+absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DType dtype,
+                                                          int64_t rows, int64_t cols) {
+  Bind();
+  PreparedMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  const size_t src_bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
+  const bool as_is = dtype == DType::kF16 || dtype == DType::kBF16 ||
+                     (dtype == DType::kF32 && options_.keep_f32_weights);
+  if (as_is) {
+    absl::StatusOr<DeviceBuffer> buf = AllocBuffer(src_bytes);
+    if (!buf.ok()) return buf.status();
+    if (absl::Status s = CopyToDevice(buf->get(), host, src_bytes); !s.ok()) return s;
+    m.dtype = dtype;
+    m.data = buf->get();
+    m.storage = std::move(*buf);
+    return m;
+  }
+  // f32 and quantized: upload the stored bytes, convert to bf16 on the device.
+  absl::StatusOr<DeviceBuffer> raw = AllocBuffer(src_bytes);
+  if (!raw.ok()) return raw.status();
+  if (absl::Status s = CopyToDevice(raw->get(), host, src_bytes); !s.ok()) return s;
+  absl::StatusOr<DeviceBuffer> out = AllocBuffer(sizeof(uint16_t) * rows * cols);
+  if (!out.ok()) return out.status();
+  const cudaError_t err =
+      ConvertWeights(raw->get(), dtype, rows, cols, DType::kBF16, out->get(), stream_);
+  if (err != cudaSuccess) return CudaError(err, "weight conversion");
+  if (absl::Status s = Synchronize(); !s.ok()) return s;
+  m.dtype = DType::kBF16;
+  m.data = out->get();
+  m.storage = std::move(*out);
+  return m;
+}
+
+absl::StatusOr<PreparedVector> CudaBackend::PrepareVector(const float* host, int64_t n) {
+  Bind();
+  PreparedVector v;
+  absl::StatusOr<DeviceBuffer> buf = AllocBuffer(sizeof(float) * std::max<int64_t>(n, 1));
+  if (!buf.ok()) return buf.status();
+  if (absl::Status s = CopyToDevice(buf->get(), host, sizeof(float) * n); !s.ok()) return s;
+  v.data = buf->as<float>();
+  v.n = n;
+  v.storage = std::move(*buf);
+  return v;
+}
+
+void CudaBackend::Embedding(const EmbeddingArgs& args) {
+  Bind();
+  Note(EmbeddingGather(args, stream_), "embedding");
+}
+
+void CudaBackend::RmsNorm(const cpu::RmsNormArgs& args) {
+  Bind();
+  Note(cuda::RmsNorm(args, stream_), "rms_norm");
+}
+
+void CudaBackend::Matmul(const cpu::MatmulArgs& args) {
+  Bind();
+  if (!Reserve(&matmul_scratch_, MatmulScratchBytes(args), "matmul")) return;
+  NoteText(cuda::Matmul(args, cublas_, matmul_scratch_.get(), stream_), "matmul");
+}
+
+void CudaBackend::RopeKvWrite(const RopeKvWriteArgs& args) {
+  Bind();
+  Note(cuda::RopeKvWrite(args, stream_), "rope_kv_write");
+}
+
+AttentionPlan CudaBackend::PlanAttention(const AttentionShape& shape) const {
+  AttentionPlan plan;
+  plan.shape = shape;
+  plan.decode = shape.max_q_len == 1;
+  plan.num_splits = plan.decode ? DecodeNumSplits(shape, num_sms_) : 1;
+  return plan;
+}
+
+void CudaBackend::RunAttention(const AttentionPlan& plan, const cpu::PagedAttentionArgs& args) {
+  Bind();
+  if (plan.decode) {
+    if (!Reserve(&attention_scratch_, DecodeWorkspaceBytes(plan), "attention")) return;
+    Note(DecodeAttention(args, plan, attention_scratch_.get(), stream_), "decode_attention");
+  } else {
+    Note(PrefillAttention(args, plan, stream_), "prefill_attention");
+  }
+}
+
+void CudaBackend::SiluMul(const SiluMulArgs& args) {
+  Bind();
+  Note(cuda::SiluMul(args, stream_), "silu_mul");
+}
+
+void CudaBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                         int32_t* out) {
+  Bind();
+  Note(cuda::ArgMax(logits, rows, vocab, stride, out, stream_), "argmax");
+}
+
+void CudaBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                                 int32_t k, float top_p, float temperature, const float* uniforms,
+                                 int32_t* out) {
+  Bind();
+  const SampleArgs args{logits, rows, vocab, stride, k, top_p, temperature, uniforms, out};
+  Note(cuda::SampleTopKTopP(args, stream_), "sample_top_k_top_p");
+}
+
+absl::Status CudaBackend::BeginCapture() {
+  Bind();
+  if (!options_.enable_graphs) return absl::FailedPreconditionError("CUDA graphs are disabled");
+  const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaStreamBeginCapture");
+}
+
+absl::StatusOr<int> CudaBackend::EndCapture() {
+  Bind();
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) return CudaError(err, "cudaGraphInstantiate");
+  graphs_.push_back(exec);
+  return static_cast<int>(graphs_.size()) - 1;
+}
+
+absl::Status CudaBackend::LaunchGraph(int graph) {
+  Bind();
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no CUDA graph ", graph));
+  }
+  const cudaError_t err = cudaGraphLaunch(graphs_[graph], stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaGraphLaunch");
+}
+
+}  // namespace kvserve::cuda
+
+// The entry point LoadCudaBackend looks up with dlsym.
+extern "C" __attribute__((visibility("default"))) kvserve::Backend* kvserve_create_cuda_backend(
+    const kvserve::BackendOptions* options, char* error, size_t error_size) {
+  absl::StatusOr<std::unique_ptr<kvserve::cuda::CudaBackend>> b =
+      kvserve::cuda::CudaBackend::Create(options != nullptr ? *options : kvserve::BackendOptions{});
+  if (!b.ok()) {
+    if (error != nullptr && error_size > 0) {
+      std::snprintf(error, error_size, "%s", std::string(b.status().message()).c_str());
+    }
+    return nullptr;
+  }
+  return b->release();
+}

@@ -1,0 +1,93 @@
+#ifndef KVSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define KVSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace kvserve::cuda {
+
+/// The Backend on one CUDA device: one stream, one cuBLAS handle, the kernels of kernels/cuda.
+/// Lives in libkvserve_cuda.so; programs get it through LoadCudaBackend (kernels/backend.h).
+///
+/// Weights: f16 / bf16 matrices are copied as stored; f32 and quantized (q8_0, q4_0) ones are
+/// converted to bf16 on the device at load (f32 kept as f32 with keep_f32_weights). GEMMs run in
+/// cuBLAS with fp32 accumulation. Errors of queued ops are sticky: the first one is reported by
+/// the next Synchronize / CopyToHost.
+class CudaBackend final : public Backend {
+ public:
+  /// Opens the device; UNAVAILABLE naming the reason (no driver, no device, bad index).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  std::string description() const override { return description_; }
+  bool host_memory() const override { return false; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override;
+  void Free(void* ptr) override;
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Memset(void* dst, int value, size_t bytes) override;
+  absl::Status Synchronize() override;
+  absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const override;
+
+  absl::StatusOr<PreparedMatrix> PrepareMatrix(const void* host, DType dtype, int64_t rows,
+                                               int64_t cols) override;
+  absl::StatusOr<PreparedVector> PrepareVector(const float* host, int64_t n) override;
+
+  void Embedding(const EmbeddingArgs& args) override;
+  void RmsNorm(const cpu::RmsNormArgs& args) override;
+  void Matmul(const cpu::MatmulArgs& args) override;
+  void RopeKvWrite(const RopeKvWriteArgs& args) override;
+  AttentionPlan PlanAttention(const AttentionShape& shape) const override;
+  void RunAttention(const AttentionPlan& plan, const cpu::PagedAttentionArgs& args) override;
+  void SiluMul(const SiluMulArgs& args) override;
+  void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+              int32_t* out) override;
+  void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,
+                      float top_p, float temperature, const float* uniforms, int32_t* out) override;
+
+  bool supports_graphs() const override { return options_.enable_graphs; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  absl::Status LaunchGraph(int graph) override;
+
+  /// The stream every op is queued on.
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  explicit CudaBackend(const BackendOptions& options) : options_(options) {}
+  /// Makes this backend's device current on the calling thread (ops may come from any one
+  /// thread at a time, e.g. an engine loop that did not create the backend).
+  void Bind() const;
+  /// Records the first error of a queued op (sticky until reported).
+  void Note(cudaError_t err, const char* op);
+  void NoteText(const char* error, const char* op);
+  /// Makes `*scratch` at least `bytes` long (grow-only, so captured graphs keep valid pointers).
+  bool Reserve(DeviceBuffer* scratch, size_t bytes, const char* op);
+
+  BackendOptions options_;
+  std::string description_;
+  int num_sms_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  std::string error_;  // first asynchronous error, reported by Synchronize
+  DeviceBuffer matmul_scratch_;
+  DeviceBuffer attention_scratch_;
+  std::vector<cudaGraphExec_t> graphs_;
+};
+
+}  // namespace kvserve::cuda
+
+#endif  // KVSERVE_KERNELS_CUDA_CUDA_BACKEND_H_

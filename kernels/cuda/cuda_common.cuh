@@ -1,0 +1,152 @@
+#ifndef KVSERVE_KERNELS_CUDA_CUDA_COMMON_CUH_
+#define KVSERVE_KERNELS_CUDA_CUDA_COMMON_CUH_
+
+// Device helpers shared by the CUDA kernels: element decoding of weights and KV-cache entries,
+// the KV encoders (twins of kernels/cpu/kv_quant.cc) and warp reductions.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/dtype.h"
+#include "kernels/kv_dtype.h"
+
+namespace kvserve::cuda {
+
+inline constexpr int kWarp = 32;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float HalfBitsToFloat(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ float Bf16BitsToFloat(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// Round to nearest even, NaN kept NaN (kvserve::FloatToBF16).
+__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
+  uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// OCP FP8 E4M3FN -> float (cpu::Fp8E4M3ToFloat).
+__device__ __forceinline__ float Fp8ToFloat(uint8_t code) {
+  const uint32_t e = (code >> 3) & 0xfu;
+  const uint32_t m = code & 0x7u;
+  if (e == 0xfu && m == 0x7u) return __uint_as_float(0x7fc00000u | ((code & 0x80u) << 24));
+  const float mag = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9
+                           : ldexpf(static_cast<float>(8 + m), static_cast<int>(e) - 10);
+  return (code & 0x80u) ? -mag : mag;
+}
+
+// float -> FP8 E4M3FN, round half to even, saturating (cpu::FloatToFp8E4M3, bit for bit).
+__device__ __forceinline__ uint8_t FloatToFp8(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7fu;
+  if (abs < 0x3c800000u) return sign | static_cast<uint8_t>(rintf(__uint_as_float(abs) * 512.0f));
+  uint32_t r = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;
+  r -= (127u - 7u) << 3;
+  if (r > 0x7eu) r = 0x7eu;
+  return sign | static_cast<uint8_t>(r);
+}
+
+// Element `i` of a KV buffer in dtype D, decoded but not scaled.
+template <KvCacheDType D>
+__device__ __forceinline__ float LoadKv(const void* data, int64_t i) {
+  if constexpr (D == KvCacheDType::kF32) {
+    return static_cast<const float*>(data)[i];
+  } else if constexpr (D == KvCacheDType::kF16) {
+    return HalfBitsToFloat(static_cast<const uint16_t*>(data)[i]);
+  } else if constexpr (D == KvCacheDType::kBF16) {
+    return Bf16BitsToFloat(static_cast<const uint16_t*>(data)[i]);
+  } else if constexpr (D == KvCacheDType::kInt8) {
+    return static_cast<float>(static_cast<const int8_t*>(data)[i]);
+  } else {
+    return Fp8ToFloat(static_cast<const uint8_t*>(data)[i]);
+  }
+}
+
+// The scale of KV row `row` (1 for unscaled dtypes).
+template <KvCacheDType D>
+__device__ __forceinline__ float KvScale(const float* scales, int64_t row) {
+  if constexpr (D == KvCacheDType::kInt8 || D == KvCacheDType::kFp8E4M3) {
+    return scales[row];
+  } else {
+    return 1.0f;
+  }
+}
+
+// Element c of a weight row stored in `dtype` (GGUF block layouts for q8_0 / q4_0).
+__device__ __forceinline__ float LoadWeight(const uint8_t* row, DType dtype, int64_t c) {
+  switch (dtype) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(row)[c];
+    case DType::kF16:
+      return HalfBitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::kBF16:
+      return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::kQ8_0: {
+      const uint8_t* block = row + (c / 32) * 34;
+      const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
+      return d * static_cast<float>(static_cast<int8_t>(block[2 + c % 32]));
+    }
+    case DType::kQ4_0: {
+      const uint8_t* block = row + (c / 32) * 18;
+      const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
+      const int j = static_cast<int>(c % 32);
+      const uint8_t byte = block[2 + (j & 15)];
+      const int nibble = j < 16 ? (byte & 0xf) : (byte >> 4);
+      return d * static_cast<float>(nibble - 8);
+    }
+  }
+  return 0.0f;
+}
+
+// Calls f(std::integral_constant<KvCacheDType, D>{}) for the runtime dtype D, so a generic
+// lambda can instantiate a kernel template per dtype (C++17: no template lambdas in nvcc here).
+template <KvCacheDType D>
+using KvTag = std::integral_constant<KvCacheDType, D>;
+
+template <typename F>
+void DispatchKvDType(KvCacheDType dtype, F&& f) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      f(KvTag<KvCacheDType::kF32>{});
+      break;
+    case KvCacheDType::kF16:
+      f(KvTag<KvCacheDType::kF16>{});
+      break;
+    case KvCacheDType::kBF16:
+      f(KvTag<KvCacheDType::kBF16>{});
+      break;
+    case KvCacheDType::kInt8:
+      f(KvTag<KvCacheDType::kInt8>{});
+      break;
+    case KvCacheDType::kFp8E4M3:
+      f(KvTag<KvCacheDType::kFp8E4M3>{});
+      break;
+  }
+}
+
+}  // namespace kvserve::cuda
+
+#endif  // KVSERVE_KERNELS_CUDA_CUDA_COMMON_CUH_

@@ -1,0 +1,33 @@
+#ifndef KVSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
+#define KVSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/op_args.h"
+
+namespace kvserve::cuda {
+
+/// Splits for a decode batch: enough (sequence, kv head, split) thread blocks to fill
+/// `num_sms` SMs twice, each split at least 128 keys long, at most 64 splits.
+int DecodeNumSplits(const AttentionShape& shape, int num_sms);
+
+/// Bytes of scratch DecodeAttention needs for `plan` (0 when num_splits == 1).
+size_t DecodeWorkspaceBytes(const AttentionPlan& plan);
+
+/// GPU twin of cpu::PagedAttention for batches where every q_len is 1, flash-decoding style.
+/// Grid (kv head, sequence, split): each block walks its share of the sequence's keys
+/// [window start, context_len) in tiles through the block table; each K row and V row is
+/// loaded once and serves all num_heads / num_kv_heads query heads of its group (GQA). With
+/// more than one split, blocks write a normalised partial output and its log-sum-exp to
+/// `workspace` and a merge kernel combines them. The split count comes from the plan and the
+/// key ranges from context_len on the device, so a run is safe to capture in a CUDA graph.
+/// Reads every KV dtype (f32, f16, bf16, int8, fp8).
+cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const AttentionPlan& plan,
+                            void* workspace, cudaStream_t stream);
+
+}  // namespace kvserve::cuda
+
+#endif  // KVSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_

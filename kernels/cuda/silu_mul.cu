@@ -1,0 +1,30 @@
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/silu_mul.h"
+
+namespace kvserve::cuda {
+namespace {
+
+__global__ void SiluMulKernel(SiluMulArgs a) {
+  const int64_t total = a.rows * a.dim;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / a.dim;
+    const int64_t i = e % a.dim;
+    const float g = a.gate[r * a.gate_stride + i];
+    a.out[r * a.out_stride + i] = g / (1.0f + expf(-g)) * a.up[r * a.up_stride + i];
+  }
+}
+
+}  // namespace
+
+cudaError_t SiluMul(const SiluMulArgs& args, cudaStream_t stream) {
+  const int64_t total = args.rows * args.dim;
+  if (total <= 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(total, 256), 65535);
+  SiluMulKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace kvserve::cuda

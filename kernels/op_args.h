@@ -1,0 +1,72 @@
+#ifndef KVSERVE_KERNELS_OP_ARGS_H_
+#define KVSERVE_KERNELS_OP_ARGS_H_
+
+// Argument structs of the backend ops that have no CPU kernel struct of their own. Plain data,
+// no framework headers: the CUDA kernels include this (kernels/backend.h adds the interface).
+
+#include <cstdint>
+
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/dtype.h"
+#include "kernels/kv_dtype.h"
+
+namespace kvserve {
+
+/// Embedding gather: out[i, :] = float(table[ids[i], :]).
+struct EmbeddingArgs {
+  const void* table;  // [vocab, dim] in `dtype` (quantized: dim % 32 == 0)
+  DType dtype;
+  int64_t dim;
+  const int32_t* ids;  // [n], each in [0, vocab) (validated by the caller)
+  int64_t n;
+  float* out;  // [n, dim] contiguous
+};
+
+/// out[r, i] = silu(gate[r, i]) * up[r, i]; `out` may alias `gate` or `up` exactly.
+struct SiluMulArgs {
+  const float* gate;
+  const float* up;
+  float* out;
+  int64_t rows, dim;
+  int64_t gate_stride, up_stride, out_stride;  // elements
+};
+
+/// RoPE on q and k (in place), then k and v written to the paged cache at slot_mapping
+/// (converted / quantized to layout.dtype): cpu::ApplyRope twice and cpu::WriteKvCache, fused.
+struct RopeKvWriteArgs {
+  float* q;  // [num_tokens, q_stride]: num_heads heads of head_dim
+  float* k;  // [num_tokens, k_stride]: num_kv_heads heads of head_dim
+  const float* v;
+  int64_t num_tokens, num_heads;
+  int64_t q_stride, k_stride, v_stride;  // elements
+  const int32_t* positions;              // [num_tokens]
+  const float* inv_freq;                 // [head_dim / 2]
+  cpu::RopeLayout rope_layout;
+  const int64_t* slot_mapping;  // [num_tokens]; negative = padding, skipped
+  cpu::PagedKvLayout layout;    // num_kv_heads and head_dim come from here
+  cpu::KvCacheBuffer k_cache;
+  cpu::KvCacheBuffer v_cache;
+};
+
+/// What the attention planner needs to know of a batch, read on the host before the run.
+struct AttentionShape {
+  int64_t num_seqs = 0;
+  int64_t num_heads = 0;
+  int64_t max_q_len = 0;        // 1: every sequence decodes one token
+  int64_t max_context_len = 0;  // the longest context (a capture plans for the largest it serves)
+  cpu::PagedKvLayout layout;
+};
+
+/// The work partition of one attention call, made on the host by PlanAttention. A run depends
+/// only on the plan and on device memory, so it can be captured in a CUDA graph and replayed for
+/// any batch of the same shape (context lengths up to max_context_len).
+struct AttentionPlan {
+  AttentionShape shape;
+  bool decode = false;     // flash-decoding kernel (max_q_len == 1) instead of the prefill kernel
+  int32_t num_splits = 1;  // decode: thread blocks per (sequence, kv head) along the context
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_KERNELS_OP_ARGS_H_

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds a sanitizer preset (CMakePresets.json) and runs its tests with ctest.
+#
+#   scripts/sanitize.sh asan   AddressSanitizer + UBSan (every error fatal, leaks included) into
+#                              build-asan/; runs the whole default suite (all but labels gpu|slow)
+#   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan/; builds and runs the threaded
+#                              tests only: engine, worker server, router, HTTP front, client SDK,
+#                              tensor parallelism, thread pool
+#
+# Extra arguments go to ctest (e.g. -R engine_test). KVSERVE_JOBS sets build and test
+# parallelism (default: nproc). Prints the build and test wall times at the end, for CI sizing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+preset=${1:-}
+case "$preset" in
+  asan | tsan) shift ;;
+  *) echo "usage: $0 asan|tsan [ctest args...]" >&2; exit 2 ;;
+esac
+jobs=${KVSERVE_JOBS:-$(nproc)}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvserve-ccache}
+
+# The tests TSan runs (ctest -R) and the targets it therefore builds: everything with threads of
+# its own. The rest of the suite is single-threaded or only spawns processes.
+tsan_tests=(engine_test worker_server_test request_validation_test router_loopback_test
+  http_server_test client_sdk_test remote_generate_test cpu_communicator_test tp_model_test
+  tp_shard_test thread_pool_test)
+
+targets=()
+ctest_select=(-LE 'gpu|slow')
+if [ "$preset" = tsan ]; then
+  targets=(--target "${tsan_tests[@]}")
+  ctest_select+=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$")
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
+else
+  # Leaks are reported at exit; UBSan findings abort (the build uses -fno-sanitize-recover=all).
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+fi
+
+start=$(date +%s)
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" --parallel "$jobs" "${targets[@]}"
+built=$(date +%s)
+status=0
+ctest --test-dir "build-$preset" --output-on-failure --parallel "$jobs" "${ctest_select[@]}" "$@" ||
+  status=$?
+done_at=$(date +%s)
+echo "sanitize: $preset build $((built - start)) s, tests $((done_at - built)) s (jobs $jobs)"
+exit $status

@@ -1,0 +1,1 @@
+Once upon a time *333?fff?(@2.:HPZtenantbr1

@@ -1,0 +1,293 @@
+// Every CUDA op except attention against its CPU twin (CpuBackend) at odd shapes, with per-op
+// tolerances. Skips when there is no CUDA device.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/paged_attention.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
+
+namespace kvserve {
+namespace {
+
+using testing_cuda::Download;
+using testing_cuda::MaxAbsDiff;
+using testing_cuda::Random;
+using testing_cuda::Upload;
+
+// Rows of `cols` random weights stored as `dtype` (GGUF block layouts for q8_0 / q4_0).
+std::vector<uint8_t> MakeWeights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  const std::vector<float> f = Random(rows * cols, seed);
+  std::vector<uint8_t> out(DTypeRowBytes(dtype, cols) * rows);
+  std::mt19937 rng(seed + 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = out.data() + r * DTypeRowBytes(dtype, cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = f[r * cols + c];
+      switch (dtype) {
+        case DType::kF32:
+          std::memcpy(row + 4 * c, &x, 4);
+          break;
+        case DType::kF16: {
+          const uint16_t h = FloatToHalf(x);
+          std::memcpy(row + 2 * c, &h, 2);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t h = FloatToBF16(x);
+          std::memcpy(row + 2 * c, &h, 2);
+          break;
+        }
+        case DType::kQ8_0:
+        case DType::kQ4_0: {
+          const bool q8 = dtype == DType::kQ8_0;
+          uint8_t* block = row + (c / 32) * (q8 ? 34 : 18);
+          if (c % 32 == 0) {
+            const uint16_t d = FloatToHalf(q8 ? 0.01f : 0.1f);
+            std::memcpy(block, &d, 2);
+          }
+          const int j = static_cast<int>(c % 32);
+          if (q8) {
+            block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 255 - 127));
+          } else {
+            const uint8_t nib = static_cast<uint8_t>(rng() % 16);
+            block[2 + (j & 15)] =
+                static_cast<uint8_t>(j < 16 ? (block[2 + (j & 15)] & 0xf0) | nib
+                                            : (block[2 + (j & 15)] & 0x0f) | (nib << 4));
+          }
+          break;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+constexpr DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                  DType::kQ4_0};
+
+TEST(CudaOpsTest, EmbeddingEveryWeightDType) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (DType dtype : kWeightTypes) {
+    for (int64_t dim : {64, 160}) {
+      const int64_t vocab = 37;
+      const std::vector<uint8_t> table = MakeWeights(dtype, vocab, dim, 7);
+      const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1, 30};
+      const int64_t n = static_cast<int64_t>(ids.size());
+      std::vector<float> want(n * dim);
+      cpu.Embedding({table.data(), dtype, dim, ids.data(), n, want.data()});
+      DeviceBuffer d_table = Upload(gpu, table);
+      DeviceBuffer d_ids = Upload(gpu, ids);
+      absl::StatusOr<DeviceBuffer> d_out = gpu->AllocBuffer(sizeof(float) * n * dim);
+      ASSERT_TRUE(d_out.ok());
+      gpu->Embedding({d_table.get(), dtype, dim, d_ids.as<int32_t>(), n, d_out->as<float>()});
+      EXPECT_EQ(Download<float>(gpu, d_out->get(), n * dim), want) << DTypeName(dtype);
+    }
+  }
+}
+
+TEST(CudaOpsTest, RmsNormWithAndWithoutResidual) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (int64_t rows : {1, 3, 17}) {
+    for (int64_t dim : {64, 130, 4096}) {
+      for (bool residual : {false, true}) {
+        std::vector<float> x = Random(rows * dim, 1);
+        const std::vector<float> res = Random(rows * dim, 2);
+        const std::vector<float> w = Random(dim, 3, 0.5f, 1.5f);
+        DeviceBuffer dx = Upload(gpu, x);
+        DeviceBuffer dres = Upload(gpu, res);
+        DeviceBuffer dw = Upload(gpu, w);
+        DeviceBuffer dy = Upload(gpu, std::vector<float>(rows * dim));
+        std::vector<float> y(rows * dim);
+        cpu::RmsNormArgs a{
+            x.data(), residual ? res.data() : nullptr, w.data(), y.data(), rows, dim, 1e-5f, dim,
+            dim};
+        cpu.RmsNorm(a);
+        cpu::RmsNormArgs g{dx.as<float>(),
+                           residual ? dres.as<float>() : nullptr,
+                           dw.as<float>(),
+                           dy.as<float>(),
+                           rows,
+                           dim,
+                           1e-5f,
+                           dim,
+                           dim};
+        gpu->RmsNorm(g);
+        EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dy.get(), rows * dim), y), 1e-5f);
+        EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dx.get(), rows * dim), x), 1e-6f);
+      }
+    }
+  }
+}
+
+TEST(CudaOpsTest, SiluMul) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (int64_t rows : {1, 3, 17}) {
+    const int64_t dim = 1031;
+    const std::vector<float> gate = Random(rows * dim, 4, -6.0f, 6.0f);
+    const std::vector<float> up = Random(rows * dim, 5);
+    std::vector<float> out(rows * dim);
+    cpu.SiluMul({gate.data(), up.data(), out.data(), rows, dim, dim, dim, dim});
+    DeviceBuffer dg = Upload(gpu, gate);
+    DeviceBuffer du = Upload(gpu, up);
+    gpu->SiluMul({dg.as<float>(), du.as<float>(), dg.as<float>(), rows, dim, dim, dim, dim});
+    EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dg.get(), rows * dim), out), 1e-5f);
+  }
+}
+
+TEST(CudaOpsTest, MatmulEveryWeightDType) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (DType dtype : kWeightTypes) {
+    for (int64_t m : {1, 3, 17}) {
+      const int64_t n = 67;
+      const int64_t k = 96;
+      const std::vector<uint8_t> w = MakeWeights(dtype, n, k, 11);
+      const std::vector<float> x = Random(m * k, 12);
+      const std::vector<float> bias = Random(n, 13);
+      std::vector<float> want(m * n);
+      cpu.Matmul({x.data(), k, w.data(), dtype, bias.data(), want.data(), n, m, n, k});
+      absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), dtype, n, k);
+      ASSERT_TRUE(pw.ok()) << pw.status();
+      DeviceBuffer dx = Upload(gpu, x);
+      DeviceBuffer db = Upload(gpu, bias);
+      DeviceBuffer dy = Upload(gpu, std::vector<float>(m * n));
+      gpu->Matmul(
+          {dx.as<float>(), k, pw->data, pw->dtype, db.as<float>(), dy.as<float>(), n, m, n, k});
+      const std::vector<float> got = Download<float>(gpu, dy.get(), m * n);
+      float scale = 0.0f;
+      for (float v : want) scale = std::max(scale, std::abs(v));
+      // f32 weights stay f32 here (keep_f32_weights); the rest run as 16-bit with x rounded.
+      const float tol = dtype == DType::kF32 ? 1e-5f : (dtype == DType::kF16 ? 2e-3f : 1.5e-2f);
+      EXPECT_LT(MaxAbsDiff(got, want), tol * scale) << DTypeName(dtype) << " m=" << m;
+    }
+  }
+}
+
+TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  const int64_t rows = 17;
+  const int64_t vocab = 32003;
+  std::vector<float> logits = Random(rows * vocab, 21, -10.0f, 10.0f);
+  logits[5 * vocab + 100] = 50.0f;  // a tie: the lower index wins
+  logits[5 * vocab + 200] = 50.0f;
+  const std::vector<float> uniforms = Random(rows, 22, 0.0f, 1.0f);
+  DeviceBuffer dl = Upload(gpu, logits);
+  DeviceBuffer du = Upload(gpu, uniforms);
+  DeviceBuffer dout = Upload(gpu, std::vector<int32_t>(rows));
+  std::vector<int32_t> want(rows);
+  cpu.ArgMax(logits.data(), rows, vocab, vocab, want.data());
+  gpu->ArgMax(dl.as<float>(), rows, vocab, vocab, dout.as<int32_t>());
+  EXPECT_EQ(Download<int32_t>(gpu, dout.get(), rows), want);
+  EXPECT_EQ(want[5], 100);
+  for (int32_t k : {1, 7, 64}) {
+    for (float top_p : {0.3f, 0.9f, 1.0f}) {
+      cpu.SampleTopKTopP(logits.data(), rows, vocab, vocab, k, top_p, 2.0f, uniforms.data(),
+                         want.data());
+      gpu->SampleTopKTopP(dl.as<float>(), rows, vocab, vocab, k, top_p, 2.0f, du.as<float>(),
+                          dout.as<int32_t>());
+      EXPECT_EQ(Download<int32_t>(gpu, dout.get(), rows), want) << "k=" << k << " p=" << top_p;
+    }
+  }
+}
+
+TEST(CudaOpsTest, RopeKvWriteEveryKvDType) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (int64_t head_dim : {64, 128}) {
+      for (cpu::RopeLayout rl : {cpu::RopeLayout::kInterleaved, cpu::RopeLayout::kHalfSplit}) {
+        const int64_t t = 17, heads = 8, kv_heads = 2, block_size = 16, num_blocks = 4;
+        const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+        std::vector<float> q = Random(t * q_dim, 31), k = Random(t * kv_dim, 32);
+        const std::vector<float> v = Random(t * kv_dim, 33);
+        std::vector<int32_t> pos(t);
+        std::vector<int64_t> slots(t);
+        for (int64_t i = 0; i < t; ++i) {
+          pos[i] = static_cast<int32_t>(i * 61 % 997);
+          slots[i] = i == 3 ? -1 : (i * 5) % (num_blocks * block_size);  // one padding token
+        }
+        std::vector<float> inv(head_dim / 2);
+        for (int64_t i = 0; i < head_dim / 2; ++i)
+          inv[i] = std::pow(10000.0f, -2.0f * i / head_dim);
+        const cpu::PagedKvLayout layout{kv_heads, head_dim, block_size, dtype};
+        const int64_t rows = num_blocks * kv_heads * block_size;
+        const int64_t bytes = rows * head_dim * KvCacheDTypeElemBytes(dtype);
+        std::vector<uint8_t> kc(bytes), vc(bytes);
+        std::vector<float> ks(rows), vs(rows);
+        DeviceBuffer dq = Upload(gpu, q), dk = Upload(gpu, k), dv = Upload(gpu, v);
+        DeviceBuffer dpos = Upload(gpu, pos), dslots = Upload(gpu, slots), dinv = Upload(gpu, inv);
+        DeviceBuffer dkc = Upload(gpu, kc), dvc = Upload(gpu, vc);
+        DeviceBuffer dks = Upload(gpu, ks), dvs = Upload(gpu, vs);
+        RopeKvWriteArgs a{q.data(),
+                          k.data(),
+                          v.data(),
+                          t,
+                          heads,
+                          q_dim,
+                          kv_dim,
+                          kv_dim,
+                          pos.data(),
+                          inv.data(),
+                          rl,
+                          slots.data(),
+                          layout,
+                          {kc.data(), ks.data()},
+                          {vc.data(), vs.data()}};
+        cpu.RopeKvWrite(a);
+        RopeKvWriteArgs g{dq.as<float>(),
+                          dk.as<float>(),
+                          dv.as<float>(),
+                          t,
+                          heads,
+                          q_dim,
+                          kv_dim,
+                          kv_dim,
+                          dpos.as<int32_t>(),
+                          dinv.as<float>(),
+                          rl,
+                          dslots.as<int64_t>(),
+                          layout,
+                          {dkc.get(), dks.as<float>()},
+                          {dvc.get(), dvs.as<float>()}};
+        gpu->RopeKvWrite(g);
+        EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dq.get(), q.size()), q), 2e-5f);
+        EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dk.get(), k.size()), k), 2e-5f);
+        // Decoded cache rows agree within about one step of the dtype's grid.
+        const float tol = dtype == KvCacheDType::kF32    ? 2e-5f
+                          : dtype == KvCacheDType::kF16  ? 2e-3f
+                          : dtype == KvCacheDType::kBF16 ? 1e-2f
+                          : dtype == KvCacheDType::kInt8 ? 2e-2f
+                                                         : 0.15f;
+        const std::vector<uint8_t> gk = Download<uint8_t>(gpu, dkc.get(), bytes);
+        const std::vector<float> gks = Download<float>(gpu, dks.get(), rows);
+        const std::vector<uint8_t> gv = Download<uint8_t>(gpu, dvc.get(), bytes);
+        const std::vector<float> gvs = Download<float>(gpu, dvs.get(), rows);
+        const int64_t eb = KvCacheDTypeElemBytes(dtype);
+        std::vector<float> a_row(head_dim), b_row(head_dim);
+        float worst = 0.0f;
+        for (int64_t r = 0; r < rows; ++r) {
+          cpu::DecodeKvVector(dtype, kc.data() + r * head_dim * eb, ks[r], head_dim, a_row.data());
+          cpu::DecodeKvVector(dtype, gk.data() + r * head_dim * eb, gks[r], head_dim, b_row.data());
+          worst = std::max(worst, MaxAbsDiff(a_row, b_row));
+          cpu::DecodeKvVector(dtype, vc.data() + r * head_dim * eb, vs[r], head_dim, a_row.data());
+          cpu::DecodeKvVector(dtype, gv.data() + r * head_dim * eb, gvs[r], head_dim, b_row.data());
+          worst = std::max(worst, MaxAbsDiff(a_row, b_row));
+        }
+        EXPECT_LT(worst, tol) << KvCacheDTypeName(dtype) << " d=" << head_dim;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
