@@ -108,6 +108,20 @@ BENCHMARK(BM_Matmul)
                    {0}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+// Decode (m = 1) over 32M weights with short (k = 1024: 2 KiB bf16 rows, two per 4 KiB page) and
+// long rows: the page-stride tiling of matmul_avx512.cc should make the two stream alike.
+void BM_MatmulRowLength(benchmark::State& state) { BM_Matmul(state); }
+BENCHMARK(BM_MatmulRowLength)
+    ->ArgNames({"dtype", "m", "n", "k"})
+    ->Args({static_cast<int>(DType::kF32), 1, 32768, 1024})
+    ->Args({static_cast<int>(DType::kF32), 1, 8192, 4096})
+    ->Args({static_cast<int>(DType::kBF16), 1, 32768, 1024})
+    ->Args({static_cast<int>(DType::kBF16), 1, 8192, 4096})
+    ->Args({static_cast<int>(DType::kQ8_0), 1, 32768, 1024})
+    ->Args({static_cast<int>(DType::kQ8_0), 1, 8192, 4096})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_MatmulInCache(benchmark::State& state) { BM_Matmul(state); }
 BENCHMARK(BM_MatmulInCache)
     ->ArgNames({"dtype", "m", "n", "k"})

@@ -26,6 +26,9 @@ constexpr int kMaxRows = 4;  // x rows per register tile
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 8;
 constexpr int kCols = 4;  // weight rows per register tile
+// Decode tiles stride over rows that share a 4 KiB page (see Columns), at most this many apart.
+constexpr int64_t kPageBytes = 4096;
+constexpr int64_t kMaxPageStep = 4;
 
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
 struct F32W {
@@ -166,7 +169,9 @@ template <class W, int C>
 void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, int64_t row_end,
               int64_t col0, int64_t col_step = 1) {
   int64_t r = row_begin;
-  for (; r + kMaxRows <= row_end; r += kMaxRows) Tile<W, kMaxRows, C>(a, plan, r, col0, col_step);
+  for (; r + kMaxRows <= row_end; r += kMaxRows) {
+    Tile<W, kMaxRows, C>(a, plan, r, col0, col_step);
+  }
   switch (row_end - r) {
     case 3:
       Tile<W, 3, C>(a, plan, r, col0, col_step);
@@ -354,11 +359,15 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   // row_bytes, ...), which the hardware prefetchers follow poorly. So such rows are tiled with a
   // stride of `step` rows: each tile reads one row per page, and the next tile (rows + 1) the
   // continuation of the same pages — every page is walked as one ascending stream.
-  const int64_t step = plan.w_row_bytes >= 4096 ? 1 : (4096 / plan.w_row_bytes > 4 ? 4 : 4096 / plan.w_row_bytes);
+  const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
+  const int64_t step = rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep
+                                                                              : rows_per_page);
   int64_t col = n_begin;
   if (step > 1) {
     for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
-      for (int64_t j = 0; j < step; ++j) RowRange<W, kColsFewRows>(a, plan, 0, a.m, col + j, step);
+      for (int64_t j = 0; j < step; ++j) {
+        RowRange<W, kColsFewRows>(a, plan, 0, a.m, col + j, step);
+      }
     }
   }
   for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
