@@ -58,6 +58,34 @@ TEST(ThreadPoolTest, CoversEveryIndexOnceWithContiguousChunks) {
   }
 }
 
+TEST(ThreadPoolTest, DynamicPiecesAreFixedByNAndGrain) {
+  // Which thread runs a piece may vary; the pieces themselves may not: [i*grain, (i+1)*grain)
+  // clipped to n, each exactly once.
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1001}}) {
+      for (int64_t grain : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{100}}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::mutex mu;
+        Chunks pieces;
+        pool.ParallelForDynamic(n, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+          const std::lock_guard<std::mutex> lock(mu);
+          pieces.emplace_back(begin, end);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i;
+        std::sort(pieces.begin(), pieces.end());
+        const int64_t g = std::max<int64_t>(grain, 1);
+        ASSERT_EQ(static_cast<int64_t>(pieces.size()), (n + g - 1) / g);
+        for (size_t p = 0; p < pieces.size(); ++p) {
+          EXPECT_EQ(pieces[p].first, static_cast<int64_t>(p) * g);
+          EXPECT_EQ(pieces[p].second, std::min(n, static_cast<int64_t>(p + 1) * g));
+        }
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, ZeroOrNegativeNCallsNothing) {
   ThreadPool pool(3);
   int calls = 0;
