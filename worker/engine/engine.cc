@@ -204,6 +204,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
   engine->stop_token_ids_ = model->StopTokenIds();
   engine->logits_.resize(static_cast<size_t>(config.vocab_size));
   engine->PublishStats();
+  if (options.num_threads != 1) {
+    engine->sampling_pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  }
   if (options.run_loop_thread) engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
   return engine;
 }
@@ -472,6 +475,8 @@ void Engine::RunModel(const SchedulerOutput& out) {
   scheduler_->OnStepDone(out);
   // Every token of the step is out at the same moment.
   step_time_ = Clock::now();
+  // Which sequence samples from which logits row (forks share the prompt's row).
+  std::vector<PendingSample> pending;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence* seq = sampled[i];
     std::span<const float> logits(logits_.data() + i * vocab, vocab);
@@ -479,10 +484,39 @@ void Engine::RunModel(const SchedulerOutput& out) {
     if (!state->forked && state->request.n > 1) ForkSamples(seq);
     if (state->forked && seq->sample_index == 0 && seq->num_output_tokens() == 0) {
       // All samples of the request start from the prompt's last logits.
-      for (auto& sibling : state->sequences) SampleAndEmit(sibling.get(), logits);
+      for (auto& sibling : state->sequences) pending.push_back({sibling.get(), logits});
     } else {
-      SampleAndEmit(seq, logits);
+      pending.push_back({seq, logits});
     }
+  }
+  SampleAll(pending);
+  for (PendingSample& p : pending) Emit(p);
+}
+
+void Engine::SampleAll(std::vector<PendingSample>& pending) {
+  for (PendingSample& p : pending) {
+    if (!p.seq->sampler.has_value()) InitSampling(p.seq);
+  }
+  auto sample = [&pending](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      PendingSample& p = pending[i];
+      Sequence* seq = p.seq;
+      if (seq->status != Sequence::Status::kRunning || !seq->sampler.has_value()) continue;
+      std::span<const TokenId> prompt(seq->tokens.data(), seq->num_prompt_tokens);
+      std::span<const TokenId> output(seq->tokens.data() + seq->num_prompt_tokens,
+                                      seq->num_output_tokens());
+      p.result = seq->sampler->Sample(p.logits, prompt, output);
+    }
+  };
+  // Each sequence's sampler is touched by exactly one thread and draws from its own RNG, so
+  // sampling in parallel gives the same tokens as sampling in order. Small vocabularies are not
+  // worth the hand-off.
+  const int64_t n = static_cast<int64_t>(pending.size());
+  if (sampling_pool_ != nullptr && n > 1 &&
+      n * model_->config().vocab_size >= options_.parallel_sampling_min_logits) {
+    sampling_pool_->ParallelFor(n, 1, sample);
+  } else {
+    sample(0, n);
   }
 }
 
@@ -507,33 +541,36 @@ void Engine::ForkSamples(Sequence* parent) {
   }
 }
 
-void Engine::SampleAndEmit(Sequence* seq, std::span<const float> logits) {
+void Engine::InitSampling(Sequence* seq) {
   auto* state = seq->request;
   const EngineRequest& r = state->request;
-  if (!seq->sampler.has_value()) {
-    SamplingParams params = r.params;
-    // Samples of one request draw from different streams of the same seed.
-    if (params.seed.has_value()) params.seed = *params.seed + seq->sample_index;
-    absl::StatusOr<Sampler> sampler = Sampler::Create(params, model_->config().vocab_size);
-    StopCheckerOptions stop_options;
-    stop_options.eos_token_ids = stop_token_ids_;
-    stop_options.prompt_tokens = seq->num_prompt_tokens;
-    stop_options.max_total_tokens = model_->config().max_position_embeddings;
-    absl::StatusOr<StopChecker> stop = StopChecker::Create(r.params, stop_options);
-    if (!sampler.ok() || !stop.ok()) {
-      AbortRequest(state, !sampler.ok() ? sampler.status() : stop.status());
-      return;
-    }
-    seq->sampler.emplace(std::move(*sampler));
-    seq->stop.emplace(std::move(*stop));
-    seq->detokenizer = std::make_unique<IncrementalDecoder>(
-        *model_->tokenizer, DecodeOptions{.skip_special_tokens = true});
-    seq->detokenizer->SetPrompt(std::span<const TokenId>(seq->tokens.data(), seq->num_prompt_tokens));
+  SamplingParams params = r.params;
+  // Samples of one request draw from different streams of the same seed.
+  if (params.seed.has_value()) params.seed = *params.seed + seq->sample_index;
+  absl::StatusOr<Sampler> sampler = Sampler::Create(params, model_->config().vocab_size);
+  StopCheckerOptions stop_options;
+  stop_options.eos_token_ids = stop_token_ids_;
+  stop_options.prompt_tokens = seq->num_prompt_tokens;
+  stop_options.max_total_tokens = model_->config().max_position_embeddings;
+  absl::StatusOr<StopChecker> stop = StopChecker::Create(r.params, stop_options);
+  if (!sampler.ok() || !stop.ok()) {
+    AbortRequest(state, !sampler.ok() ? sampler.status() : stop.status());
+    return;
   }
-  std::span<const TokenId> prompt(seq->tokens.data(), seq->num_prompt_tokens);
-  std::span<const TokenId> output(seq->tokens.data() + seq->num_prompt_tokens,
-                                  seq->num_output_tokens());
-  absl::StatusOr<SampleResult> sample = seq->sampler->Sample(logits, prompt, output);
+  seq->sampler.emplace(std::move(*sampler));
+  seq->stop.emplace(std::move(*stop));
+  seq->detokenizer = std::make_unique<IncrementalDecoder>(
+      *model_->tokenizer, DecodeOptions{.skip_special_tokens = true});
+  seq->detokenizer->SetPrompt(std::span<const TokenId>(seq->tokens.data(), seq->num_prompt_tokens));
+}
+
+void Engine::Emit(PendingSample& p) {
+  Sequence* seq = p.seq;
+  // A sample of a request that failed or was aborted earlier in this step.
+  if (seq->status != Sequence::Status::kRunning || !seq->sampler.has_value()) return;
+  auto* state = seq->request;
+  const EngineRequest& r = state->request;
+  absl::StatusOr<SampleResult>& sample = p.result;
   if (!sample.ok()) {
     AbortRequest(state, sample.status());
     return;

@@ -64,6 +64,9 @@ struct EngineOptions {
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;
+  /// Sample a step's sequences in parallel on num_threads threads once the step has at least
+  /// this many logits (sequences x vocab); smaller steps sample on the loop thread.
+  int64_t parallel_sampling_min_logits = int64_t{1} << 16;
   /// Run steps on an engine thread. When false nothing runs until the owner calls StepOnce():
   /// tests use this to observe the pool between steps.
   bool run_loop_thread = true;
@@ -141,8 +144,19 @@ class Engine {
   void DrainInbox();
   void Step();
   void RunModel(const SchedulerOutput& out);
-  /// Samples the next token of `seq` from `logits` and streams it; finishes it if it stops.
-  void SampleAndEmit(Sequence* seq, std::span<const float> logits);
+  /// One sequence's sampling in a step: its logits row and, after SampleAll, its draw.
+  struct PendingSample {
+    Sequence* seq = nullptr;
+    std::span<const float> logits;
+    absl::StatusOr<SampleResult> result = absl::UnknownError("not sampled");
+  };
+  /// Creates a sequence's sampler, stop checker and detokenizer (aborting its request if the
+  /// parameters are refused).
+  void InitSampling(Sequence* seq);
+  /// Draws the next token of every pending sequence, in parallel over the vocabulary-sized work.
+  void SampleAll(std::vector<PendingSample>& pending);
+  /// Appends the drawn token, streams its text and finishes the sequence if it stops; in order.
+  void Emit(PendingSample& p);
   /// Forks the remaining samples of a request off its first sequence after prefill.
   void ForkSamples(Sequence* parent);
   void FinishSequence(Sequence* seq, RequestOutput final_output);
@@ -171,6 +185,9 @@ class Engine {
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;
+
+  /// Samples a step's sequences in parallel; null with one thread.
+  std::unique_ptr<cpu::ThreadPool> sampling_pool_;
 
   // Loop-thread state.
   absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;
