@@ -126,18 +126,10 @@ absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const nlohmann::json& j
   absl::StatusOr<std::string> type = json_util::GetType(j, where);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
-    const auto it = j.find("decoders");
-    if (it == j.end() || !it->is_array()) {
-      return json_util::Invalid(json_util::Field(where, "decoders"), "expected an array");
-    }
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<Decoder>> step =
-          DecoderFromJson((*it)[i], absl::StrCat(where, ".decoders[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(*std::move(step));
-    }
-    return std::make_unique<SequenceDecoder>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<Decoder>>> steps =
+        json_util::GetArrayOf<std::unique_ptr<Decoder>>(j, "decoders", where, DecoderFromJson);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequenceDecoder>(*std::move(steps));
   }
   if (*type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (*type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();

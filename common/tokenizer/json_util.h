@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,6 +23,22 @@ inline std::string Field(const std::string& where, const std::string& key) {
 /// An error naming `where`.
 inline absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+/// The required array field `key` of `j`, each element turned into a T by
+/// `parse(element, "where.key[i]")`; the first failure is returned as is.
+template <class T, class ParseFn>
+absl::StatusOr<std::vector<T>> GetArrayOf(const nlohmann::json& j, const std::string& key,
+                                          const std::string& where, ParseFn parse) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return Invalid(Field(where, key), "expected an array");
+  std::vector<T> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    absl::StatusOr<T> item = parse((*it)[i], absl::StrCat(where, ".", key, "[", i, "]"));
+    if (!item.ok()) return item.status();
+    out.push_back(*std::move(item));
+  }
+  return out;
 }
 
 /// The required string field `key` of object `j`.

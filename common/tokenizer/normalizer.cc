@@ -111,18 +111,10 @@ absl::StatusOr<std::unique_ptr<Normalizer>> NormalizerFromJson(const nlohmann::j
   absl::StatusOr<std::string> type = json_util::GetType(j, where);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
-    const auto it = j.find("normalizers");
-    if (it == j.end() || !it->is_array()) {
-      return json_util::Invalid(json_util::Field(where, "normalizers"), "expected an array");
-    }
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<Normalizer>> step =
-          NormalizerFromJson((*it)[i], absl::StrCat(where, ".normalizers[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(*std::move(step));
-    }
-    return std::make_unique<SequenceNormalizer>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<Normalizer>>> steps =
+        json_util::GetArrayOf<std::unique_ptr<Normalizer>>(j, "normalizers", where, NormalizerFromJson);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequenceNormalizer>(*std::move(steps));
   }
   if (*type == "Prepend") {
     absl::StatusOr<std::string> prefix = json_util::GetString(j, "prepend", where);

@@ -198,18 +198,10 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohman
   absl::StatusOr<std::string> type = json_util::GetType(j, where);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
-    const auto it = j.find("pretokenizers");
-    if (it == j.end() || !it->is_array()) {
-      return json_util::Invalid(json_util::Field(where, "pretokenizers"), "expected an array");
-    }
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<PreTokenizer>> step =
-          PreTokenizerFromJson((*it)[i], absl::StrCat(where, ".pretokenizers[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(*std::move(step));
-    }
-    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<PreTokenizer>>> steps =
+        json_util::GetArrayOf<std::unique_ptr<PreTokenizer>>(j, "pretokenizers", where, PreTokenizerFromJson);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequencePreTokenizer>(*std::move(steps));
   }
   if (*type == "ByteLevel") {
     absl::StatusOr<bool> prefix = json_util::GetBool(j, "add_prefix_space", true, where);
