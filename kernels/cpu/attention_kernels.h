@@ -39,6 +39,25 @@ struct AttentionKernels {
   AttentionAccumulateFn accumulate;
 };
 
+/// Returns make.template operator()<T>() for the runtime `dtype`: the one dtype switch each ISA's
+/// file needs to hand out its loops (make is a lambda local to that file).
+template <class Make>
+AttentionKernels ForKvDType(KvCacheDType dtype, const Make& make) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      break;
+    case KvCacheDType::kF16:
+      return make.template operator()<KvCacheDType::kF16>();
+    case KvCacheDType::kBF16:
+      return make.template operator()<KvCacheDType::kBF16>();
+    case KvCacheDType::kInt8:
+      return make.template operator()<KvCacheDType::kInt8>();
+    case KvCacheDType::kFp8E4M3:
+      return make.template operator()<KvCacheDType::kFp8E4M3>();
+  }
+  return make.template operator()<KvCacheDType::kF32>();
+}
+
 /// Portable loops.
 AttentionKernels AttentionKernelsScalar(KvCacheDType dtype);
 /// AVX2 + FMA + F16C loops (attention_kernels_avx2.cc).

@@ -172,27 +172,12 @@ void Accumulate(const float* probs, const void* v_bytes, const float* row_scales
   }
 }
 
-template <KvCacheDType T>
-AttentionKernels Kernels() {
-  return {&Scores<T>, &Accumulate<T>};
-}
-
 }  // namespace
 
 AttentionKernels AttentionKernelsAvx2(KvCacheDType dtype) {
-  switch (dtype) {
-    case KvCacheDType::kF32:
-      return Kernels<KvCacheDType::kF32>();
-    case KvCacheDType::kF16:
-      return Kernels<KvCacheDType::kF16>();
-    case KvCacheDType::kBF16:
-      return Kernels<KvCacheDType::kBF16>();
-    case KvCacheDType::kInt8:
-      return Kernels<KvCacheDType::kInt8>();
-    case KvCacheDType::kFp8E4M3:
-      return Kernels<KvCacheDType::kFp8E4M3>();
-  }
-  return Kernels<KvCacheDType::kF32>();
+  return ForKvDType(dtype, []<KvCacheDType T>() {
+    return AttentionKernels{&Scores<T>, &Accumulate<T>};
+  });
 }
 
 }  // namespace kvserve::cpu::internal
