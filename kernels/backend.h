@@ -171,7 +171,12 @@ class Backend {
                               int32_t k, float top_p, float temperature, const float* uniforms,
                               int32_t* out) = 0;
 
-  // ---- CUDA graphs (UNIMPLEMENTED on the CPU) ---------------------------------------------------
+  // ---- Graphs: record a sequence of queued ops once, replay it many times --------------------
+  // CUDA captures the stream into a CUDA graph; the CPU backend (its twin) records the op calls
+  // and replays them. Ops queued between BeginCapture and EndCapture are recorded, not run;
+  // their pointers and shapes are fixed at capture, so a replay reads whatever those device
+  // buffers hold at launch. Blocking calls (CopyToDevice, CopyToHost, Synchronize) are not
+  // allowed while capturing.
   /// Whether BeginCapture can work here.
   virtual bool supports_graphs() const { return false; }
   /// Starts recording the ops that follow into a graph instead of running them.
@@ -182,6 +187,12 @@ class Backend {
   virtual absl::Status LaunchGraph(int /*graph*/) {
     return absl::UnimplementedError("no graph support");
   }
+  /// Releases a captured graph; its handle is not reused for another graph.
+  virtual void DestroyGraph(int /*graph*/) {}
+  /// Changes whenever the backend reallocates scratch memory of its own (e.g. GEMM or attention
+  /// workspaces) that ops read through pointers fixed at capture: a graph captured under another
+  /// epoch may replay into freed memory and must be captured again.
+  virtual uint64_t memory_epoch() const { return 0; }
 };
 
 DeviceBuffer::~DeviceBuffer() { reset(); }

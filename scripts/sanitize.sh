@@ -24,7 +24,7 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvserve-ccache}
 # its own. The rest of the suite is single-threaded or only spawns processes.
 tsan_tests=(engine_test worker_server_test request_validation_test router_loopback_test
   http_server_test client_sdk_test remote_generate_test cpu_communicator_test tp_model_test
-  tp_shard_test thread_pool_test)
+  tp_shard_test tp_device_ranks_test decode_graph_test thread_pool_test)
 
 targets=()
 ctest_select=(-LE 'gpu|slow')

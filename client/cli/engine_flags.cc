@@ -59,8 +59,10 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
          "Where the model runs: cpu, cuda (fails without a usable GPU) or auto (CUDA when a "
          "usable GPU is present, else the CPU, saying why once on stderr)")
       ->default_str(std::string(DeviceChoiceName(e.device)));
+  app->add_flag("!--enforce-eager", e.cuda_graphs,
+                "CUDA: launch every op of every decode step instead of replaying CUDA graphs");
   app->add_option("--tp", e.tensor_parallel_size,
-                  "Tensor-parallel ranks (CPU threads today); must divide the attention heads")
+                  "Tensor-parallel ranks: CPU threads, or with --device cuda one GPU each (NCCL)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
 }

@@ -47,22 +47,24 @@ absl::StatusOr<void*> CpuBackend::Alloc(size_t bytes) {
 void CpuBackend::Free(void* ptr) { std::free(ptr); }
 
 absl::Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (capturing_) return NotWhileCapturing("CopyToDevice");
   if (bytes > 0) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (capturing_) return NotWhileCapturing("CopyToHost");
   if (bytes > 0) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
-  if (bytes > 0) std::memmove(dst, src, bytes);
+  if (bytes > 0) Queue([=] { std::memmove(dst, src, bytes); });
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Memset(void* dst, int value, size_t bytes) {
-  if (bytes > 0) std::memset(dst, value, bytes);
+  if (bytes > 0) Queue([=] { std::memset(dst, value, bytes); });
   return absl::OkStatus();
 }
 
@@ -92,14 +94,22 @@ absl::StatusOr<PreparedVector> CpuBackend::PrepareVector(const float* host, int6
 }
 
 void CpuBackend::Embedding(const EmbeddingArgs& a) {
-  EmbeddingGather(a.table, a.dtype, a.dim, a.ids, a.n, a.out);
+  Queue([a] { EmbeddingGather(a.table, a.dtype, a.dim, a.ids, a.n, a.out); });
 }
 
-void CpuBackend::RmsNorm(const RmsNormArgs& args) { cpu::RmsNorm(args, pool_); }
+void CpuBackend::RmsNorm(const RmsNormArgs& args) {
+  Queue([args, pool = pool_] { cpu::RmsNorm(args, pool); });
+}
 
-void CpuBackend::Matmul(const MatmulArgs& args) { cpu::Matmul(args, pool_); }
+void CpuBackend::Matmul(const MatmulArgs& args) {
+  Queue([args, pool = pool_] { cpu::Matmul(args, pool); });
+}
 
-void CpuBackend::RopeKvWrite(const RopeKvWriteArgs& a) {
+void CpuBackend::RopeKvWrite(const RopeKvWriteArgs& args) {
+  Queue([args] { RopeKvWriteNow(args); });
+}
+
+void CpuBackend::RopeKvWriteNow(const RopeKvWriteArgs& a) {
   const int64_t head_dim = a.layout.head_dim;
   ApplyRope({a.q, a.num_tokens, a.num_heads, head_dim, a.q_stride, a.positions, a.inv_freq,
              a.rope_layout});
@@ -117,15 +127,23 @@ AttentionPlan CpuBackend::PlanAttention(const AttentionShape& shape) const {
 }
 
 void CpuBackend::RunAttention(const AttentionPlan& /*plan*/, const PagedAttentionArgs& args) {
-  PagedAttention(args, pool_);
+  Queue([args, pool = pool_] { PagedAttention(args, pool); });
 }
 
 void CpuBackend::SiluMul(const SiluMulArgs& a) {
-  cpu::SiluMul(a.gate, a.up, a.out, a.rows, a.dim, a.gate_stride, a.up_stride, a.out_stride, pool_);
+  Queue([a, pool = pool_] {
+    cpu::SiluMul(a.gate, a.up, a.out, a.rows, a.dim, a.gate_stride, a.up_stride, a.out_stride,
+                 pool);
+  });
 }
 
 void CpuBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                         int32_t* out) {
+  Queue([=] { ArgMaxNow(logits, rows, vocab, stride, out); });
+}
+
+void CpuBackend::ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                           int32_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * stride;
     int64_t best = 0;
@@ -139,6 +157,14 @@ void CpuBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_
 void CpuBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                                 int32_t k, float top_p, float temperature, const float* uniforms,
                                 int32_t* out) {
+  Queue([=] {
+    SampleTopKTopPNow(logits, rows, vocab, stride, k, top_p, temperature, uniforms, out);
+  });
+}
+
+void CpuBackend::SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab,
+                                   int64_t stride, int32_t k, float top_p, float temperature,
+                                   const float* uniforms, int32_t* out) {
   const int64_t kk = std::min<int64_t>(std::max(k, 1), vocab);
   std::vector<int64_t> ids(static_cast<size_t>(vocab));
   std::vector<float> e(static_cast<size_t>(kk));
@@ -177,6 +203,56 @@ void CpuBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab
       }
     }
     out[r] = static_cast<int32_t>(ids[pick]);
+  }
+}
+
+absl::Status CpuBackend::Synchronize() {
+  if (capturing_) return NotWhileCapturing("Synchronize");
+  return absl::OkStatus();
+}
+
+void CpuBackend::Queue(Op op) {
+  if (capturing_) {
+    recording_.push_back(std::move(op));
+  } else {
+    op();
+  }
+}
+
+absl::Status CpuBackend::NotWhileCapturing(const char* call) const {
+  return absl::FailedPreconditionError(
+      absl::StrCat(call, " cannot be recorded: the backend is capturing a graph"));
+}
+
+absl::Status CpuBackend::BeginCapture() {
+  if (!enable_graphs_) return absl::FailedPreconditionError("graphs are disabled");
+  if (capturing_) return absl::FailedPreconditionError("already capturing a graph");
+  capturing_ = true;
+  recording_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CpuBackend::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("EndCapture without BeginCapture");
+  capturing_ = false;
+  graphs_.push_back(std::move(recording_));
+  recording_.clear();
+  return static_cast<int>(graphs_.size()) - 1;
+}
+
+absl::Status CpuBackend::LaunchGraph(int graph) {
+  if (capturing_) return NotWhileCapturing("LaunchGraph");
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no graph ", graph));
+  }
+  for (const Op& op : graphs_[graph]) op();
+  return absl::OkStatus();
+}
+
+void CpuBackend::DestroyGraph(int graph) {
+  if (graph >= 0 && graph < static_cast<int>(graphs_.size())) {
+    graphs_[graph].clear();
+    graphs_[graph].shrink_to_fit();
   }
 }
 

@@ -2,9 +2,11 @@
 #define KVSERVE_KERNELS_CPU_CPU_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
@@ -14,10 +16,16 @@ namespace kvserve::cpu {
 /// The Backend on the CPU kernels: every op calls its kernel in kernels/cpu with the same
 /// arguments the model used to pass directly, so results are bit-for-bit those kernels'.
 /// Memory is host memory; weights are used in place in their stored dtype.
+///
+/// Graphs (the twin of CUDA graphs, on when constructed with `enable_graphs`): between
+/// BeginCapture and EndCapture each op is recorded with its arguments instead of run, and
+/// LaunchGraph runs the recording. This lets the CPU test suite exercise the model's
+/// capture-and-replay logic (fixed buffers, padding, invalidation) that CUDA runs for real.
 class CpuBackend final : public Backend {
  public:
   /// `pool` (may be null: single-threaded) must outlive the backend.
-  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+  explicit CpuBackend(ThreadPool* pool, bool enable_graphs = false)
+      : pool_(pool), enable_graphs_(enable_graphs) {}
 
   std::string_view name() const override { return "cpu"; }
   std::string description() const override;
@@ -29,7 +37,7 @@ class CpuBackend final : public Backend {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int value, size_t bytes) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override;
   absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const override;
 
   absl::StatusOr<PreparedMatrix> PrepareMatrix(const void* host, DType dtype, int64_t rows,
@@ -48,8 +56,30 @@ class CpuBackend final : public Backend {
   void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,
                       float top_p, float temperature, const float* uniforms, int32_t* out) override;
 
+  bool supports_graphs() const override { return enable_graphs_; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  absl::Status LaunchGraph(int graph) override;
+  void DestroyGraph(int graph) override;
+
  private:
+  using Op = std::function<void()>;
+  static void RopeKvWriteNow(const RopeKvWriteArgs& args);
+  static void ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                        int32_t* out);
+  static void SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                                int32_t k, float top_p, float temperature,
+                                const float* uniforms, int32_t* out);
+  /// Runs `op` now, or records it while capturing.
+  void Queue(Op op);
+  /// FAILED_PRECONDITION naming `call` while capturing (it cannot be recorded).
+  absl::Status NotWhileCapturing(const char* call) const;
+
   ThreadPool* pool_;
+  bool enable_graphs_ = false;
+  bool capturing_ = false;
+  std::vector<Op> recording_;
+  std::vector<std::vector<Op>> graphs_;  // emptied by DestroyGraph
 };
 
 }  // namespace kvserve::cpu

@@ -77,7 +77,9 @@ CudaBackend::~CudaBackend() {
   matmul_scratch_.reset();
   attention_scratch_.reset();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+  for (cudaGraphExec_t g : graphs_) {
+    if (g != nullptr) cudaGraphExecDestroy(g);
+  }
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -104,6 +106,7 @@ bool CudaBackend::Reserve(DeviceBuffer* scratch, size_t bytes, const char* op) {
     return false;
   }
   *scratch = std::move(*buf);
+  ++memory_epoch_;
   return true;
 }
 
@@ -297,11 +300,20 @@ absl::StatusOr<int> CudaBackend::EndCapture() {
 
 absl::Status CudaBackend::LaunchGraph(int graph) {
   Bind();
-  if (graph < 0 || graph >= static_cast<int>(graphs_.size())) {
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size()) || graphs_[graph] == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("no CUDA graph ", graph));
   }
   const cudaError_t err = cudaGraphLaunch(graphs_[graph], stream_);
   return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaGraphLaunch");
+}
+
+void CudaBackend::DestroyGraph(int graph) {
+  Bind();
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size()) || graphs_[graph] == nullptr) return;
+  // A replay may still be queued: the stream must be done with the graph before it goes.
+  cudaStreamSynchronize(stream_);
+  cudaGraphExecDestroy(graphs_[graph]);
+  graphs_[graph] = nullptr;
 }
 
 }  // namespace kvserve::cuda

@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
   absl::Status BeginCapture() override;
   absl::StatusOr<int> EndCapture() override;
   absl::Status LaunchGraph(int graph) override;
+  void DestroyGraph(int graph) override;
+  uint64_t memory_epoch() const override { return memory_epoch_; }
 
   /// The stream every op is queued on.
   cudaStream_t stream() const { return stream_; }
@@ -73,7 +75,8 @@ class CudaBackend final : public Backend {
   /// Records the first error of a queued op (sticky until reported).
   void Note(cudaError_t err, const char* op);
   void NoteText(const char* error, const char* op);
-  /// Makes `*scratch` at least `bytes` long (grow-only, so captured graphs keep valid pointers).
+  /// Makes `*scratch` at least `bytes` long (grow-only); moving it bumps memory_epoch(), since
+  /// graphs captured before point at the old buffer.
   bool Reserve(DeviceBuffer* scratch, size_t bytes, const char* op);
 
   BackendOptions options_;
@@ -85,7 +88,8 @@ class CudaBackend final : public Backend {
   std::string error_;  // first asynchronous error, reported by Synchronize
   DeviceBuffer matmul_scratch_;
   DeviceBuffer attention_scratch_;
-  std::vector<cudaGraphExec_t> graphs_;
+  std::vector<cudaGraphExec_t> graphs_;  // null once destroyed
+  uint64_t memory_epoch_ = 0;             // bumped when a scratch buffer moves
 };
 
 }  // namespace kvserve::cuda

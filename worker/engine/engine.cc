@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging/logging.h"
+#include "worker/tp/nccl_group.h"
 #include "worker/planner/capacity_planner.h"
 
 namespace kvserve {
@@ -27,6 +29,10 @@ struct RequestState {
 };
 
 namespace {
+
+// Decode batches above this run eagerly: bigger graphs cost capture time and memory for steps
+// whose launch overhead is small next to their work anyway.
+constexpr int32_t kMaxDecodeGraphBatch = 512;
 
 // What the capacity planner needs to know of a loaded model.
 ModelSpec SpecOf(const ModelWeights& w) {
@@ -76,6 +82,7 @@ absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
     plan.gpu_memory_bytes =
         options.device_memory > 0 ? options.device_memory : SystemMemoryBytes();
     plan.gpu_memory_utilization = options.gpu_memory_utilization;
+    if (options.device_memory_per_rank) plan.tp = options.tensor_parallel_size;
     plan.kv_dtype = options.kv_cache_dtype;
     plan.block_size = options.block_size;
     plan.max_num_batched_tokens = options.scheduler.max_num_batched_tokens;
@@ -142,10 +149,41 @@ absl::Status Engine::CreateModel() {
     }
     if (!(*backend)->host_memory()) backend_ = std::move(*backend);
   }
-  if (backend_ == nullptr) {
+  // The planner sizes a device pool from the memory free on the device before the weights land
+  // (it subtracts the weights and the activation peak itself).
+  if (backend_ != nullptr && sizing.gpu_memory_utilization > 0 && sizing.device_memory == 0) {
+    absl::StatusOr<std::pair<int64_t, int64_t>> memory = backend_->MemoryInfo();
+    if (!memory.ok()) return memory.status();
+    sizing.device_memory = memory->first;
+  }
+  if (backend_ == nullptr || options_.tensor_parallel_size > 1) {
     TensorParallelOptions tp_options;
     tp_options.tp_size = options_.tensor_parallel_size;
     tp_options.num_threads = options_.num_threads;
+    if (backend_ != nullptr) {
+      // CUDA ranks: rank r on device r (rank 0 keeps the backend opened above), NCCL between
+      // them. The engine keeps no backend of its own then.
+      auto first = std::make_shared<std::unique_ptr<Backend>>(std::move(backend_));
+      const bool graphs = options_.cuda_graphs;
+      tp_options.make_backend =
+          [first, graphs](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        if (rank == 0 && *first != nullptr) return std::move(*first);
+        BackendOptions backend_options;
+        backend_options.device_index = rank;
+        backend_options.enable_graphs = graphs;
+        absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(backend_options);
+        if (!b.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "--tp ", rank + 1, " or more needs CUDA device ", rank, ": ",
+              std::string(b.status().message())));
+        }
+        return b;
+      };
+      tp_options.make_communicators = CreateNcclGroup;
+      device_name_ = "cuda";
+      // Each GPU holds a 1/tp shard of the weights and of every KV block.
+      sizing.device_memory_per_rank = true;
+    }
     absl::StatusOr<std::unique_ptr<TensorParallelModel>> llama =
         TensorParallelModel::Create(&weights, tp_options);
     if (!llama.ok()) return llama.status();
@@ -159,23 +197,24 @@ absl::Status Engine::CreateModel() {
     num_kv_blocks_ = *num_blocks;
     return absl::OkStatus();
   }
-  if (options_.tensor_parallel_size != 1) {
-    return absl::InvalidArgumentError(
-        "--tp > 1 with --device cuda is not supported yet (the CUDA engine runs one GPU)");
-  }
-  // The planner sizes the pool from the memory free on the device before the weights land
-  // (it subtracts the weights and the activation peak itself).
-  if (sizing.gpu_memory_utilization > 0 && sizing.device_memory == 0) {
-    absl::StatusOr<std::pair<int64_t, int64_t>> memory = backend_->MemoryInfo();
-    if (!memory.ok()) return memory.status();
-    sizing.device_memory = memory->first;
-  }
+  device_name_ = "cuda";
   absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
   if (!num_blocks.ok()) return num_blocks.status();
   absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
       LlamaModel::Create(&weights, nullptr, nullptr, backend_.get());
   if (!llama.ok()) return llama.status();
   device_model_ = std::move(*llama);
+  if (options_.cuda_graphs && backend_->supports_graphs()) {
+    DecodeGraphOptions graphs;
+    graphs.max_batch = std::min(options_.scheduler.max_num_seqs, kMaxDecodeGraphBatch);
+    graphs.max_context_len = weights.config.max_position_embeddings;
+    graphs.block_table_stride =
+        (graphs.max_context_len + options_.block_size - 1) / options_.block_size;
+    if (absl::Status s = device_model_->EnableDecodeGraphs(graphs); !s.ok()) {
+      logging::Log(logging::LogLevel::kWarning, "engine",
+                   absl::StrCat("decode steps run without CUDA graphs: ", std::string(s.message())));
+    }
+  }
   absl::StatusOr<std::unique_ptr<KvCache>> cache =
       KvCache::Create(weights.config, *num_blocks, options_.block_size, options_.kv_cache_dtype,
                       backend_.get());
@@ -460,6 +499,13 @@ void Engine::RunModel(const SchedulerOutput& out) {
       device_model_ != nullptr
           ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
           : llama_->Forward(builder_.Build(), *cache_, logits_.data());
+  if (device_model_ != nullptr && !graph_failure_logged_ &&
+      !device_model_->decode_graph_error().empty()) {
+    graph_failure_logged_ = true;
+    logging::Log(logging::LogLevel::kWarning, "engine",
+                 absl::StrCat("CUDA graphs switched off, decode steps run eagerly: ",
+                              device_model_->decode_graph_error()));
+  }
   if (!status.ok()) {
     // A failed forward pass is a bug (inputs were validated); fail the requests involved.
     std::vector<RequestState*> failed;

@@ -45,6 +45,10 @@ struct EngineOptions {
   double gpu_memory_utilization = 0.0;
   /// Device memory for gpu_memory_utilization; 0 reads it from the system.
   int64_t device_memory = 0;
+  /// device_memory is what each tensor-parallel rank has to itself (one GPU per rank), so the
+  /// planner shards the weights and KV over tensor_parallel_size devices. False: the ranks share
+  /// it (CPU threads). Set by the engine for CUDA ranks.
+  bool device_memory_per_rank = false;
   /// Element type of the cached K and V.
   KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   SchedulerOptions scheduler;
@@ -52,15 +56,16 @@ struct EngineOptions {
   int32_t max_n = 16;
   /// Compute threads; 0 uses every core.
   int32_t num_threads = 0;
-  /// Tensor-parallel CPU ranks (--tp): the model is split Megatron-style over this many rank
-  /// threads, each with num_threads / tp kernel threads. Must divide the attention heads.
+  /// Tensor-parallel ranks (--tp): the model is split Megatron-style over this many rank
+  /// threads (CPU: each with num_threads / tp kernel threads; CUDA: one GPU each).
   int32_t tensor_parallel_size = 1;
   /// Where the model runs (--device): kCpu, kCuda (fails when no usable GPU), or kAuto (CUDA
-  /// when a usable GPU is present, else the CPU, saying why once on stderr). The CUDA engine
-  /// runs one GPU (tensor_parallel_size 1).
+  /// when a usable GPU is present, else the CPU, saying why once on stderr). With CUDA and
+  /// tensor_parallel_size N > 1, rank r runs on device r and the ranks all-reduce over NCCL.
   DeviceChoice device = DeviceChoice::kCpu;
-  /// CUDA: allow CUDA-graph capture (BackendOptions::enable_graphs).
-  bool cuda_graphs = false;
+  /// CUDA: replay decode steps of up to min(max_num_seqs, 512) sequences from CUDA graphs
+  /// (LlamaModel::EnableDecodeGraphs); false (`--enforce-eager`) launches every op each step.
+  bool cuda_graphs = true;
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;
@@ -130,7 +135,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   int64_t num_kv_blocks() const { return num_kv_blocks_; }
   /// "cpu" or "cuda": the backend the model runs on.
-  std::string_view device_name() const { return backend_ != nullptr ? backend_->name() : "cpu"; }
+  std::string_view device_name() const { return device_name_; }
 
  private:
   Engine(const LoadedModel* model, const EngineOptions& options);
@@ -177,10 +182,12 @@ class Engine {
   // CPU: the (tensor-parallel) model and its per-rank caches. CUDA: one LlamaModel and KvCache
   // on backend_ (declared first: destroyed last).
   std::unique_ptr<Backend> backend_;
+  std::string device_name_ = "cpu";
   std::unique_ptr<TensorParallelModel> llama_;  // owns the ranks' thread pools
   std::unique_ptr<ShardedKvCache> cache_;
   std::unique_ptr<LlamaModel> device_model_;
   std::unique_ptr<KvCache> device_cache_;
+  bool graph_failure_logged_ = false;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -20,9 +20,10 @@ const float* F32(const TensorView& t) { return static_cast<const float*>(t.data)
 // Bytes rounded up to a multiple of 256 (keeps every workspace slice aligned).
 int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Makes `buffer` hold at least `bytes`; contents are not kept.
-absl::Status Grow(Backend& backend, DeviceBuffer* buffer, int64_t bytes) {
+// Makes `buffer` hold at least `bytes`; contents are not kept. Sets *moved when it reallocated.
+absl::Status Grow(Backend& backend, DeviceBuffer* buffer, int64_t bytes, bool* moved = nullptr) {
   if (static_cast<int64_t>(buffer->bytes()) >= bytes) return absl::OkStatus();
+  if (moved != nullptr) *moved = true;
   buffer->reset();
   absl::StatusOr<DeviceBuffer> b = backend.AllocBuffer(static_cast<size_t>(bytes));
   if (!b.ok()) return b.status();
@@ -30,7 +31,36 @@ absl::Status Grow(Backend& backend, DeviceBuffer* buffer, int64_t bytes) {
   return absl::OkStatus();
 }
 
+// Where the staged batch arrays lie in one buffer, in this order (each 256-byte aligned):
+// slot_mapping (int64) | tokens | positions | q_start | q_len | context_len | block_tables |
+// logits_rows (int32).
+struct StagingLayout {
+  int64_t offsets[8];
+  int64_t total;
+};
+
+StagingLayout LayoutStaging(int64_t tokens, int64_t seqs, int64_t table_entries, int64_t rows) {
+  const int64_t bytes[8] = {tokens * 8, tokens * 4, tokens * 4,        seqs * 4,
+                            seqs * 4,   seqs * 4,   table_entries * 4, rows * 4};
+  StagingLayout layout{};
+  for (int i = 0; i < 8; ++i) {
+    layout.offsets[i] = layout.total;
+    layout.total += Aligned(bytes[i]);
+  }
+  return layout;
+}
+
 }  // namespace
+
+std::vector<int32_t> DecodeGraphBatchSizes(int32_t max_batch) {
+  std::vector<int32_t> sizes;
+  for (int32_t b : {1, 2, 4}) {
+    if (b < max_batch) sizes.push_back(b);
+  }
+  for (int32_t b = 8; b < max_batch; b += 8) sizes.push_back(b);
+  if (max_batch >= 1) sizes.push_back(max_batch);
+  return sizes;
+}
 
 std::vector<float> ComputeRopeInvFreq(const ModelConfig& config, const TensorView& rope_freqs) {
   const int half = config.head_dim / 2;
@@ -157,8 +187,7 @@ absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
                       &attn_out_, &gate_, &up_,     &final_rows_, &final_delta_};
   int64_t bytes = 0;
   for (int64_t n : sizes) bytes += Aligned(num_tokens * n * int64_t{sizeof(float)});
-  workspace_.reset();
-  if (absl::Status s = Grow(*backend_, &workspace_, bytes); !s.ok()) return s;
+  if (absl::Status s = GrowTracked(&workspace_, bytes); !s.ok()) return s;
   auto* base = workspace_.as<uint8_t>();
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *slices[i] = reinterpret_cast<float*>(base);
@@ -206,6 +235,19 @@ absl::Status LlamaModel::CheckBatch(const ForwardBatch& b, const KvCache& cache)
   return absl::OkStatus();
 }
 
+LlamaModel::StagedBatch LlamaModel::StagedAt(const uint8_t* base, const int64_t* offsets) {
+  auto i32 = [&](int i) { return reinterpret_cast<const int32_t*>(base + offsets[i]); };
+  return StagedBatch{i32(1), i32(2), reinterpret_cast<const int64_t*>(base + offsets[0]),
+                     i32(3), i32(4), i32(5), i32(6), i32(7)};
+}
+
+absl::Status LlamaModel::GrowTracked(DeviceBuffer* buffer, int64_t bytes) {
+  bool moved = false;
+  absl::Status s = Grow(*backend_, buffer, bytes, &moved);
+  if (moved) ++buffers_epoch_;
+  return s;
+}
+
 absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b) {
   const int64_t seqs = static_cast<int64_t>(b.q_start.size());
   const int64_t table_entries = seqs * b.block_table_stride;
@@ -214,40 +256,25 @@ absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b)
                        b.q_start.data(), b.q_len.data(),     b.context_len.data(),
                        b.block_tables,   b.logits_rows.data()};
   }
-  // One host staging area, one copy: [slot_mapping | tokens | positions | q_start | q_len |
-  // context_len | block_tables | logits_rows], each part 256-byte aligned.
-  struct Part {
-    const void* src;
-    int64_t bytes;
-  };
-  const Part parts[] = {
-      {b.slot_mapping.data(), static_cast<int64_t>(b.slot_mapping.size_bytes())},
-      {b.tokens.data(), static_cast<int64_t>(b.tokens.size_bytes())},
-      {b.positions.data(), static_cast<int64_t>(b.positions.size_bytes())},
-      {b.q_start.data(), static_cast<int64_t>(b.q_start.size_bytes())},
-      {b.q_len.data(), static_cast<int64_t>(b.q_len.size_bytes())},
-      {b.context_len.data(), static_cast<int64_t>(b.context_len.size_bytes())},
-      {b.block_tables, table_entries * int64_t{sizeof(int32_t)}},
-      {b.logits_rows.data(), static_cast<int64_t>(b.logits_rows.size_bytes())},
-  };
-  int64_t total = 0;
-  for (const Part& p : parts) total += Aligned(p.bytes);
-  std::vector<uint8_t> host(static_cast<size_t>(total));
-  int64_t offsets[std::size(parts)];
-  int64_t at = 0;
-  for (size_t i = 0; i < std::size(parts); ++i) {
-    offsets[i] = at;
-    if (parts[i].bytes > 0) std::memcpy(host.data() + at, parts[i].src, parts[i].bytes);
-    at += Aligned(parts[i].bytes);
+  // One host staging area, one copy.
+  const int64_t tokens = static_cast<int64_t>(b.tokens.size());
+  const int64_t rows = static_cast<int64_t>(b.logits_rows.size());
+  const StagingLayout layout = LayoutStaging(tokens, seqs, table_entries, rows);
+  const void* sources[8] = {b.slot_mapping.data(), b.tokens.data(),  b.positions.data(),
+                            b.q_start.data(),      b.q_len.data(),   b.context_len.data(),
+                            b.block_tables,        b.logits_rows.data()};
+  const int64_t bytes[8] = {tokens * 8, tokens * 4, tokens * 4,        seqs * 4,
+                            seqs * 4,   seqs * 4,   table_entries * 4, rows * 4};
+  std::vector<uint8_t> host(static_cast<size_t>(layout.total));
+  for (int i = 0; i < 8; ++i) {
+    if (bytes[i] > 0) std::memcpy(host.data() + layout.offsets[i], sources[i], bytes[i]);
   }
-  if (absl::Status s = Grow(*backend_, &staging_, total); !s.ok()) return s;
-  if (absl::Status s = backend_->CopyToDevice(staging_.get(), host.data(), total); !s.ok()) {
+  if (absl::Status s = Grow(*backend_, &staging_, layout.total); !s.ok()) return s;
+  if (absl::Status s = backend_->CopyToDevice(staging_.get(), host.data(), layout.total);
+      !s.ok()) {
     return s;
   }
-  const uint8_t* d = staging_.as<uint8_t>();
-  auto i32 = [&](int i) { return reinterpret_cast<const int32_t*>(d + offsets[i]); };
-  return StagedBatch{i32(1), i32(2), reinterpret_cast<const int64_t*>(d + offsets[0]),
-                     i32(3), i32(4), i32(5), i32(6), i32(7)};
+  return StagedAt(staging_.as<uint8_t>(), layout.offsets);
 }
 
 void LlamaModel::Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias,
@@ -282,50 +309,231 @@ void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& wei
   backend_->RmsNorm(args);
 }
 
+AttentionPlan LlamaModel::Plan(int64_t seqs, int64_t max_q_len, int64_t max_context_len,
+                               const KvCache& cache) const {
+  AttentionShape shape;
+  shape.num_seqs = seqs;
+  shape.num_heads = weights_->config.num_heads;
+  shape.max_q_len = max_q_len;
+  shape.max_context_len = max_context_len;
+  shape.layout = cache.layout();
+  return backend_->PlanAttention(shape);
+}
+
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, float* logits) {
   if (absl::Status s = CheckBatch(batch, cache); !s.ok()) return s;
+  const bool decode = std::all_of(batch.q_len.begin(), batch.q_len.end(),
+                                  [](int32_t n) { return n == 1; });
+  if (graphs_enabled_ && logits != nullptr && decode) {
+    if (GraphableDecode(batch)) {
+      absl::Status s = ForwardDecodeGraph(batch, cache, logits);
+      if (graphs_enabled_) return s;
+      // The capture failed and switched graphs off (graph_error_ says why): run it eagerly.
+    } else {
+      ++graph_stats_.eager_decodes;
+    }
+  }
   const ModelConfig& c = weights_->config;
   const int64_t t = static_cast<int64_t>(batch.tokens.size());
-  const int64_t h = c.hidden_size;
   if (absl::Status s = EnsureWorkspace(t); !s.ok()) return s;
   absl::StatusOr<StagedBatch> staged = Stage(batch);
   if (!staged.ok()) return staged.status();
 
-  AttentionShape shape;
-  shape.num_seqs = static_cast<int64_t>(batch.q_start.size());
-  shape.num_heads = c.num_heads;
+  Step step;
+  step.staged = *staged;
+  step.tokens = t;
+  step.seqs = static_cast<int64_t>(batch.q_start.size());
+  step.table_stride = batch.block_table_stride;
+  step.logits_rows = logits == nullptr ? 0 : static_cast<int64_t>(batch.logits_rows.size());
+  int64_t max_q_len = 0;
+  int64_t max_context_len = 0;
   for (size_t s = 0; s < batch.q_start.size(); ++s) {
-    shape.max_q_len = std::max<int64_t>(shape.max_q_len, batch.q_len[s]);
-    shape.max_context_len = std::max<int64_t>(shape.max_context_len, batch.context_len[s]);
+    max_q_len = std::max<int64_t>(max_q_len, batch.q_len[s]);
+    max_context_len = std::max<int64_t>(max_context_len, batch.context_len[s]);
   }
-  shape.layout = cache.layout();
-  const AttentionPlan plan = backend_->PlanAttention(shape);
+  step.plan = Plan(step.seqs, max_q_len, max_context_len, cache);
 
-  backend_->Embedding({embedding_.data, embedding_.dtype, h, staged->tokens, t, hidden_});
-  for (int layer = 0; layer < c.num_layers; ++layer) {
-    if (absl::Status s = RunLayer(layer, batch, *staged, plan, cache, t); !s.ok()) return s;
-  }
-
-  // Only the rows that need logits go through the final norm and the vocabulary projection:
-  // gather them (an f32 "embedding" of the stream), then add the last MLP output in the norm.
-  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-  if (rows == 0 || logits == nullptr) return backend_->Synchronize();
-  backend_->Embedding({hidden_, DType::kF32, h, staged->logits_rows, rows, final_rows_});
-  backend_->Embedding({delta_, DType::kF32, h, staged->logits_rows, rows, final_delta_});
-  Norm(final_rows_, final_delta_, final_norm_, normed_, rows);
-  if (backend_->host_memory()) {
-    Linear(normed_, output_, PreparedVector{}, logits, rows);
+  if (step.logits_rows == 0) {
+    if (absl::Status s = Enqueue(step, cache, nullptr); !s.ok()) return s;
     return backend_->Synchronize();
   }
-  const int64_t bytes = rows * c.vocab_size * int64_t{sizeof(float)};
-  if (absl::Status s = Grow(*backend_, &device_logits_, bytes); !s.ok()) return s;
-  Linear(normed_, output_, PreparedVector{}, device_logits_.as<float>(), rows);
+  if (backend_->host_memory()) {
+    if (absl::Status s = Enqueue(step, cache, logits); !s.ok()) return s;
+    return backend_->Synchronize();
+  }
+  const int64_t bytes = step.logits_rows * c.vocab_size * int64_t{sizeof(float)};
+  if (absl::Status s = GrowTracked(&device_logits_, bytes); !s.ok()) return s;
+  if (absl::Status s = Enqueue(step, cache, device_logits_.as<float>()); !s.ok()) return s;
   return backend_->CopyToHost(logits, device_logits_.get(), static_cast<size_t>(bytes));
 }
 
-absl::Status LlamaModel::RunLayer(int layer, const ForwardBatch& b, const StagedBatch& staged,
-                                  const AttentionPlan& plan, KvCache& cache, int64_t t) {
+absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device_logits) {
   const ModelConfig& c = weights_->config;
+  const int64_t h = c.hidden_size;
+  const int64_t t = step.tokens;
+  backend_->Embedding({embedding_.data, embedding_.dtype, h, step.staged.tokens, t, hidden_});
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    if (absl::Status s = RunLayer(layer, step, cache); !s.ok()) return s;
+  }
+  // Only the rows that need logits go through the final norm and the vocabulary projection:
+  // gather them (an f32 "embedding" of the stream), then add the last MLP output in the norm.
+  const int64_t rows = step.logits_rows;
+  if (rows == 0 || device_logits == nullptr) return absl::OkStatus();
+  backend_->Embedding({hidden_, DType::kF32, h, step.staged.logits_rows, rows, final_rows_});
+  backend_->Embedding({delta_, DType::kF32, h, step.staged.logits_rows, rows, final_delta_});
+  Norm(final_rows_, final_delta_, final_norm_, normed_, rows);
+  Linear(normed_, output_, PreparedVector{}, device_logits, rows);
+  return absl::OkStatus();
+}
+
+bool LlamaModel::GraphableDecode(const ForwardBatch& b) const {
+  const int64_t n = static_cast<int64_t>(b.q_start.size());
+  if (n > graph_options_.max_batch || static_cast<int64_t>(b.tokens.size()) != n ||
+      static_cast<int64_t>(b.logits_rows.size()) != n) {
+    return false;
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    if (b.q_start[s] != s || b.logits_rows[s] != s ||
+        b.context_len[s] > graph_options_.max_context_len) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cache,
+                                            float* logits) {
+  const ModelConfig& c = weights_->config;
+  const int64_t n = static_cast<int64_t>(b.q_start.size());
+  const size_t index = static_cast<size_t>(
+      std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), n) - graph_sizes_.begin());
+  const int64_t padded = graph_sizes_[index];
+  const int64_t stride = graph_options_.block_table_stride;
+
+  // The padded batch, written into the fixed staging image: real sequences first, then padding
+  // sequences of one token at position 0 whose K/V lands in (and whose attention reads) slot 0
+  // of the null block.
+  uint8_t* host = graph_host_.data();
+  auto at = [&](int part) { return host + graph_offsets_[part]; };
+  auto* slots = reinterpret_cast<int64_t*>(at(0));
+  auto* tokens = reinterpret_cast<int32_t*>(at(1));
+  auto* positions = reinterpret_cast<int32_t*>(at(2));
+  auto* q_start = reinterpret_cast<int32_t*>(at(3));
+  auto* q_len = reinterpret_cast<int32_t*>(at(4));
+  auto* context_len = reinterpret_cast<int32_t*>(at(5));
+  auto* tables = reinterpret_cast<int32_t*>(at(6));
+  auto* rows = reinterpret_cast<int32_t*>(at(7));
+  const int64_t copied = std::min(stride, b.block_table_stride);
+  for (int64_t s = 0; s < padded; ++s) {
+    const bool real = s < n;
+    slots[s] = real ? b.slot_mapping[s] : 0;
+    tokens[s] = real ? b.tokens[s] : 0;
+    positions[s] = real ? b.positions[s] : 0;
+    q_start[s] = static_cast<int32_t>(s);
+    q_len[s] = 1;
+    context_len[s] = real ? b.context_len[s] : 1;
+    rows[s] = static_cast<int32_t>(s);
+    int32_t* table = tables + s * stride;
+    std::fill(table, table + stride, 0);
+    if (real) std::copy_n(b.block_tables + s * b.block_table_stride, copied, table);
+  }
+  if (absl::Status s = backend_->CopyToDevice(graph_staging_.get(), host, graph_host_.size());
+      !s.ok()) {
+    return s;
+  }
+
+  Step step;
+  step.staged = StagedAt(graph_staging_.as<uint8_t>(), graph_offsets_);
+  step.tokens = padded;
+  step.seqs = padded;
+  step.table_stride = stride;
+  step.logits_rows = padded;
+  step.plan = Plan(padded, 1, graph_options_.max_context_len, cache);
+  auto* out = device_logits_.as<float>();
+
+  DecodeGraph& graph = graphs_[index];
+  if (graph.handle < 0 || graph.backend_epoch != backend_->memory_epoch() ||
+      graph.buffers_epoch != buffers_epoch_ || graph.cache != &cache) {
+    if (graph.handle >= 0) backend_->DestroyGraph(graph.handle);
+    graph = DecodeGraph{};
+    // Run the step eagerly first: the backend sizes its scratch for this shape now, since
+    // nothing may be allocated while capturing.
+    if (absl::Status s = Enqueue(step, cache, out); !s.ok()) return s;
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    absl::Status captured = backend_->BeginCapture();
+    if (captured.ok()) {
+      captured = Enqueue(step, cache, out);
+      absl::StatusOr<int> handle = backend_->EndCapture();
+      if (captured.ok()) captured = handle.status();
+      if (captured.ok()) {
+        graph = DecodeGraph{*handle, backend_->memory_epoch(), buffers_epoch_, &cache};
+        ++graph_stats_.captures;
+      }
+    }
+    if (!captured.ok()) {
+      graphs_enabled_ = false;
+      graph_error_ = absl::StrCat("capturing the decode graph of batch ", padded,
+                                  " failed: ", std::string(captured.message()));
+      return captured;
+    }
+  }
+  if (absl::Status s = backend_->LaunchGraph(graph.handle); !s.ok()) return s;
+  ++graph_stats_.replays;
+  return backend_->CopyToHost(logits, out,
+                              static_cast<size_t>(n * c.vocab_size * int64_t{sizeof(float)}));
+}
+
+absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
+  const ModelConfig& c = weights_->config;
+  if (!backend_->supports_graphs()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", std::string(backend_->name()), " backend cannot capture graphs"));
+  }
+  if (all_reduce_) {
+    return absl::FailedPreconditionError(
+        "decode graphs are not available to tensor-parallel ranks (their all-reduce "
+        "synchronizes on the host between layers)");
+  }
+  if (options.max_batch < 1 || options.max_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode graph max_batch must be in [1, 4096], got ", options.max_batch));
+  }
+  if (options.max_context_len < 1 || options.max_context_len > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode graph max_context_len must be in [1, ", c.max_position_embeddings, "], got ",
+        options.max_context_len));
+  }
+  if (options.block_table_stride < 1) {
+    return absl::InvalidArgumentError("decode graph block_table_stride must be >= 1");
+  }
+  for (const DecodeGraph& g : graphs_) {
+    if (g.handle >= 0) backend_->DestroyGraph(g.handle);
+  }
+  graph_options_ = options;
+  graph_sizes_ = DecodeGraphBatchSizes(options.max_batch);
+  graphs_.assign(graph_sizes_.size(), DecodeGraph{});
+  const int64_t max_batch = options.max_batch;
+  const StagingLayout layout =
+      LayoutStaging(max_batch, max_batch, max_batch * options.block_table_stride, max_batch);
+  std::copy_n(layout.offsets, 8, graph_offsets_);
+  graph_host_.assign(static_cast<size_t>(layout.total), 0);
+  // Sized for the largest graph up front, so capturing sizes one by one moves nothing.
+  if (absl::Status s = Grow(*backend_, &graph_staging_, layout.total); !s.ok()) return s;
+  if (absl::Status s = EnsureWorkspace(max_batch); !s.ok()) return s;
+  if (absl::Status s =
+          GrowTracked(&device_logits_, max_batch * c.vocab_size * int64_t{sizeof(float)});
+      !s.ok()) {
+    return s;
+  }
+  graph_error_.clear();
+  graphs_enabled_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
+  const ModelConfig& c = weights_->config;
+  const StagedBatch& staged = step.staged;
+  const int64_t t = step.tokens;
   const Layer& w = layers_[layer];
   const int64_t h = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
@@ -362,19 +570,19 @@ absl::Status LlamaModel::RunLayer(int layer, const ForwardBatch& b, const Staged
   attn.q_stride = q_dim;
   attn.out = attn_out_;
   attn.out_stride = q_dim;
-  attn.num_seqs = static_cast<int64_t>(b.q_start.size());
+  attn.num_seqs = step.seqs;
   attn.num_heads = c.num_heads;
   attn.q_start = staged.q_start;
   attn.q_len = staged.q_len;
   attn.context_len = staged.context_len;
   attn.block_tables = staged.block_tables;
-  attn.block_table_stride = b.block_table_stride;
+  attn.block_table_stride = step.table_stride;
   attn.k_cache = cache.k(layer);
   attn.v_cache = cache.v(layer);
   attn.layout = cache.layout();
   attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   attn.sliding_window = c.sliding_window;
-  backend_->RunAttention(plan, attn);
+  backend_->RunAttention(step.plan, attn);
 
   Linear(attn_out_, w.wo, PreparedVector{}, delta_, t);
   // Under tensor parallelism each rank holds some heads: their output projections add up.

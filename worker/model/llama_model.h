@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,30 @@ struct ForwardBatch {
   /// Token rows whose logits are wanted (usually the last row of each sequence), in output order.
   std::span<const int32_t> logits_rows;
 };
+
+/// Decode steps replayed from graphs (LlamaModel::EnableDecodeGraphs).
+struct DecodeGraphOptions {
+  /// Largest decode batch replayed from a graph (the scheduler's max_num_seqs); larger ones run
+  /// eagerly. Graphs are captured for the sizes DecodeGraphBatchSizes(max_batch).
+  int32_t max_batch = 256;
+  /// Longest context a replay serves (usually max_position_embeddings): attention is planned
+  /// for it, since the plan is fixed at capture.
+  int64_t max_context_len = 0;
+  /// Block-table entries per sequence in the captured layout (ceil(max_context_len /
+  /// block_size)).
+  int64_t block_table_stride = 0;
+};
+
+/// Counters of the decode-graph path.
+struct DecodeGraphStats {
+  int64_t captures = 0;       // graphs captured (first use of a size, or again after invalidation)
+  int64_t replays = 0;        // decode steps run by replaying a graph
+  int64_t eager_decodes = 0;  // decode steps that could not use a graph (too large, too long)
+};
+
+/// The padded batch sizes decode graphs are captured for: 1, 2, 4, then multiples of 8, up to
+/// and including max_batch (vLLM's choice: few graphs, at most 7 padded rows).
+std::vector<int32_t> DecodeGraphBatchSizes(int32_t max_batch);
 
 /// Sums `n` floats at `data` in place across the tensor-parallel ranks (Communicator::
 /// AllReduceSum); every rank must call it at the same points with the same n.
@@ -74,6 +99,22 @@ class LlamaModel {
   /// The backend the ops run on.
   Backend& backend() { return *backend_; }
 
+  /// From now on, decode-only steps (every sequence adds one token and wants its logits) of at
+  /// most options.max_batch sequences are padded to the next DecodeGraphBatchSizes size and
+  /// replayed from a graph captured on first use: one launch instead of a few hundred. Padding
+  /// rows write their K/V to slot 0 of the null block 0, which block tables never reference for
+  /// real tokens. A graph is captured again when a buffer it points into moved (the activation
+  /// workspace grew for a larger prefill, the backend's scratch grew) or for another KV cache.
+  /// FAILED_PRECONDITION when the backend cannot capture graphs or the model is a
+  /// tensor-parallel rank (its all-reduce synchronizes on the host between layers).
+  absl::Status EnableDecodeGraphs(const DecodeGraphOptions& options);
+  /// Whether decode graphs are on (EnableDecodeGraphs succeeded and no capture failed since).
+  bool decode_graphs_enabled() const { return graphs_enabled_; }
+  /// Why decode graphs were switched off after a failed capture (empty otherwise); the failed
+  /// step and every later one run eagerly.
+  const std::string& decode_graph_error() const { return graph_error_; }
+  const DecodeGraphStats& decode_graph_stats() const { return graph_stats_; }
+
   const ModelConfig& config() const { return weights_->config; }
   /// RoPE inverse frequencies per rotated pair, with the model's scaling applied.
   const std::vector<float>& inv_freq() const { return inv_freq_; }
@@ -96,13 +137,42 @@ class LlamaModel {
     const int32_t* logits_rows;
   };
 
+  /// Everything the queued ops of one step read: the staged arrays and the shape.
+  struct Step {
+    StagedBatch staged;
+    AttentionPlan plan;
+    int64_t tokens = 0;
+    int64_t seqs = 0;
+    int64_t table_stride = 0;
+    int64_t logits_rows = 0;
+  };
+  /// A captured decode graph for one padded batch size, and what it was captured against.
+  struct DecodeGraph {
+    int handle = -1;
+    uint64_t backend_epoch = 0;
+    uint64_t buffers_epoch = 0;
+    const KvCache* cache = nullptr;
+  };
+
   LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce);
   absl::Status PrepareWeights();
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
   absl::Status EnsureWorkspace(int64_t num_tokens);
   absl::StatusOr<StagedBatch> Stage(const ForwardBatch& batch);
-  absl::Status RunLayer(int layer, const ForwardBatch& batch, const StagedBatch& staged,
-                        const AttentionPlan& plan, KvCache& cache, int64_t num_tokens);
+  /// The staged arrays at `offsets` (Stage's order) inside the device buffer at `base`.
+  static StagedBatch StagedAt(const uint8_t* base, const int64_t* offsets);
+  AttentionPlan Plan(int64_t seqs, int64_t max_q_len, int64_t max_context_len,
+                     const KvCache& cache) const;
+  /// Queues the whole forward pass of `step`; `device_logits` (backend memory, or null to skip
+  /// the final norm and projection) receives step.logits_rows rows.
+  absl::Status Enqueue(const Step& step, KvCache& cache, float* device_logits);
+  absl::Status RunLayer(int layer, const Step& step, KvCache& cache);
+  /// Whether `batch` is a decode step a graph can replay.
+  bool GraphableDecode(const ForwardBatch& batch) const;
+  /// Forward of a graphable decode step: pad, stage, capture if needed, replay.
+  absl::Status ForwardDecodeGraph(const ForwardBatch& batch, KvCache& cache, float* logits);
+  /// Makes `*buffer` hold `bytes`, bumping buffers_epoch_ when it moves.
+  absl::Status GrowTracked(DeviceBuffer* buffer, int64_t bytes);
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
@@ -135,9 +205,23 @@ class LlamaModel {
   float* up_ = nullptr;           // [T, intermediate]
   float* final_rows_ = nullptr;   // [logits rows, hidden] hidden rows that need logits
   float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs
-  // Device backends only: the staged batch arrays and the logits before they go to the host.
+  // Device backends only: the staged batch arrays and the logits before they go to the host
+  // (graph replays use device_logits_ on every backend).
   DeviceBuffer staging_;
   DeviceBuffer device_logits_;
+  // Bumped whenever workspace_ or device_logits_ moves (graphs point into them).
+  uint64_t buffers_epoch_ = 0;
+
+  // Decode graphs.
+  bool graphs_enabled_ = false;
+  DecodeGraphOptions graph_options_;
+  std::vector<int32_t> graph_sizes_;  // DecodeGraphBatchSizes(max_batch)
+  std::vector<DecodeGraph> graphs_;   // one per size
+  DeviceBuffer graph_staging_;        // fixed layout for max_batch, shared by every graph
+  std::vector<uint8_t> graph_host_;   // its host image
+  int64_t graph_offsets_[8] = {};     // of the staged arrays inside it (Stage's order)
+  std::string graph_error_;
+  DecodeGraphStats graph_stats_;
 };
 
 /// Computes RoPE inverse frequencies for `config` (theta, linear or llama3 scaling, and the

@@ -11,10 +11,11 @@ namespace kvserve {
 /// lockstep. Every rank must make the same sequence of collective calls with the same sizes;
 /// a call returns once every rank has made it (or the group was aborted).
 ///
-/// Two implementations are planned: an in-process CPU group (worker/tp/cpu_communicator.h: the
-/// ranks are threads of one process) and NCCL (one thread per GPU). Both promise the same
-/// semantics: AllReduceSum leaves bit-identical results on every rank, summing in rank order
-/// 0, 1, ..., size-1, so a tensor-parallel run is reproducible.
+/// Two implementations: an in-process CPU group (worker/tp/cpu_communicator.h: the ranks are
+/// threads of one process) and NCCL (worker/tp/nccl_communicator.h: one thread per GPU). Both
+/// leave bit-identical AllReduceSum results on every rank; the CPU group also sums in rank
+/// order 0, 1, ..., size-1, so a CPU tensor-parallel run is reproducible (NCCL picks its own
+/// order).
 ///
 /// Errors: INVALID_ARGUMENT when ranks disagree on a call's size (every rank gets it), ABORTED
 /// when another rank gave up (its own error is the one to report).
@@ -37,6 +38,12 @@ class Communicator {
 
   /// Returns once every rank has called Barrier().
   virtual absl::Status Barrier() = 0;
+
+  /// Gives up on the group, from any thread: every rank's pending and later calls return
+  /// ABORTED (or the transport's error). Used when one rank failed and will not reach the next
+  /// collective, so the others do not wait forever. The CPU group can be re-armed afterwards
+  /// (CpuCommGroup::Reset); an aborted NCCL group is gone for good.
+  virtual void Abort() = 0;
 };
 
 }  // namespace kvserve

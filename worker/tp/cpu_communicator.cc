@@ -13,6 +13,7 @@ class CpuCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size_; }
+  void Abort() override { group_->Abort(); }
 
   absl::Status AllReduceSum(float* data, int64_t n) override {
     const int size = group_->size_;

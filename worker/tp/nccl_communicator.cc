@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -11,11 +13,19 @@
 
 namespace kvserve {
 
+// What the ranks of one group share: their communicators, for Abort.
+struct NcclCommunicator::Group {
+  std::mutex mu;
+  std::vector<ncclComm_t> comms;
+  std::atomic<bool> aborted{false};
+};
+
 struct NcclCommunicator::Impl {
   int device = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   float* scratch = nullptr;  // one float, for Barrier
+  std::shared_ptr<Group> group;
 };
 
 namespace {
@@ -32,7 +42,8 @@ NcclCommunicator::NcclCommunicator(int rank, int size, std::unique_ptr<Impl> imp
 
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(impl_->device);
-  if (impl_->comm != nullptr) ncclCommDestroy(impl_->comm);
+  // An aborted communicator was freed by ncclCommAbort.
+  if (impl_->comm != nullptr && !impl_->group->aborted.load()) ncclCommDestroy(impl_->comm);
   if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
   if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
 }
@@ -52,11 +63,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::Cre
       !s.ok()) {
     return s;
   }
+  auto shared = std::make_shared<Group>();
+  shared->comms = comms;
   std::vector<std::unique_ptr<Communicator>> group;
   for (int i = 0; i < num_devices; ++i) {
     auto impl = std::make_unique<Impl>();
     impl->device = i;
     impl->comm = comms[i];
+    impl->group = shared;
     cudaSetDevice(i);
     if (cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaMalloc(&impl->scratch, sizeof(float)) != cudaSuccess) {
@@ -68,7 +82,15 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::Cre
   return group;
 }
 
+void NcclCommunicator::Abort() {
+  Group& g = *impl_->group;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.aborted.exchange(true)) return;
+  for (ncclComm_t comm : g.comms) ncclCommAbort(comm);
+}
+
 absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
+  if (impl_->group->aborted.load()) return absl::AbortedError("the NCCL group was aborted");
   if (n == 0) return absl::OkStatus();
   cudaSetDevice(impl_->device);
   if (absl::Status s = NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat,
@@ -83,6 +105,7 @@ absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
 }
 
 absl::Status NcclCommunicator::AllGather(const float* send, int64_t n, float* recv) {
+  if (impl_->group->aborted.load()) return absl::AbortedError("the NCCL group was aborted");
   cudaSetDevice(impl_->device);
   if (absl::Status s = NcclStatus(
           ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm, impl_->stream),

@@ -32,9 +32,13 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduceSum(float* data, int64_t n) override;
   absl::Status AllGather(const float* send, int64_t n, float* recv) override;
   absl::Status Barrier() override;
+  /// ncclCommAbort on every rank's communicator (once): ranks blocked in a collective return,
+  /// and every later call is ABORTED.
+  void Abort() override;
 
  private:
   struct Impl;
+  struct Group;
   NcclCommunicator(int rank, int size, std::unique_ptr<Impl> impl);
 
   int rank_;

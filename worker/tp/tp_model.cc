@@ -27,11 +27,26 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads_per_rank = std::max(1, total_threads / tp);
 
+  const bool device = static_cast<bool>(options.make_backend);
+  if (device && tp > 1 && !options.make_communicators) {
+    return absl::InvalidArgumentError(
+        "device tensor-parallel ranks need make_communicators (the CPU group cannot reach "
+        "device memory)");
+  }
   std::unique_ptr<TensorParallelModel> model(new TensorParallelModel(weights));
-  if (tp > 1) {
+  if (tp > 1 && !device) {
     absl::StatusOr<std::unique_ptr<CpuCommGroup>> group = CpuCommGroup::Create(tp);
     if (!group.ok()) return group.status();
     model->group_ = std::move(*group);
+  } else if (tp > 1) {
+    absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms =
+        options.make_communicators(tp);
+    if (!comms.ok()) return comms.status();
+    if (static_cast<int>(comms->size()) != tp) {
+      return absl::InternalError(
+          absl::StrCat("make_communicators gave ", comms->size(), " communicators for ", tp));
+    }
+    model->device_comms_ = std::move(*comms);
   }
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
@@ -46,14 +61,21 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
       rank->shard = std::move(*shard);
       rank->weights = rank->shard.get();
     }
-    rank->pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
+    if (device) {
+      absl::StatusOr<std::unique_ptr<Backend>> backend = options.make_backend(r);
+      if (!backend.ok()) return backend.status();
+      rank->backend = std::move(*backend);
+    } else {
+      rank->pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
+    }
     AllReduceFn all_reduce;
     if (tp > 1) {
-      Communicator* comm = model->group_->communicator(r);
+      rank->comm = device ? model->device_comms_[r].get() : model->group_->communicator(r);
+      Communicator* comm = rank->comm;
       all_reduce = [comm](float* data, int64_t n) { return comm->AllReduceSum(data, n); };
     }
-    absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
-        LlamaModel::Create(rank->weights, rank->pool.get(), std::move(all_reduce));
+    absl::StatusOr<std::unique_ptr<LlamaModel>> llama = LlamaModel::Create(
+        rank->weights, rank->pool.get(), std::move(all_reduce), rank->backend.get());
     if (!llama.ok()) return llama.status();
     rank->model = std::move(*llama);
     model->ranks_.push_back(std::move(rank));
@@ -81,7 +103,8 @@ absl::StatusOr<std::unique_ptr<ShardedKvCache>> TensorParallelModel::CreateKvCac
   std::unique_ptr<ShardedKvCache> cache(new ShardedKvCache());
   for (const auto& rank : ranks_) {
     absl::StatusOr<std::unique_ptr<KvCache>> c =
-        KvCache::Create(rank->weights->config, num_blocks, block_size, dtype);
+        KvCache::Create(rank->weights->config, num_blocks, block_size, dtype,
+                        rank->backend.get());
     if (!c.ok()) return c.status();
     cache->ranks_.push_back(std::move(*c));
   }
@@ -102,6 +125,10 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
         absl::StrCat("KV cache has ", cache.tp_size(), " ranks, the model ", tp));
   }
   if (tp == 1) return ranks_[0]->model->Forward(batch, cache.rank(0), logits);
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the tensor-parallel group is down after an earlier failure: ", broken_.ToString()));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     batch_ = &batch;
@@ -117,8 +144,9 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
     batch_ = nullptr;
     cache_ = nullptr;
   }
-  // Every rank has returned: nobody is inside a collective, so an abort can be cleared.
-  if (group_->aborted()) group_->Reset();
+  // Every rank has returned: nobody is inside a collective, so a CPU group's abort can be
+  // cleared.
+  if (group_ != nullptr && group_->aborted()) group_->Reset();
   absl::Status result;
   for (const auto& rank : ranks_) {
     if (rank->status.ok()) continue;
@@ -127,13 +155,17 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
       result = rank->status;
     }
   }
+  // INVALID_ARGUMENT is a bad batch every rank refused before any collective: nothing to abort.
+  if (!result.ok() && group_ == nullptr && !absl::IsInvalidArgument(result)) broken_ = result;
   return result;
 }
 
 void TensorParallelModel::RunRank(int r, float* logits) {
   Rank& rank = *ranks_[r];
   rank.status = rank.model->Forward(*batch_, cache_->rank(r), logits);
-  if (!rank.status.ok()) group_->Abort();
+  // Every rank checks the same batch the same way, so a refused batch (INVALID_ARGUMENT) stops
+  // all of them before their first collective; anything else may leave the others waiting.
+  if (!rank.status.ok() && !absl::IsInvalidArgument(rank.status)) rank.comm->Abort();
 }
 
 void TensorParallelModel::RankLoop(int r) {

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -10,11 +11,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_dtype.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/weights.h"
+#include "worker/tp/communicator.h"
 #include "worker/tp/cpu_communicator.h"
 #include "worker/tp/shard.h"
 
@@ -25,8 +28,16 @@ struct TensorParallelOptions {
   /// Number of ranks (`--tp`). 1 runs the whole model on the calling thread, unsharded.
   int tp_size = 1;
   /// Compute threads over all ranks; each rank gets max(1, num_threads / tp_size) for its
-  /// kernels (the rank's own thread included). 0 uses every core.
+  /// kernels (the rank's own thread included). 0 uses every core. CPU ranks only.
   int num_threads = 0;
+  /// Device ranks: called once per rank r = 0..tp_size-1 on the creating thread, returns rank
+  /// r's backend (e.g. CUDA device r). Null: CPU ranks, each on its own thread pool.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int rank)> make_backend;
+  /// Device ranks' collectives (tp_size > 1): returns tp_size communicators over the backends'
+  /// memory, rank r's at index r (CreateNcclGroup). Null: the in-process CPU group, which only
+  /// CPU ranks can use.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(int tp_size)>
+      make_communicators;
 };
 
 /// The KV memory of every rank: rank r's cache holds rank r's kv heads of every block. All
@@ -56,9 +67,10 @@ class ShardedKvCache {
   std::vector<std::unique_ptr<KvCache>> ranks_;
 };
 
-/// A Llama model split Megatron-style over `tp_size` CPU ranks (worker/tp/shard.h has the
-/// split). Rank 0 runs on the caller's thread, ranks 1..tp-1 on threads owned by the model; they
-/// talk through an in-process CpuCommGroup. Forward() runs every rank on the same batch: each
+/// A Llama model split Megatron-style over `tp_size` ranks (worker/tp/shard.h has the split):
+/// CPU ranks talking through an in-process CpuCommGroup, or device ranks (one GPU each, from
+/// TensorParallelOptions::make_backend) talking through NCCL. Rank 0 runs on the caller's
+/// thread, ranks 1..tp-1 on threads owned by the model. Forward() runs every rank on the same batch: each
 /// computes its heads' attention and its MLP rows, the ranks all-reduce (sum in rank order, so
 /// results are reproducible) after the attention output projection and after the MLP down
 /// projection, and rank 0 alone computes the logits (the output layer is replicated).
@@ -85,6 +97,10 @@ class TensorParallelModel {
   const ModelConfig& rank_config(int r) const { return ranks_[r]->weights->config; }
   /// What rank r holds.
   const ShardPlan& plan(int r) const { return ranks_[r]->plan; }
+  /// Rank r's backend.
+  Backend& backend(int r) { return ranks_[r]->model->backend(); }
+  /// Rank 0's model (single-rank features such as decode graphs).
+  LlamaModel& rank0_model() { return *ranks_[0]->model; }
 
   /// Per-rank KV caches of `num_blocks` blocks each, ready for Forward.
   absl::StatusOr<std::unique_ptr<ShardedKvCache>> CreateKvCache(
@@ -94,7 +110,9 @@ class TensorParallelModel {
 
   /// Runs the batch on every rank, writing each rank's K/V into its cache and
   /// `batch.logits_rows.size()` rows of vocab_size logits into `logits` (rank 0's). Errors are
-  /// those of LlamaModel::Forward (the failing rank's, not the others' ABORTED).
+  /// those of LlamaModel::Forward (the failing rank's, not the others' ABORTED). A CPU group is
+  /// re-armed after a failed step; a device group (NCCL) is not, so every later step fails
+  /// with FAILED_PRECONDITION naming the first error.
   absl::Status Forward(const ForwardBatch& batch, ShardedKvCache& cache, float* logits);
 
  private:
@@ -102,7 +120,9 @@ class TensorParallelModel {
     ShardPlan plan;
     std::unique_ptr<ModelWeights> shard;  // null for tp 1 (the whole model is used)
     const ModelWeights* weights = nullptr;
-    std::unique_ptr<cpu::ThreadPool> pool;
+    std::unique_ptr<cpu::ThreadPool> pool;  // CPU ranks
+    std::unique_ptr<Backend> backend;       // device ranks
+    Communicator* comm = nullptr;           // tp > 1
     std::unique_ptr<LlamaModel> model;
     absl::Status status;  // the last Forward's result on this rank
     std::thread thread;   // ranks >= 1
@@ -115,7 +135,9 @@ class TensorParallelModel {
   void RunRank(int r, float* logits);
 
   const ModelWeights* weights_;
-  std::unique_ptr<CpuCommGroup> group_;  // null for tp 1
+  std::unique_ptr<CpuCommGroup> group_;  // CPU ranks, tp > 1
+  std::vector<std::unique_ptr<Communicator>> device_comms_;  // device ranks, tp > 1
+  absl::Status broken_;  // a device group's first failure (it cannot be re-armed)
   std::vector<std::unique_ptr<Rank>> ranks_;
 
   // The step being run, posted by Forward to the rank threads.
