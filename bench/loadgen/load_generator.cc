@@ -202,11 +202,15 @@ absl::StatusOr<RunReport> RunLoad(const LoadOptions& o, const Workload& workload
   KvPoller poller(o.workers);
   const Clock::time_point epoch = Clock::now();
   std::atomic<int64_t> next{0};
+  // Everything the client threads read outlives them: they are joined at the end of this
+  // function, after both branches.
+  const Clock::time_point stop_at =
+      epoch + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(o.duration_s > 0 ? o.duration_s : 1e9));
+  const std::vector<Clock::time_point> arrivals =
+      o.mode == LoadMode::kOpen ? PoissonArrivals(o, epoch) : std::vector<Clock::time_point>{};
   std::vector<std::thread> threads;
   if (o.mode == LoadMode::kClosed) {
-    const Clock::time_point stop_at =
-        epoch + std::chrono::duration_cast<Clock::duration>(
-                    std::chrono::duration<double>(o.duration_s > 0 ? o.duration_s : 1e9));
     for (int t = 0; t < o.concurrency; ++t) {
       threads.emplace_back([&] {
         while (true) {
@@ -220,23 +224,20 @@ absl::StatusOr<RunReport> RunLoad(const LoadOptions& o, const Workload& workload
       });
     }
   } else {
-    const std::vector<Clock::time_point> arrivals = PoissonArrivals(o, epoch);
     const int num_threads =
         static_cast<int>(std::min<int64_t>(o.max_inflight, std::max<size_t>(1, arrivals.size())));
     for (int t = 0; t < num_threads; ++t) {
-      threads.emplace_back([&, arrivals_ptr = &arrivals] {
+      threads.emplace_back([&] {
         while (true) {
           const int64_t i = next.fetch_add(1);
-          if (i >= static_cast<int64_t>(arrivals_ptr->size())) break;
-          const Clock::time_point at = (*arrivals_ptr)[i];
+          if (i >= static_cast<int64_t>(arrivals.size())) break;
+          const Clock::time_point at = arrivals[i];
           std::this_thread::sleep_until(at);  // the arrival process, not synchronisation
           record(RunOne(client, workload.Make(o.first_request_index + i), at, epoch,
                         o.request_timeout_s));
         }
       });
     }
-    for (std::thread& t : threads) t.join();
-    threads.clear();
   }
   for (std::thread& t : threads) t.join();
   const double duration = Seconds(Clock::now() - epoch);

@@ -472,9 +472,15 @@ void Engine::Step() {
     return;
   }
   step_metrics_ = StepMetrics();
+  in_step_ = true;
   RunModel(out);
   ++num_steps_;
   if (observer_ != nullptr) observer_->OnStep(step_metrics_);
+  // The step's final outputs go out only now, so that a reader who sees its request finish also
+  // sees the step's tokens in the metrics.
+  in_step_ = false;
+  for (auto& [stream, output] : finished_outputs_) stream->Push(std::move(output));
+  finished_outputs_.clear();
   if (options_.check_invariants) CheckInvariants();
 }
 
@@ -672,7 +678,13 @@ void Engine::FinishSequence(Sequence* seq, RequestOutput final_output) {
   }
   // Readers that see a request finish also see the pool without its blocks.
   PublishStats();
-  for (RequestOutput& out : outputs) stream->Push(std::move(out));
+  for (RequestOutput& out : outputs) {
+    if (in_step_) {
+      finished_outputs_.emplace_back(stream, std::move(out));
+    } else {
+      stream->Push(std::move(out));
+    }
+  }
 }
 
 void Engine::ForgetRequest(RequestState* state) {

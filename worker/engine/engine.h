@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -208,6 +209,10 @@ class Engine {
   // Metrics: the observer in use, the current step's figures and its token time.
   std::shared_ptr<EngineObserver> observer_;
   StepMetrics step_metrics_;
+  // Inside Step(): final outputs of sequences finished by this step, pushed once its metrics
+  // are out (see Step()).
+  bool in_step_ = false;
+  std::vector<std::pair<std::shared_ptr<RequestStream>, RequestOutput>> finished_outputs_;
   std::chrono::steady_clock::time_point step_time_{};
 
   // Shared with submitting threads.
