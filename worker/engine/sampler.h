@@ -76,9 +76,14 @@ class Sampler {
   std::vector<std::unique_ptr<SamplingStep>> steps_;
   /// Reused between steps to avoid a vocab-sized allocation per token.
   CandidateList candidates_;
-  /// exp(logit - max) per candidate, parallel to candidates_.items during Draw.
-  std::vector<double> weights_;
+  /// exp(logit - max) per candidate (float), parallel to candidates_.items during Draw.
+  std::vector<float> weights_;
 };
+
+/// x[i] = exp(x[i]) in place, for x[i] <= 0 (logits minus their maximum; -inf allowed): within
+/// 2 ulp of libm in the normal range, exactly 0 below log(FLT_MIN) and for -inf. Vectorized
+/// (SSE2); Draw runs it over every candidate of every sampled sequence.
+void ExpOfNonPositive(float* x, size_t n);
 
 }  // namespace kvserve
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/engine/logprobs.h"
 #include "worker/engine/sampling_penalties.h"
@@ -512,6 +513,52 @@ TEST(SamplerTest, RejectsBadLogits) {
   const absl::Status masked =
       sampler.Sample(std::vector<float>{kNegInf, kNegInf, kNegInf}, {}, {}).status();
   EXPECT_NE(masked.message().find("-inf"), std::string::npos) << masked;
+}
+
+TEST(SamplerTest, GreedyFindsTheFirstMaximumAndBadValuesAnywhere) {
+  // The logits check runs in 16-lane blocks plus a scalar tail: put ties, the maximum and bad
+  // values in lanes, across blocks and in the tail of an odd-sized vocabulary.
+  constexpr int32_t kVocab = 16 * 7 + 5;
+  SamplingParams params;
+  params.temperature = 0;
+  Sampler sampler = MakeSampler(params, kVocab);
+  for (int32_t at : {0, 1, 15, 16, 17, 50, 111, 112, kVocab - 1}) {
+    std::vector<float> logits = RandomLogits(kVocab, static_cast<uint64_t>(at) + 5);
+    logits[static_cast<size_t>(at)] = 20.0f;
+    if (at + 3 < kVocab) logits[static_cast<size_t>(at) + 3] = 20.0f;  // a later tie loses
+    absl::StatusOr<SampleResult> r = sampler.Sample(logits, {}, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token, at);
+    EXPECT_EQ(r->token, ReferenceArgmax(logits));
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> broken = logits;
+      broken[static_cast<size_t>(kVocab - 1 - at)] = bad;
+      const absl::Status s = sampler.Sample(broken, {}, {}).status();
+      EXPECT_NE(s.message().find(absl::StrCat("logits[", kVocab - 1 - at, "]")),
+                std::string::npos)
+          << s;
+    }
+  }
+}
+
+TEST(ExpOfNonPositiveTest, MatchesLibmAndZeroesTheUnderflow) {
+  std::vector<float> x;
+  for (float v = 0.0f; v > -100.0f; v -= 0.00731f) x.push_back(v);
+  for (float v : {-0.0f, -1e-30f, -1e-7f, -0.34657359f, -0.34657360f, -87.3f, -87.34f, -88.0f,
+                  -1e30f, -std::numeric_limits<float>::infinity()}) {
+    x.push_back(v);
+  }
+  x.push_back(-3.0f);  // an odd count: the scalar tail too
+  std::vector<float> y = x;
+  ExpOfNonPositive(y.data(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] < -87.33654f) {
+      EXPECT_EQ(y[i], 0.0f) << "exp(" << x[i] << ")";
+      continue;
+    }
+    const double want = std::exp(static_cast<double>(x[i]));
+    EXPECT_LE(std::fabs(y[i] - want), 2.5e-7 * want) << "exp(" << x[i] << ") = " << y[i];
+  }
 }
 
 TEST(SamplerTest, CreateValidatesParams) {
