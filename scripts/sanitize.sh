@@ -3,9 +3,15 @@
 #
 #   scripts/sanitize.sh asan   AddressSanitizer + UBSan (every error fatal, leaks included) into
 #                              build-asan/; runs the whole default suite (all but labels gpu|slow)
-#   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan/; builds and runs the threaded
-#                              tests only: engine, worker server, router, HTTP front, client SDK,
-#                              tensor parallelism, thread pool
+#   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan/; builds and runs the tests whose
+#                              threads synchronise through kvserve's own primitives (std::mutex,
+#                              condition variables, atomics): the engine (loop thread, submitters,
+#                              parallel sampling), thread pool, tensor-parallel ranks and
+#                              communicators, decode graphs. The gRPC-based tests (worker server,
+#                              router, HTTP front, client SDK) are left out: Debian's gRPC and
+#                              abseil are not instrumented, so TSan sees neither absl::Mutex nor
+#                              gRPC's callback hand-offs and reports hundreds of false races per
+#                              test (docs/reliability.md has the counts); ASan runs them.
 #
 # Extra arguments go to ctest (e.g. -R engine_test). KVSERVE_JOBS sets build and test
 # parallelism (default: nproc). Prints the build and test wall times at the end, for CI sizing.
@@ -20,18 +26,20 @@ esac
 jobs=${KVSERVE_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvserve-ccache}
 
-# The tests TSan runs (ctest -R) and the targets it therefore builds: everything with threads of
-# its own. The rest of the suite is single-threaded or only spawns processes.
-tsan_tests=(engine_test worker_server_test request_validation_test router_loopback_test
-  http_server_test client_sdk_test remote_generate_test cpu_communicator_test tp_model_test
-  tp_shard_test tp_device_ranks_test decode_graph_test thread_pool_test)
+# The tests TSan runs (ctest -R) and the targets it therefore builds (see above for why the
+# gRPC-based ones are not among them). The rest of the suite is single-threaded or only spawns
+# processes.
+tsan_tests=(engine_test thread_pool_test cpu_communicator_test tp_model_test tp_shard_test
+  tp_device_ranks_test decode_graph_test)
 
 targets=()
 ctest_select=(-LE 'gpu|slow')
 if [ "$preset" = tsan ]; then
   targets=(--target "${tsan_tests[@]}")
   ctest_select+=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$")
-  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
+  # ignore_noninstrumented_modules: memcpy & co. called from inside Debian's (uninstrumented)
+  # abseil, protobuf and gRPC are not checked; kvserve's own accesses all are.
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ignore_noninstrumented_modules=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
 else
   # Leaks are reported at exit; UBSan findings abort (the build uses -fno-sanitize-recover=all).
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
