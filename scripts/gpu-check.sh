@@ -35,7 +35,7 @@ fi
 
 echo "== configure + build ($(elapsed))"
 JOBS=$(nproc 2>/dev/null || echo 4)
-TARGETS="kvserve_cuda cuda_ops_test cuda_attention_test cuda_model_test nccl_all_reduce_test cuda_kernels_bench"
+TARGETS="kvserve kvserve_cuda cuda_ops_test cuda_attention_test cuda_model_test nccl_all_reduce_test cuda_kernels_bench"
 if timeout 300 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSERVE_ENABLE_CUDA=ON \
       >"$LOG/configure" 2>&1 &&
    timeout 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS >"$LOG/build" 2>&1; then
@@ -56,6 +56,28 @@ tail -15 "$LOG/ctest"
 {
   echo "## ctest -L gpu: $([ $ctest_rc -eq 0 ] && echo passed || echo FAILED)"
   echo; echo '```'; grep -E "Test +#|tests passed|Skipped|SKIPPED|Failure|Expected|Which is|actual|FAILED" "$LOG/ctest" | head -80; echo '```'; echo
+} >> "$REPORT"
+
+echo "== engine end to end: kvserve generate, cpu vs cuda (graphs) vs cuda --enforce-eager ($(elapsed))"
+MODEL=${KVSERVE_SHARED_DIR:-../shared}/models/stories260K/stories260K.gguf
+gen() {
+  timeout 60 "$BUILD/kvserve" generate --model "$MODEL" --prompt "Once upon a time" \
+    --temperature 0 --max-tokens 64 --ignore-eos --json "$@" 2>>"$LOG/e2e.err" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["token_ids"])' 2>>"$LOG/e2e.err"
+}
+cpu_ids=$(gen --device cpu)
+graph_ids=$(gen --device cuda)
+eager_ids=$(gen --device cuda --enforce-eager)
+if [ -n "$cpu_ids" ] && [ "$cpu_ids" = "$graph_ids" ] && [ "$cpu_ids" = "$eager_ids" ]; then
+  e2e="passed (64 greedy tokens identical)"
+else
+  e2e="FAILED"; status=1
+fi
+echo "engine e2e: $e2e"
+{
+  echo "## Engine end to end: $e2e"; echo; echo '```'
+  echo "cpu:         $cpu_ids"; echo "cuda graphs: $graph_ids"; echo "cuda eager:  $eager_ids"
+  tail -5 "$LOG/e2e.err" 2>/dev/null; echo '```'; echo
 } >> "$REPORT"
 
 echo "== kernel benchmark ($(elapsed))"
