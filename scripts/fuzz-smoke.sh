@@ -19,6 +19,9 @@ targets=("$@")
 runs=${FUZZ_RUNS:-20000}
 jobs=${KVSERVE_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvserve-ccache}
+# -g1 builds: share cached objects between clones at different paths (see .ci/run).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz-smoke: clang++ not installed (scripts/install-deps.sh installs clang and libclang-rt-14-dev)" >&2

@@ -25,6 +25,9 @@ case "$preset" in
 esac
 jobs=${KVSERVE_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvserve-ccache}
+# -g1 builds: share cached objects between clones at different paths (see .ci/run).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 
 # The tests TSan runs (ctest -R) and the targets it therefore builds (see above for why the
 # gRPC-based ones are not among them). The rest of the suite is single-threaded or only spawns
