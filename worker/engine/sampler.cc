@@ -139,6 +139,11 @@ Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, uint64_t seed
       rng_(seed) {
   if (PenaltyStep::Needed(params)) penalties_ = std::make_unique<PenaltyStep>(params, vocab_size);
   if (!greedy_) steps_ = BuildSamplingSteps(params);
+  plain_ = !greedy_ && penalties_ == nullptr &&
+           std::all_of(steps_.begin(), steps_.end(), [](const auto& step) {
+             return step->name() == "temperature";
+           });
+  temperature_ = params.temperature;
 }
 
 absl::StatusOr<SampleResult> Sampler::Sample(std::span<const float> logits,
@@ -151,6 +156,8 @@ absl::StatusOr<SampleResult> Sampler::Sample(std::span<const float> logits,
   if (greedy_ && penalties_ == nullptr) {
     // The common greedy path needs no copy of the logits.
     result.token = static_cast<TokenId>(*raw_argmax);
+  } else if (plain_) {
+    result.token = DrawPlain(logits, logits[*raw_argmax]);
   } else {
     std::vector<Candidate>& items = candidates_.items;
     items.resize(logits.size());
@@ -182,18 +189,52 @@ TokenId Sampler::Draw(const CandidateList& candidates) {
   weights_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) weights_[i] = items[i].logit - max_logit;
   ExpOfNonPositive(weights_.data(), weights_.size());
-  double total = 0.0;
-  for (float w : weights_) total += w;
-  // Inverse CDF: the first candidate whose cumulative weight exceeds u * total, u in [0, 1).
-  // The running sum repeats total's additions in the same order, so it reaches total exactly
-  // and the loop always returns; zero-weight (-inf) candidates never can, the test is strict.
-  const double target = UniformFromBits(rng_()) * total;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    cumulative += weights_[i];
-    if (cumulative > target) return items[i].id;
+  return items[PickByWeight(UniformFromBits(rng_()))].id;
+}
+
+TokenId Sampler::DrawPlain(std::span<const float> logits, float max_logit) {
+  // The temperature step's arithmetic, (logit - max) / temperature, then Draw's: the largest is
+  // exactly 0 after it, so Draw would subtract 0. Same weights, same token.
+  weights_.resize(logits.size());
+  const float t = temperature_;
+  for (size_t i = 0; i < logits.size(); ++i) weights_[i] = (logits[i] - max_logit) / t;
+  ExpOfNonPositive(weights_.data(), weights_.size());
+  return static_cast<TokenId>(PickByWeight(UniformFromBits(rng_())));
+}
+
+size_t Sampler::PickByWeight(double u) {
+  // Inverse CDF: the first index whose cumulative weight exceeds u * total. Sums are in double,
+  // per block of kBlock weights (independent chains the CPU overlaps) and then over the blocks,
+  // instead of one 50k-long chain of dependent additions. The search walks the block sums and
+  // then one block, repeating total's additions in the same order, so the running sum reaches
+  // total exactly and some index is always picked; a zero weight (-inf logit) never is, since
+  // the test is strict.
+  constexpr size_t kBlock = 16;
+  const size_t n = weights_.size();
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  block_sums_.resize(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    double sum = 0.0;
+    for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) sum += weights_[i];
+    block_sums_[b] = sum;
   }
-  return Argmax(candidates);  // Unreachable: cumulative == total > target.
+  double total = 0.0;
+  for (double s : block_sums_) total += s;
+  const double target = u * total;
+  double before = 0.0;
+  for (size_t b = 0; b < blocks; ++b) {
+    if (before + block_sums_[b] > target) {
+      double run = 0.0;
+      for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        run += weights_[i];
+        if (before + run > target) return i;
+      }
+    }
+    before += block_sums_[b];
+  }
+  // Unreachable: the last block's test is total > target, and its run ends at its block sum.
+  return static_cast<size_t>(std::max_element(weights_.begin(), weights_.end()) -
+                             weights_.begin());
 }
 
 }  // namespace kvserve

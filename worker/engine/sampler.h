@@ -65,6 +65,11 @@ class Sampler {
 
   /// Draws from softmax(candidates) in their current order.
   TokenId Draw(const CandidateList& candidates);
+  /// Draws from softmax((logits - max_logit) / temperature_) straight from the raw logits: what
+  /// Draw gives after the temperature step alone, without building the candidate list.
+  TokenId DrawPlain(std::span<const float> logits, float max_logit);
+  /// The index the inverse CDF of weights_ picks for a uniform u in [0, 1).
+  size_t PickByWeight(double u);
 
   int32_t vocab_size_;
   bool greedy_;
@@ -74,10 +79,15 @@ class Sampler {
   /// Null when no penalty is asked for.
   std::unique_ptr<PenaltyStep> penalties_;
   std::vector<std::unique_ptr<SamplingStep>> steps_;
+  /// Temperature alone (no penalty, min_p, top_k or top_p): DrawPlain, no candidate list.
+  bool plain_ = false;
+  float temperature_ = 1.0f;
   /// Reused between steps to avoid a vocab-sized allocation per token.
   CandidateList candidates_;
-  /// exp(logit - max) per candidate (float), parallel to candidates_.items during Draw.
+  /// exp(logit - max) per candidate (float), parallel to candidates_.items during Draw, and
+  /// their sums per block of kWeightBlock.
   std::vector<float> weights_;
+  std::vector<double> block_sums_;
 };
 
 /// x[i] = exp(x[i]) in place, for x[i] <= 0 (logits minus their maximum; -inf allowed): within

@@ -561,6 +561,26 @@ TEST(ExpOfNonPositiveTest, MatchesLibmAndZeroesTheUnderflow) {
   }
 }
 
+TEST(SamplerTest, PlainTemperatureDrawsWhatTheCandidatePathDraws) {
+  // Temperature alone skips the candidate list (Sampler::DrawPlain). A min_p so small that it
+  // removes nothing sends the same request down the candidate path: every token must agree.
+  constexpr int32_t kVocab = 50257;
+  for (float temperature : {1.0f, 0.7f, 1.9f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.seed = 77;
+    Sampler plain = MakeSampler(params, kVocab);
+    params.min_p = 1e-30f;
+    Sampler listed = MakeSampler(params, kVocab);
+    for (uint64_t step = 0; step < 200; ++step) {
+      std::vector<float> logits = RandomLogits(kVocab, 300 + step);
+      logits[step * 97 % kVocab] = -std::numeric_limits<float>::infinity();  // masked
+      EXPECT_EQ(SampleOne(plain, logits), SampleOne(listed, logits))
+          << "temperature " << temperature << ", step " << step;
+    }
+  }
+}
+
 TEST(SamplerTest, CreateValidatesParams) {
   SamplingParams params;
   params.top_p = 1.5f;
