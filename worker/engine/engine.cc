@@ -413,10 +413,12 @@ void Engine::Loop() {
 }
 
 bool Engine::StepOnce() {
+  const Clock::time_point start = Clock::now();
   DrainInbox();
   const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
   if (busy) Step();
   PublishKvEvents();
+  if (busy) step_seconds_ += SecondsBetween(start, Clock::now());
   PublishStats();
   return busy;
 }
@@ -501,10 +503,12 @@ void Engine::RunModel(const SchedulerOutput& out) {
   }
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   if (logits_.size() < sampled.size() * vocab) logits_.resize(sampled.size() * vocab);
+  const Clock::time_point forward_start = Clock::now();
   absl::Status status =
       device_model_ != nullptr
           ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
           : llama_->Forward(builder_.Build(), *cache_, logits_.data());
+  forward_seconds_ += SecondsBetween(forward_start, Clock::now());
   if (device_model_ != nullptr && !graph_failure_logged_ &&
       !device_model_->decode_graph_error().empty()) {
     graph_failure_logged_ = true;
@@ -787,6 +791,8 @@ void Engine::PublishStats() {
   stats_.num_steps = num_steps_;
   stats_.num_finished_requests = num_finished_;
   stats_.invariant_violations = invariant_violations_;
+  stats_.step_seconds = step_seconds_;
+  stats_.forward_seconds = forward_seconds_;
   stats_.first_violation = first_violation_;
 }
 

@@ -94,6 +94,11 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
   int64_t invariant_violations = 0;
+  /// Wall time of the engine loop's busy turns (scheduling, the forward pass, sampling,
+  /// detokenization, bookkeeping), and the part of it spent in the model's forward pass:
+  /// 1 - forward_seconds / step_seconds is the engine's overhead.
+  double step_seconds = 0.0;
+  double forward_seconds = 0.0;
   std::string first_violation;
 };
 
@@ -209,6 +214,8 @@ class Engine {
   // Metrics: the observer in use, the current step's figures and its token time.
   std::shared_ptr<EngineObserver> observer_;
   StepMetrics step_metrics_;
+  double step_seconds_ = 0.0;     // EngineStats::step_seconds
+  double forward_seconds_ = 0.0;  // EngineStats::forward_seconds
   // Inside Step(): final outputs of sequences finished by this step, pushed once its metrics
   // are out (see Step()).
   bool in_step_ = false;

@@ -6,11 +6,8 @@
 #include <limits>
 #include <utility>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/logits.h"
 
 namespace kvserve {
 namespace {
@@ -26,56 +23,23 @@ uint64_t RandomSeed() {
   }
 }
 
-/// Checks the logits and returns the index of the largest (lowest index on ties).
-///
-/// Two passes (this runs over every vocabulary entry of every sequence of every step): the first
-/// keeps 16 independent running maxima (SSE2) and an "any NaN or +inf" flag, without an early
-/// exit; the second finds the first index holding the maximum. A bad value is located (and
-/// named) only when the flag says there is one.
+/// Checks the logits and returns the index of the largest (lowest index on ties): one
+/// vectorized pass (cpu::ArgMaxChecked) that also finds the first NaN or +inf.
 absl::StatusOr<size_t> CheckLogits(std::span<const float> logits, int32_t vocab_size) {
   if (logits.size() != static_cast<size_t>(vocab_size)) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits has ", logits.size(), " entries, expected vocab_size ", vocab_size));
   }
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  const float* p = logits.data();
-  const size_t n = logits.size();
-  float max = -kInf;
-  bool bad = false;
-  size_t i = 0;
-#if defined(__SSE2__)
-  // Four 4-lane running maxima and a "not below +inf" mask (NaN compares false): no branch, no
-  // dependency between lanes.
-  const __m128 inf = _mm_set1_ps(kInf);
-  __m128 m[4] = {_mm_set1_ps(-kInf), _mm_set1_ps(-kInf), _mm_set1_ps(-kInf), _mm_set1_ps(-kInf)};
-  __m128 below = _mm_castsi128_ps(_mm_set1_epi32(-1));
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 4; ++j) {
-      const __m128 x = _mm_loadu_ps(p + i + 4 * j);
-      below = _mm_and_ps(below, _mm_cmplt_ps(x, inf));
-      m[j] = _mm_max_ps(x, m[j]);  // x > m ? x : m
-    }
+  const cpu::ArgMaxResult r =
+      cpu::ArgMaxChecked(logits.data(), static_cast<int64_t>(logits.size()));
+  if (r.bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits[", r.bad, "] is ", logits[static_cast<size_t>(r.bad)]));
   }
-  bad = _mm_movemask_ps(below) != 0xf;
-  alignas(16) float lanes[16];
-  for (int j = 0; j < 4; ++j) _mm_store_ps(lanes + 4 * j, m[j]);
-  for (float v : lanes) max = v > max ? v : max;
-#endif
-  for (; i < n; ++i) {
-    bad |= !(p[i] < kInf);
-    max = p[i] > max ? p[i] : max;
-  }
-  if (bad) {
-    for (size_t k = 0; k < n; ++k) {
-      if (!(p[k] < kInf)) {
-        return absl::InvalidArgumentError(absl::StrCat("logits[", k, "] is ", p[k]));
-      }
-    }
-  }
-  if (max == -kInf) {
+  if (logits[static_cast<size_t>(r.index)] == -std::numeric_limits<float>::infinity()) {
     return absl::InvalidArgumentError("logits are all -inf: every token is masked");
   }
-  return static_cast<size_t>(std::find(p, p + n, max) - p);
+  return static_cast<size_t>(r.index);
 }
 
 TokenId Argmax(const CandidateList& candidates) {
@@ -87,40 +51,6 @@ TokenId Argmax(const CandidateList& candidates) {
 }
 
 }  // namespace
-
-// Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2 (ln2 split in a part exact in float and a
-// correction), a degree-6 minimax polynomial for exp(r), and 2^k put into the exponent bits.
-// Anything below -87.3 (where exp leaves the normal floats) is 0, so masked (-inf) candidates
-// weigh exactly nothing. SSE2, four at a time: libm's double exp over a 50k vocabulary for every
-// sampled sequence was most of a step's sampling time.
-void ExpOfNonPositive(float* x, size_t n) {
-  constexpr float kLowest = -87.33654f;  // log(FLT_MIN)
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;   // exact in float: k * kLn2Hi has no rounding error
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
-                  kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
-  size_t i = 0;
-#if defined(__SSE2__)
-  for (; i + 4 <= n; i += 4) {
-    const __m128 v = _mm_loadu_ps(x + i);
-    const __m128 keep = _mm_cmpge_ps(v, _mm_set1_ps(kLowest));  // false for -inf too
-    const __m128 xv = _mm_max_ps(v, _mm_set1_ps(kLowest));
-    // k = round(x / ln2), by floor(x * log2e + 0.5) (truncation of a negative value, fixed up).
-    const __m128 t = _mm_add_ps(_mm_mul_ps(xv, _mm_set1_ps(kLog2e)), _mm_set1_ps(0.5f));
-    __m128 k = _mm_cvtepi32_ps(_mm_cvttps_epi32(t));
-    k = _mm_sub_ps(k, _mm_and_ps(_mm_cmpgt_ps(k, t), _mm_set1_ps(1.0f)));
-    __m128 r = _mm_sub_ps(xv, _mm_mul_ps(k, _mm_set1_ps(kLn2Hi)));
-    r = _mm_sub_ps(r, _mm_mul_ps(k, _mm_set1_ps(kLn2Lo)));
-    __m128 y = _mm_set1_ps(kP0);
-    for (float c : {kP1, kP2, kP3, kP4, kP5}) y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(c));
-    y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
-    const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(k), _mm_set1_epi32(127)), 23);
-    _mm_storeu_ps(x + i, _mm_and_ps(keep, _mm_mul_ps(y, _mm_castsi128_ps(e))));
-  }
-#endif
-  for (; i < n; ++i) x[i] = x[i] >= kLowest ? std::exp(x[i]) : 0.0f;
-}
 
 double Sampler::UniformFromBits(uint64_t bits) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
@@ -188,7 +118,8 @@ TokenId Sampler::Draw(const CandidateList& candidates) {
   const float max_logit = MaxLogit(candidates);
   weights_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) weights_[i] = items[i].logit - max_logit;
-  ExpOfNonPositive(weights_.data(), weights_.size());
+  cpu::ExpShifted(weights_.data(), static_cast<int64_t>(weights_.size()), 0.0f, 1.0f,
+                  weights_.data());
   return items[PickByWeight(UniformFromBits(rng_()))].id;
 }
 
@@ -196,9 +127,8 @@ TokenId Sampler::DrawPlain(std::span<const float> logits, float max_logit) {
   // The temperature step's arithmetic, (logit - max) / temperature, then Draw's: the largest is
   // exactly 0 after it, so Draw would subtract 0. Same weights, same token.
   weights_.resize(logits.size());
-  const float t = temperature_;
-  for (size_t i = 0; i < logits.size(); ++i) weights_[i] = (logits[i] - max_logit) / t;
-  ExpOfNonPositive(weights_.data(), weights_.size());
+  cpu::ExpShifted(logits.data(), static_cast<int64_t>(logits.size()), max_logit, temperature_,
+                  weights_.data());
   return static_cast<TokenId>(PickByWeight(UniformFromBits(rng_())));
 }
 

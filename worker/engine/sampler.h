@@ -90,11 +90,6 @@ class Sampler {
   std::vector<double> block_sums_;
 };
 
-/// x[i] = exp(x[i]) in place, for x[i] <= 0 (logits minus their maximum; -inf allowed): within
-/// 2 ulp of libm in the normal range, exactly 0 below log(FLT_MIN) and for -inf. Vectorized
-/// (SSE2); Draw runs it over every candidate of every sampled sequence.
-void ExpOfNonPositive(float* x, size_t n);
-
 }  // namespace kvserve
 
 #endif  // KVSERVE_WORKER_ENGINE_SAMPLER_H_

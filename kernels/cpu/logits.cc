@@ -1,0 +1,125 @@
+#include "kernels/cpu/logits.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/logits_exp.h"
+
+namespace kvserve::cpu {
+namespace internal {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+int64_t FirstBad(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(x[i] < kInf)) return i;
+  }
+  return -1;
+}
+
+// One element of ExpShifted, with exactly the vector paths' operations and rounding.
+float ExpOne(float x, float shift, float divisor) {
+  using namespace exp_constants;
+  const float v = (x - shift) / divisor;
+  if (!(v >= kLowest)) return 0.0f;
+  const float t = v * kLog2e + 0.5f;
+  float k = static_cast<float>(static_cast<int32_t>(t));  // truncation, then floor
+  if (k > t) k -= 1.0f;
+  float r = v - k * kLn2Hi;
+  r = r - k * kLn2Lo;
+  float y = kP[0];
+  for (int i = 1; i < 6; ++i) y = y * r + kP[i];
+  y = (y * (r * r) + r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+}  // namespace
+
+ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n) {
+  // Pass 1: the maximum and whether anything is NaN or +inf, without branches or dependencies
+  // between lanes; pass 2: the first index holding the maximum.
+  float max = -kInf;
+  bool bad = false;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 inf = _mm_set1_ps(kInf);
+  __m128 m[4] = {_mm_set1_ps(-kInf), _mm_set1_ps(-kInf), _mm_set1_ps(-kInf), _mm_set1_ps(-kInf)};
+  __m128 below = _mm_castsi128_ps(_mm_set1_epi32(-1));
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      const __m128 v = _mm_loadu_ps(x + i + 4 * j);
+      below = _mm_and_ps(below, _mm_cmplt_ps(v, inf));  // NaN compares false
+      m[j] = _mm_max_ps(v, m[j]);                        // v > m ? v : m
+    }
+  }
+  bad = _mm_movemask_ps(below) != 0xf;
+  alignas(16) float lanes[16];
+  for (int j = 0; j < 4; ++j) _mm_store_ps(lanes + 4 * j, m[j]);
+  for (float v : lanes) max = v > max ? v : max;
+#endif
+  for (; i < n; ++i) {
+    bad |= !(x[i] < kInf);
+    max = x[i] > max ? x[i] : max;
+  }
+  ArgMaxResult result;
+  if (bad) {
+    result.bad = FirstBad(x, n);
+    return result;
+  }
+  result.index = std::find(x, x + n, max) - x;
+  return result;
+}
+
+void ExpShiftedBase(const float* x, int64_t n, float shift, float divisor, float* out) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  using namespace exp_constants;
+  const __m128 vshift = _mm_set1_ps(shift);
+  const __m128 vdiv = _mm_set1_ps(divisor);
+  const __m128 lowest = _mm_set1_ps(kLowest);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 v = _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(x + i), vshift), vdiv);
+    const __m128 keep = _mm_cmpge_ps(v, lowest);  // false for -inf
+    const __m128 xv = _mm_max_ps(v, lowest);
+    const __m128 t = _mm_add_ps(_mm_mul_ps(xv, _mm_set1_ps(kLog2e)), _mm_set1_ps(0.5f));
+    __m128 k = _mm_cvtepi32_ps(_mm_cvttps_epi32(t));
+    k = _mm_sub_ps(k, _mm_and_ps(_mm_cmpgt_ps(k, t), _mm_set1_ps(1.0f)));
+    __m128 r = _mm_sub_ps(xv, _mm_mul_ps(k, _mm_set1_ps(kLn2Hi)));
+    r = _mm_sub_ps(r, _mm_mul_ps(k, _mm_set1_ps(kLn2Lo)));
+    __m128 y = _mm_set1_ps(kP[0]);
+    for (int j = 1; j < 6; ++j) y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(kP[j]));
+    y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
+    const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(k), _mm_set1_epi32(127)), 23);
+    _mm_storeu_ps(out + i, _mm_and_ps(keep, _mm_mul_ps(y, _mm_castsi128_ps(e))));
+  }
+#endif
+  for (; i < n; ++i) out[i] = ExpOne(x[i], shift, divisor);
+}
+
+}  // namespace internal
+
+ArgMaxResult ArgMaxChecked(const float* x, int64_t n) {
+  return ActiveCpuIsa() == CpuIsa::kAvx512 ? internal::ArgMaxCheckedAvx512(x, n)
+                                           : internal::ArgMaxCheckedBase(x, n);
+}
+
+void ExpShifted(const float* x, int64_t n, float shift, float divisor, float* out) {
+  if (ActiveCpuIsa() == CpuIsa::kAvx512) {
+    internal::ExpShiftedAvx512(x, n, shift, divisor, out);
+  } else {
+    internal::ExpShiftedBase(x, n, shift, divisor, out);
+  }
+}
+
+}  // namespace kvserve::cpu

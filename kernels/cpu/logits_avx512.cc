@@ -1,0 +1,105 @@
+// AVX-512 paths of kernels/cpu/logits.h, compiled with per-file target flags: intrinsics and
+// file-local code only (see matmul_impl.h for why).
+
+#include "kernels/cpu/logits.h"
+
+#if defined(__AVX512F__)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "kernels/cpu/logits_exp.h"
+
+namespace kvserve::cpu::internal {
+
+ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n) {
+  // One pass: per lane the largest value and the first index holding it (a later equal value
+  // does not replace it: the comparison is strict), and a mask of lanes that saw NaN or +inf.
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  __m512 best = _mm512_set1_ps(-__builtin_inff());
+  __m512i best_index = _mm512_setzero_si512();
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  __mmask16 bad = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);  // NaN or +inf
+    const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, greater, v);
+    best_index = _mm512_mask_mov_epi32(best_index, greater, index);
+    index = _mm512_add_epi32(index, step);
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()), tail, x + i);
+    bad |= _mm512_mask_cmp_ps_mask(tail, v, inf, _CMP_NLT_UQ);
+    const __mmask16 greater = _mm512_mask_cmp_ps_mask(tail, v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, greater, v);
+    best_index = _mm512_mask_mov_epi32(best_index, greater, index);
+  }
+  ArgMaxResult result;
+  if (bad != 0) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (!(x[j] < __builtin_inff())) {
+        result.bad = j;
+        break;
+      }
+    }
+    return result;
+  }
+  // The largest lane value; among lanes holding it, the smallest index. (All -inf: every lane
+  // keeps index 0, which is the first -inf.)
+  const float max = _mm512_reduce_max_ps(best);
+  const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(max), _CMP_EQ_OQ);
+  const __m512i candidates =
+      _mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fffffff), at_max, best_index);
+  result.index = _mm512_reduce_min_epi32(candidates);
+  return result;
+}
+
+void ExpShiftedAvx512(const float* x, int64_t n, float shift, float divisor, float* out) {
+  using namespace exp_constants;
+  const __m512 vshift = _mm512_set1_ps(shift);
+  const __m512 vdiv = _mm512_set1_ps(divisor);
+  const __m512 lowest = _mm512_set1_ps(kLowest);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live =
+        n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v =
+        _mm512_div_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + i), vshift), vdiv);
+    const __mmask16 keep = _mm512_cmp_ps_mask(v, lowest, _CMP_GE_OQ);  // false for -inf
+    const __m512 xv = _mm512_max_ps(v, lowest);
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(xv, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(0.5f));
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Hi)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Lo)));
+    __m512 y = _mm512_set1_ps(kP[0]);
+    for (int j = 1; j < 6; ++j) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(kP[j]));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
+                      _mm512_set1_ps(1.0f));
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    const __m512 result = _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+    _mm512_mask_storeu_ps(out + i, live, result);
+  }
+}
+
+}  // namespace kvserve::cpu::internal
+
+#else  // not built with the target flags (non-x86): never selected, forwards to the base path
+
+namespace kvserve::cpu::internal {
+
+ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n) { return ArgMaxCheckedBase(x, n); }
+
+void ExpShiftedAvx512(const float* x, int64_t n, float shift, float divisor, float* out) {
+  ExpShiftedBase(x, n, shift, divisor, out);
+}
+
+}  // namespace kvserve::cpu::internal
+
+#endif
