@@ -26,9 +26,9 @@ int64_t FirstBad(const float* x, int64_t n) {
 }
 
 // One element of ExpShifted, with exactly the vector paths' operations and rounding.
-float ExpOne(float x, float shift, float divisor) {
+float ExpOne(float x, float shift, float scale) {
   using namespace exp_constants;
-  const float v = (x - shift) / divisor;
+  const float v = (x - shift) * scale;
   if (!(v >= kLowest)) return 0.0f;
   const float t = v * kLog2e + 0.5f;
   float k = static_cast<float>(static_cast<int32_t>(t));  // truncation, then floor
@@ -39,9 +39,9 @@ float ExpOne(float x, float shift, float divisor) {
   for (int i = 1; i < 6; ++i) y = y * r + kP[i];
   y = (y * (r * r) + r) + 1.0f;
   const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+  float two_k;
+  std::memcpy(&two_k, &bits, sizeof(two_k));
+  return y * two_k;
 }
 
 }  // namespace
@@ -81,30 +81,67 @@ ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n) {
   return result;
 }
 
-void ExpShiftedBase(const float* x, int64_t n, float shift, float divisor, float* out) {
+#if defined(__SSE2__)
+// Four elements of ExpShifted (the same operations as ExpOne).
+__m128 ExpVec(__m128 x, __m128 shift, __m128 scale) {
+  using namespace exp_constants;
+  const __m128 lowest = _mm_set1_ps(kLowest);
+  const __m128 v = _mm_mul_ps(_mm_sub_ps(x, shift), scale);
+  const __m128 keep = _mm_cmpge_ps(v, lowest);  // false for -inf
+  const __m128 xv = _mm_max_ps(v, lowest);
+  const __m128 t = _mm_add_ps(_mm_mul_ps(xv, _mm_set1_ps(kLog2e)), _mm_set1_ps(0.5f));
+  __m128 k = _mm_cvtepi32_ps(_mm_cvttps_epi32(t));
+  k = _mm_sub_ps(k, _mm_and_ps(_mm_cmpgt_ps(k, t), _mm_set1_ps(1.0f)));
+  __m128 r = _mm_sub_ps(xv, _mm_mul_ps(k, _mm_set1_ps(kLn2Hi)));
+  r = _mm_sub_ps(r, _mm_mul_ps(k, _mm_set1_ps(kLn2Lo)));
+  __m128 y = _mm_set1_ps(kP[0]);
+  for (int j = 1; j < 6; ++j) y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(kP[j]));
+  y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
+  const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(k), _mm_set1_epi32(127)), 23);
+  return _mm_and_ps(keep, _mm_mul_ps(y, _mm_castsi128_ps(e)));
+}
+#endif
+
+void ExpShiftedBase(const float* x, int64_t n, float shift, float scale, float* out) {
   int64_t i = 0;
 #if defined(__SSE2__)
-  using namespace exp_constants;
   const __m128 vshift = _mm_set1_ps(shift);
-  const __m128 vdiv = _mm_set1_ps(divisor);
-  const __m128 lowest = _mm_set1_ps(kLowest);
-  for (; i + 4 <= n; i += 4) {
-    const __m128 v = _mm_div_ps(_mm_sub_ps(_mm_loadu_ps(x + i), vshift), vdiv);
-    const __m128 keep = _mm_cmpge_ps(v, lowest);  // false for -inf
-    const __m128 xv = _mm_max_ps(v, lowest);
-    const __m128 t = _mm_add_ps(_mm_mul_ps(xv, _mm_set1_ps(kLog2e)), _mm_set1_ps(0.5f));
-    __m128 k = _mm_cvtepi32_ps(_mm_cvttps_epi32(t));
-    k = _mm_sub_ps(k, _mm_and_ps(_mm_cmpgt_ps(k, t), _mm_set1_ps(1.0f)));
-    __m128 r = _mm_sub_ps(xv, _mm_mul_ps(k, _mm_set1_ps(kLn2Hi)));
-    r = _mm_sub_ps(r, _mm_mul_ps(k, _mm_set1_ps(kLn2Lo)));
-    __m128 y = _mm_set1_ps(kP[0]);
-    for (int j = 1; j < 6; ++j) y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(kP[j]));
-    y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
-    const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(k), _mm_set1_epi32(127)), 23);
-    _mm_storeu_ps(out + i, _mm_and_ps(keep, _mm_mul_ps(y, _mm_castsi128_ps(e))));
+  const __m128 vscale = _mm_set1_ps(scale);
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, ExpVec(_mm_loadu_ps(x + i), vshift, vscale));
+#endif
+  for (; i < n; ++i) out[i] = ExpOne(x[i], shift, scale);
+}
+
+float TreeSum16(const float* e) {
+  float s[8];
+  for (int j = 0; j < 8; ++j) s[j] = e[2 * j] + e[2 * j + 1];
+  for (int j = 0; j < 4; ++j) s[j] = s[2 * j] + s[2 * j + 1];
+  for (int j = 0; j < 2; ++j) s[j] = s[2 * j] + s[2 * j + 1];
+  return s[0] + s[1];
+}
+
+void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float* sums) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 vshift = _mm_set1_ps(shift);
+  const __m128 vscale = _mm_set1_ps(scale);
+  for (; i + kExpBlock <= n; i += kExpBlock) {
+    __m128 q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m128 a = ExpVec(_mm_loadu_ps(x + i + 4 * k), vshift, vscale);
+      // lane 0: e0 + e1, lane 2: e2 + e3; then lane 0: (e0 + e1) + (e2 + e3).
+      const __m128 p = _mm_add_ps(a, _mm_shuffle_ps(a, a, _MM_SHUFFLE(2, 3, 0, 1)));
+      q[k] = _mm_add_ps(p, _mm_shuffle_ps(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
+    }
+    const __m128 total = _mm_add_ps(_mm_add_ps(q[0], q[1]), _mm_add_ps(q[2], q[3]));
+    sums[i / kExpBlock] = _mm_cvtss_f32(total);
   }
 #endif
-  for (; i < n; ++i) out[i] = ExpOne(x[i], shift, divisor);
+  for (; i < n; i += kExpBlock) {
+    float e[kExpBlock] = {};
+    for (int64_t j = 0; j < kExpBlock && i + j < n; ++j) e[j] = ExpOne(x[i + j], shift, scale);
+    sums[i / kExpBlock] = TreeSum16(e);
+  }
 }
 
 }  // namespace internal
@@ -114,11 +151,19 @@ ArgMaxResult ArgMaxChecked(const float* x, int64_t n) {
                                            : internal::ArgMaxCheckedBase(x, n);
 }
 
-void ExpShifted(const float* x, int64_t n, float shift, float divisor, float* out) {
+void ExpShifted(const float* x, int64_t n, float shift, float scale, float* out) {
   if (ActiveCpuIsa() == CpuIsa::kAvx512) {
-    internal::ExpShiftedAvx512(x, n, shift, divisor, out);
+    internal::ExpShiftedAvx512(x, n, shift, scale, out);
   } else {
-    internal::ExpShiftedBase(x, n, shift, divisor, out);
+    internal::ExpShiftedBase(x, n, shift, scale, out);
+  }
+}
+
+void ExpBlockSums(const float* x, int64_t n, float shift, float scale, float* sums) {
+  if (ActiveCpuIsa() == CpuIsa::kAvx512) {
+    internal::ExpBlockSumsAvx512(x, n, shift, scale, sums);
+  } else {
+    internal::ExpBlockSumsBase(x, n, shift, scale, sums);
   }
 }
 

@@ -21,18 +21,31 @@ struct ArgMaxResult {
 /// When `bad` is set, `index` is unspecified. -inf entries are fine (masked tokens).
 ArgMaxResult ArgMaxChecked(const float* x, int64_t n);
 
-/// out[i] = exp((x[i] - shift) / divisor) for (x[i] - shift) / divisor <= 0 (callers shift by
-/// the maximum; divisor > 0), exactly 0 below log(FLT_MIN) and for -inf; `out` may be `x`.
-/// Within 2.5e-7 relative of exp in the normal range: Cody-Waite reduction x = k ln2 + r with
-/// ln2 split into a part exact in float and a correction, a degree-6 minimax polynomial for
-/// exp(r), and 2^k put into the exponent bits, all in float adds and multiplies (no FMA).
-void ExpShifted(const float* x, int64_t n, float shift, float divisor, float* out);
+/// out[i] = exp((x[i] - shift) * scale) for (x[i] - shift) * scale <= 0 (callers shift by the
+/// maximum; scale > 0), exactly 0 below log(FLT_MIN) and for -inf; `out` may be `x`. Within
+/// 2.5e-7 relative of exp in the normal range: Cody-Waite reduction x = k ln2 + r with ln2 split
+/// into a part exact in float and a correction, a degree-6 minimax polynomial for exp(r), and
+/// 2^k put into the exponent bits, all in float adds and multiplies (no FMA).
+void ExpShifted(const float* x, int64_t n, float shift, float scale, float* out);
+
+/// Elements per block of ExpBlockSums.
+inline constexpr int64_t kExpBlock = 16;
+
+/// sums[b] = the sum of ExpShifted's values for x[16 b, 16 b + 16) (past n: 0), added as a
+/// pairwise tree in index order: ((e0 + e1) + (e2 + e3)) + ... up to (sum of 0..7) + (sum of
+/// 8..15). `sums` holds ceil(n / 16) floats. The exps are not stored: a sampler sums them all
+/// once, then recomputes the 16 of the block it lands in (ExpShifted gives the same bits).
+void ExpBlockSums(const float* x, int64_t n, float shift, float scale, float* sums);
 
 namespace internal {
 ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n);
 ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n);
-void ExpShiftedBase(const float* x, int64_t n, float shift, float divisor, float* out);
-void ExpShiftedAvx512(const float* x, int64_t n, float shift, float divisor, float* out);
+void ExpShiftedBase(const float* x, int64_t n, float shift, float scale, float* out);
+void ExpShiftedAvx512(const float* x, int64_t n, float shift, float scale, float* out);
+void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float* sums);
+void ExpBlockSumsAvx512(const float* x, int64_t n, float shift, float scale, float* sums);
+/// The pairwise tree sum of 16 floats (ExpBlockSums' order).
+float TreeSum16(const float* e);
 }  // namespace internal
 
 }  // namespace kvserve::cpu

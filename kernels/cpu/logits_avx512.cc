@@ -61,30 +61,59 @@ ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n) {
   return result;
 }
 
-void ExpShiftedAvx512(const float* x, int64_t n, float shift, float divisor, float* out) {
+namespace {
+
+// Sixteen elements of ExpShifted (the same operations as logits.cc's ExpOne and ExpVec).
+__m512 ExpVec(__m512 x, __m512 shift, __m512 scale) {
   using namespace exp_constants;
-  const __m512 vshift = _mm512_set1_ps(shift);
-  const __m512 vdiv = _mm512_set1_ps(divisor);
   const __m512 lowest = _mm512_set1_ps(kLowest);
+  const __m512 v = _mm512_mul_ps(_mm512_sub_ps(x, shift), scale);
+  const __mmask16 keep = _mm512_cmp_ps_mask(v, lowest, _CMP_GE_OQ);  // false for -inf
+  const __m512 xv = _mm512_max_ps(v, lowest);
+  const __m512 t = _mm512_add_ps(_mm512_mul_ps(xv, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(0.5f));
+  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Hi)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Lo)));
+  __m512 y = _mm512_set1_ps(kP[0]);
+  for (int j = 1; j < 6; ++j) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(kP[j]));
+  y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
+                    _mm512_set1_ps(1.0f));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+}
+
+__mmask16 Live(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+}  // namespace
+
+void ExpShiftedAvx512(const float* x, int64_t n, float shift, float scale, float* out) {
+  const __m512 vshift = _mm512_set1_ps(shift);
+  const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 live =
-        n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 v =
-        _mm512_div_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + i), vshift), vdiv);
-    const __mmask16 keep = _mm512_cmp_ps_mask(v, lowest, _CMP_GE_OQ);  // false for -inf
-    const __m512 xv = _mm512_max_ps(v, lowest);
-    const __m512 t = _mm512_add_ps(_mm512_mul_ps(xv, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(0.5f));
-    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Hi)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Lo)));
-    __m512 y = _mm512_set1_ps(kP[0]);
-    for (int j = 1; j < 6; ++j) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(kP[j]));
-    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
-                      _mm512_set1_ps(1.0f));
-    const __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    const __m512 result = _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
-    _mm512_mask_storeu_ps(out + i, live, result);
+    const __mmask16 live = Live(n - i);
+    const __m512 e = ExpVec(_mm512_maskz_loadu_ps(live, x + i), vshift, vscale);
+    _mm512_mask_storeu_ps(out + i, live, e);
+  }
+}
+
+void ExpBlockSumsAvx512(const float* x, int64_t n, float shift, float scale, float* sums) {
+  const __m512 vshift = _mm512_set1_ps(shift);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = Live(n - i);
+    // Lanes past n load as 0 and must add as exactly 0, not exp(0 - shift).
+    const __m512 e =
+        _mm512_maskz_mov_ps(live, ExpVec(_mm512_maskz_loadu_ps(live, x + i), vshift, vscale));
+    // The pairwise tree in index order; every lane of a level holds its pair's sum (a + b and
+    // b + a are the same float), lane 0 ends with the total.
+    const __m512 v1 = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1));      // e0+e1, e2+e3, ...
+    const __m512 v2 = _mm512_add_ps(v1, _mm512_permute_ps(v1, 0x4E));    // quads
+    const __m512 v3 = _mm512_add_ps(v2, _mm512_shuffle_f32x4(v2, v2, 0xB1));  // eights
+    const __m512 v4 = _mm512_add_ps(v3, _mm512_shuffle_f32x4(v3, v3, 0x4E));  // sixteen
+    sums[i / 16] = _mm512_cvtss_f32(v4);
   }
 }
 
@@ -96,8 +125,12 @@ namespace kvserve::cpu::internal {
 
 ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n) { return ArgMaxCheckedBase(x, n); }
 
-void ExpShiftedAvx512(const float* x, int64_t n, float shift, float divisor, float* out) {
-  ExpShiftedBase(x, n, shift, divisor, out);
+void ExpShiftedAvx512(const float* x, int64_t n, float shift, float scale, float* out) {
+  ExpShiftedBase(x, n, shift, scale, out);
+}
+
+void ExpBlockSumsAvx512(const float* x, int64_t n, float shift, float scale, float* sums) {
+  ExpBlockSumsBase(x, n, shift, scale, sums);
 }
 
 }  // namespace kvserve::cpu::internal

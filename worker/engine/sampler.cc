@@ -118,53 +118,64 @@ TokenId Sampler::Draw(const CandidateList& candidates) {
   const float max_logit = MaxLogit(candidates);
   weights_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) weights_[i] = items[i].logit - max_logit;
-  cpu::ExpShifted(weights_.data(), static_cast<int64_t>(weights_.size()), 0.0f, 1.0f,
-                  weights_.data());
-  return items[PickByWeight(UniformFromBits(rng_()))].id;
+  return items[Pick(weights_.data(), weights_.size(), 0.0f, 1.0f, UniformFromBits(rng_()))].id;
 }
 
 TokenId Sampler::DrawPlain(std::span<const float> logits, float max_logit) {
-  // The temperature step's arithmetic, (logit - max) / temperature, then Draw's: the largest is
-  // exactly 0 after it, so Draw would subtract 0. Same weights, same token.
-  weights_.resize(logits.size());
-  cpu::ExpShifted(logits.data(), static_cast<int64_t>(logits.size()), max_logit, temperature_,
-                  weights_.data());
-  return static_cast<TokenId>(PickByWeight(UniformFromBits(rng_())));
+  // The temperature step's arithmetic, (logit - max) * (1 / temperature), then Draw's: the
+  // largest is exactly 0 after it, so Draw would subtract 0. Same weights, same token.
+  return static_cast<TokenId>(Pick(logits.data(), logits.size(), max_logit,
+                                   TemperatureStep::Scale(temperature_),
+                                   UniformFromBits(rng_())));
 }
 
-size_t Sampler::PickByWeight(double u) {
-  // Inverse CDF: the first index whose cumulative weight exceeds u * total. Sums are in double,
-  // per block of kBlock weights (independent chains the CPU overlaps) and then over the blocks,
-  // instead of one 50k-long chain of dependent additions. The search walks the block sums and
-  // then one block, repeating total's additions in the same order, so the running sum reaches
-  // total exactly and some index is always picked; a zero weight (-inf logit) never is, since
-  // the test is strict.
-  constexpr size_t kBlock = 16;
-  const size_t n = weights_.size();
-  const size_t blocks = (n + kBlock - 1) / kBlock;
+size_t Sampler::Pick(const float* x, size_t n, float shift, float scale, double u) {
+  // Inverse CDF over the weights w_i = exp((x_i - shift) * scale), without storing them: the
+  // kernel sums them per block of 16 as a pairwise tree in index order; the total adds the
+  // block sums in order (double); the search walks the block sums, then descends the landing
+  // block's tree (recomputing its 16 weights, bit-identical), at each node going left when the
+  // left subtree's sum takes the running total past u * total. That is the inverse CDF in
+  // index order, with each block's partial sums grouped as the tree groups them. Zero weights
+  // (-inf logits) are never picked: a subtree summing to 0 never takes the total past target.
+  const size_t blocks = (n + cpu::kExpBlock - 1) / cpu::kExpBlock;
   block_sums_.resize(blocks);
-  for (size_t b = 0; b < blocks; ++b) {
-    double sum = 0.0;
-    for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) sum += weights_[i];
-    block_sums_[b] = sum;
-  }
+  cpu::ExpBlockSums(x, static_cast<int64_t>(n), shift, scale, block_sums_.data());
   double total = 0.0;
-  for (double s : block_sums_) total += s;
+  for (float s : block_sums_) total += s;
   const double target = u * total;
   double before = 0.0;
-  for (size_t b = 0; b < blocks; ++b) {
-    if (before + block_sums_[b] > target) {
-      double run = 0.0;
-      for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
-        run += weights_[i];
-        if (before + run > target) return i;
-      }
+  size_t b = 0;
+  for (; b + 1 < blocks && !(before + block_sums_[b] > target); ++b) before += block_sums_[b];
+  // Block b; zero-weight blocks before it are never chosen (their sum cannot pass target) and
+  // rounding can only push the walk to the last block, whose sum is positive if it got there.
+  while (block_sums_[b] == 0.0f && b > 0) before -= block_sums_[--b];
+  const size_t first = b * cpu::kExpBlock;
+  const size_t len = std::min<size_t>(cpu::kExpBlock, n - first);
+  float e[cpu::kExpBlock] = {};
+  cpu::ExpShifted(x + first, static_cast<int64_t>(len), shift, scale, e);
+  // Tree levels as the kernel built them: level[0] = leaves, level[4][0] = block sum.
+  float l1[8], l2[4], l3[2];
+  for (int j = 0; j < 8; ++j) l1[j] = e[2 * j] + e[2 * j + 1];
+  for (int j = 0; j < 4; ++j) l2[j] = l1[2 * j] + l1[2 * j + 1];
+  for (int j = 0; j < 2; ++j) l3[j] = l2[2 * j] + l2[2 * j + 1];
+  size_t node = 0;  // index within the current level
+  const float* levels[] = {l3, l2, l1, e};
+  for (const float* level : levels) {
+    const float left = level[2 * node];
+    if (before + left > target && left > 0.0f) {
+      node = 2 * node;
+    } else {
+      before += left;
+      node = 2 * node + 1;
     }
-    before += block_sums_[b];
   }
-  // Unreachable: the last block's test is total > target, and its run ends at its block sum.
-  return static_cast<size_t>(std::max_element(weights_.begin(), weights_.end()) -
-                             weights_.begin());
+  // The leaf has a positive weight unless rounding steered the walk off the end of the
+  // positive ones; then take the nearest positive weight before it (there is one: the block's
+  // sum is positive).
+  size_t leaf = node;
+  while (e[leaf] == 0.0f && leaf > 0) --leaf;
+  while (e[leaf] == 0.0f && leaf + 1 < cpu::kExpBlock) ++leaf;
+  return first + leaf;
 }
 
 }  // namespace kvserve

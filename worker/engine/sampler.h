@@ -68,8 +68,9 @@ class Sampler {
   /// Draws from softmax((logits - max_logit) / temperature_) straight from the raw logits: what
   /// Draw gives after the temperature step alone, without building the candidate list.
   TokenId DrawPlain(std::span<const float> logits, float max_logit);
-  /// The index the inverse CDF of weights_ picks for a uniform u in [0, 1).
-  size_t PickByWeight(double u);
+  /// The index the inverse CDF of the weights exp((x[i] - shift) * scale), i < n, picks for a
+  /// uniform u in [0, 1).
+  size_t Pick(const float* x, size_t n, float shift, float scale, double u);
 
   int32_t vocab_size_;
   bool greedy_;
@@ -84,10 +85,10 @@ class Sampler {
   float temperature_ = 1.0f;
   /// Reused between steps to avoid a vocab-sized allocation per token.
   CandidateList candidates_;
-  /// exp(logit - max) per candidate (float), parallel to candidates_.items during Draw, and
-  /// their sums per block of kWeightBlock.
+  /// logit - max per candidate, parallel to candidates_.items during Draw; the sums of their
+  /// exps per block of cpu::kExpBlock during Pick.
   std::vector<float> weights_;
-  std::vector<double> block_sums_;
+  std::vector<float> block_sums_;
 };
 
 }  // namespace kvserve

@@ -16,7 +16,8 @@ void TemperatureStep::Apply(CandidateList& candidates) const {
   const float max_logit = MaxLogit(candidates);
   // Subtracting the same value and dividing by a positive one keep the ranking, so `sorted`
   // stays valid.
-  for (Candidate& c : candidates.items) c.logit = (c.logit - max_logit) / temperature_;
+  const float scale = Scale(temperature_);
+  for (Candidate& c : candidates.items) c.logit = (c.logit - max_logit) * scale;
 }
 
 void MinPStep::Apply(CandidateList& candidates) const {

@@ -44,14 +44,17 @@ class SamplingStep {
   virtual void Apply(CandidateList& candidates) const = 0;
 };
 
-/// Divides the logits by the temperature after subtracting the largest, so the result is <= 0
-/// and cannot overflow however small the temperature.
+/// Divides the logits by the temperature (multiplies by Scale) after subtracting the largest, so
+/// the result is <= 0 and cannot overflow however small the temperature.
 class TemperatureStep : public SamplingStep {
  public:
   /// `temperature` must be >= kGreedyTemperature.
   explicit TemperatureStep(float temperature) : temperature_(temperature) {}
   std::string_view name() const override { return "temperature"; }
   void Apply(CandidateList& candidates) const override;
+  /// What the logits are multiplied by: 1 / temperature (a multiply per logit, not a divide;
+  /// Sampler's no-candidate-list path uses the same factor).
+  static float Scale(float temperature) { return 1.0f / temperature; }
 
  private:
   float temperature_;

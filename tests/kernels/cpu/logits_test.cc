@@ -92,15 +92,38 @@ TEST_P(LogitsTest, ExpMatchesLibmAndZeroesTheUnderflow) {
     const double want = std::exp(static_cast<double>(x[i]));
     EXPECT_LE(std::fabs(y[i] - want), 2.5e-7 * want) << "exp(" << x[i] << ") = " << y[i];
   }
-  // Shift and divisor: exp((x - 3) / 0.5), in place.
+  // Shift and scale: exp((x - 3) * 2), in place.
   std::vector<float> z = {3.0f, 2.5f, 1.0f, -kInf, 2.0f};
-  ExpShifted(z.data(), 5, 3.0f, 0.5f, z.data());
+  ExpShifted(z.data(), 5, 3.0f, 2.0f, z.data());
   const double want[] = {1.0, std::exp(-1.0), std::exp(-4.0), 0.0, std::exp(-2.0)};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(z[i], want[i], 2.5e-7 * want[i] + 1e-30) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, LogitsTest, ::testing::ValuesIn(Paths()),
                          [](const auto& info) { return std::string(CpuIsaName(info.param)); });
+
+TEST_P(LogitsTest, BlockSumsAreTheTreeSumsOfTheExps) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-30.0f, 0.0f);
+  for (int64_t n : {1, 5, 16, 17, 31, 32, 1000, 50257}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = dist(rng);
+    x[0] = -kInf;
+    std::vector<float> e(x.size());
+    ExpShifted(x.data(), n, -1.5f, 0.8f, e.data());
+    std::vector<float> sums(static_cast<size_t>((n + 15) / 16), -1.0f);
+    ExpBlockSums(x.data(), n, -1.5f, 0.8f, sums.data());
+    for (size_t b = 0; b < sums.size(); ++b) {
+      float block[16] = {};
+      for (size_t j = 0; j < 16 && b * 16 + j < x.size(); ++j) block[j] = e[b * 16 + j];
+      // Bit for bit the documented order, not just close.
+      EXPECT_EQ(sums[b], internal::TreeSum16(block)) << "n " << n << ", block " << b;
+      double plain = 0;
+      for (float v : block) plain += v;
+      EXPECT_NEAR(sums[b], plain, 1e-6 * plain + 1e-30);
+    }
+  }
+}
 
 TEST(LogitsPathsTest, ExpIsBitIdenticalOnEveryPath) {
   std::mt19937 rng(9);
@@ -116,6 +139,13 @@ TEST(LogitsPathsTest, ExpIsBitIdenticalOnEveryPath) {
     std::vector<float> got(x.size());
     ExpShifted(x.data(), static_cast<int64_t>(x.size()), -0.25f, 1.3f, got.data());
     EXPECT_EQ(0, std::memcmp(base.data(), got.data(), base.size() * sizeof(float)))
+        << CpuIsaName(isa);
+    std::vector<float> base_sums(x.size() / 16 + 1), sums(x.size() / 16 + 1);
+    SetCpuIsaOverride(CpuIsa::kScalar);
+    ExpBlockSums(x.data(), static_cast<int64_t>(x.size()), -0.25f, 1.3f, base_sums.data());
+    SetCpuIsaOverride(isa);
+    ExpBlockSums(x.data(), static_cast<int64_t>(x.size()), -0.25f, 1.3f, sums.data());
+    EXPECT_EQ(0, std::memcmp(base_sums.data(), sums.data(), sums.size() * sizeof(float)))
         << CpuIsaName(isa);
   }
   SetCpuIsaOverride(std::nullopt);
