@@ -8,13 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-// g++ 12's AVX-512 intrinsics trip -Wmaybe-uninitialized falsely (see matmul_avx512.cc).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
+#include "kernels/cpu/avx512_intrinsics.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 

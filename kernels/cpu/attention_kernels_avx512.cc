@@ -5,12 +5,7 @@
 
 #if defined(__AVX512F__)
 
-// See matmul_avx512.cc: g++ 12's AVX-512 intrinsics trip -Wmaybe-uninitialized falsely.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/avx512_intrinsics.h"
 
 namespace kvserve::cpu::internal {
 namespace {

@@ -5,11 +5,7 @@
 
 #if defined(__AVX512F__)
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/avx512_intrinsics.h"
 
 #include "kernels/cpu/logits_exp.h"
 

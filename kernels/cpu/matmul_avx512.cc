@@ -5,14 +5,7 @@
 
 #if defined(__AVX512F__)
 
-// g++ 12's AVX-512 intrinsics seed results with `__m512 __Y = __Y;` (_mm512_undefined_ps), which
-// -Wmaybe-uninitialized flags at every inlined use (a known g++ 12 false positive);
-// silence just that header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/avx512_intrinsics.h"
 
 #include <cstring>
 #include <new>
