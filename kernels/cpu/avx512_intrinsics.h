@@ -7,8 +7,10 @@
 // is silenced for that header only. Declarations only: nothing here emits code.
 
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no -Wmaybe-uninitialized (and no such false positive)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
