@@ -211,14 +211,6 @@ absl::Status CpuBackend::Synchronize() {
   return absl::OkStatus();
 }
 
-void CpuBackend::Queue(Op op) {
-  if (capturing_) {
-    recording_.push_back(std::move(op));
-  } else {
-    op();
-  }
-}
-
 absl::Status CpuBackend::NotWhileCapturing(const char* call) const {
   return absl::FailedPreconditionError(
       absl::StrCat(call, " cannot be recorded: the backend is capturing a graph"));

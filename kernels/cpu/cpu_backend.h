@@ -70,8 +70,15 @@ class CpuBackend final : public Backend {
   static void SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                                 int32_t k, float top_p, float temperature,
                                 const float* uniforms, int32_t* out);
-  /// Runs `op` now, or records it while capturing.
-  void Queue(Op op);
+  /// Runs `op` now, or records it while capturing (no std::function is made when running).
+  template <class F>
+  void Queue(F&& op) {
+    if (capturing_) {
+      recording_.emplace_back(std::forward<F>(op));
+    } else {
+      op();
+    }
+  }
   /// FAILED_PRECONDITION naming `call` while capturing (it cannot be recorded).
   absl::Status NotWhileCapturing(const char* call) const;
 
