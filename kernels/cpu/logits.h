@@ -25,7 +25,8 @@ ArgMaxResult ArgMaxChecked(const float* x, int64_t n);
 /// maximum; scale > 0), exactly 0 below log(FLT_MIN) and for -inf; `out` may be `x`. Within
 /// 2.5e-7 relative of exp in the normal range: Cody-Waite reduction x = k ln2 + r with ln2 split
 /// into a part exact in float and a correction, a degree-6 minimax polynomial for exp(r), and
-/// 2^k put into the exponent bits, all in float adds and multiplies (no FMA).
+/// an exact multiplication by 2^k (a float built from k's exponent bits; AVX-512's scalef), all
+/// in float adds and multiplies (no FMA).
 void ExpShifted(const float* x, int64_t n, float shift, float scale, float* out);
 
 /// Elements per block of ExpBlockSums.

@@ -74,9 +74,9 @@ __m512 ExpVec(__m512 x, __m512 shift, __m512 scale) {
   for (int j = 1; j < 6; ++j) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(kP[j]));
   y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
                     _mm512_set1_ps(1.0f));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+  // y * 2^k: scalef is the same correctly rounded multiplication by a power of two as the
+  // other paths' multiply by the float built from k's exponent bits.
+  return _mm512_maskz_scalef_ps(keep, y, k);
 }
 
 __mmask16 Live(int64_t left) {
