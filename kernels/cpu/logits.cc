@@ -112,14 +112,6 @@ void ExpShiftedBase(const float* x, int64_t n, float shift, float scale, float* 
   for (; i < n; ++i) out[i] = ExpOne(x[i], shift, scale);
 }
 
-float TreeSum16(const float* e) {
-  float s[8];
-  for (int j = 0; j < 8; ++j) s[j] = e[2 * j] + e[2 * j + 1];
-  for (int j = 0; j < 4; ++j) s[j] = s[2 * j] + s[2 * j + 1];
-  for (int j = 0; j < 2; ++j) s[j] = s[2 * j] + s[2 * j + 1];
-  return s[0] + s[1];
-}
-
 void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float* sums) {
   int64_t i = 0;
 #if defined(__SSE2__)
@@ -140,11 +132,19 @@ void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float
   for (; i < n; i += kExpBlock) {
     float e[kExpBlock] = {};
     for (int64_t j = 0; j < kExpBlock && i + j < n; ++j) e[j] = ExpOne(x[i + j], shift, scale);
-    sums[i / kExpBlock] = TreeSum16(e);
+    sums[i / kExpBlock] = BuildExpBlockTree(e).sum();
   }
 }
 
 }  // namespace internal
+
+ExpBlockTree BuildExpBlockTree(const float* e) {
+  ExpBlockTree t;
+  for (int j = 0; j < 8; ++j) t.l1[j] = e[2 * j] + e[2 * j + 1];
+  for (int j = 0; j < 4; ++j) t.l2[j] = t.l1[2 * j] + t.l1[2 * j + 1];
+  for (int j = 0; j < 2; ++j) t.l3[j] = t.l2[2 * j] + t.l2[2 * j + 1];
+  return t;
+}
 
 ArgMaxResult ArgMaxChecked(const float* x, int64_t n) {
   return ActiveCpuIsa() == CpuIsa::kAvx512 ? internal::ArgMaxCheckedAvx512(x, n)

@@ -38,6 +38,15 @@ inline constexpr int64_t kExpBlock = 16;
 /// once, then recomputes the 16 of the block it lands in (ExpShifted gives the same bits).
 void ExpBlockSums(const float* x, int64_t n, float shift, float scale, float* sums);
 
+/// The pairwise tree ExpBlockSums adds a block's 16 values in, level by level: l1[j] =
+/// e[2j] + e[2j+1], l2[j] = l1[2j] + l1[2j+1], l3[j] = l2[2j] + l2[2j+1], and the block sum is
+/// l3[0] + l3[1] (bit-identical to ExpBlockSums). A sampler that lands in a block descends it.
+struct ExpBlockTree {
+  float l1[8], l2[4], l3[2];
+  float sum() const { return l3[0] + l3[1]; }
+};
+ExpBlockTree BuildExpBlockTree(const float* e);
+
 namespace internal {
 ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n);
 ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n);
@@ -45,8 +54,6 @@ void ExpShiftedBase(const float* x, int64_t n, float shift, float scale, float* 
 void ExpShiftedAvx512(const float* x, int64_t n, float shift, float scale, float* out);
 void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float* sums);
 void ExpBlockSumsAvx512(const float* x, int64_t n, float shift, float scale, float* sums);
-/// The pairwise tree sum of 16 floats (ExpBlockSums' order).
-float TreeSum16(const float* e);
 }  // namespace internal
 
 }  // namespace kvserve::cpu

@@ -153,13 +153,10 @@ size_t Sampler::Pick(const float* x, size_t n, float shift, float scale, double 
   const size_t len = std::min<size_t>(cpu::kExpBlock, n - first);
   float e[cpu::kExpBlock] = {};
   cpu::ExpShifted(x + first, static_cast<int64_t>(len), shift, scale, e);
-  // Tree levels as the kernel built them: level[0] = leaves, level[4][0] = block sum.
-  float l1[8], l2[4], l3[2];
-  for (int j = 0; j < 8; ++j) l1[j] = e[2 * j] + e[2 * j + 1];
-  for (int j = 0; j < 4; ++j) l2[j] = l1[2 * j] + l1[2 * j + 1];
-  for (int j = 0; j < 2; ++j) l3[j] = l2[2 * j] + l2[2 * j + 1];
+  // The block's tree as the kernel added it, descended from the root's children to a leaf.
+  const cpu::ExpBlockTree tree = cpu::BuildExpBlockTree(e);
   size_t node = 0;  // index within the current level
-  const float* levels[] = {l3, l2, l1, e};
+  const float* levels[] = {tree.l3, tree.l2, tree.l1, e};
   for (const float* level : levels) {
     const float left = level[2 * node];
     if (before + left > target && left > 0.0f) {

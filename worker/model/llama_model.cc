@@ -31,21 +31,26 @@ absl::Status Grow(Backend& backend, DeviceBuffer* buffer, int64_t bytes, bool* m
   return absl::OkStatus();
 }
 
-// Where the staged batch arrays lie in one buffer, in this order (each 256-byte aligned):
-// slot_mapping (int64) | tokens | positions | q_start | q_len | context_len | block_tables |
-// logits_rows (int32).
+// Where the staged batch arrays lie in one buffer. Part i (StagedAt's numbering) is
+// slot_mapping (int64), tokens, positions, q_start, q_len, context_len, block_tables, logits_rows
+// (int32); each is 256-byte aligned, and the block tables come last, so a decode graph's padded
+// batch needs only the buffer's prefix up to its own rows of them.
+constexpr int kBlockTablesPart = 6;
+
 struct StagingLayout {
+  int64_t bytes[8];
   int64_t offsets[8];
   int64_t total;
 };
 
 StagingLayout LayoutStaging(int64_t tokens, int64_t seqs, int64_t table_entries, int64_t rows) {
-  const int64_t bytes[8] = {tokens * 8, tokens * 4, tokens * 4,        seqs * 4,
-                            seqs * 4,   seqs * 4,   table_entries * 4, rows * 4};
-  StagingLayout layout{};
-  for (int i = 0; i < 8; ++i) {
+  StagingLayout layout{{tokens * 8, tokens * 4, tokens * 4, seqs * 4, seqs * 4, seqs * 4,
+                        table_entries * 4, rows * 4},
+                       {},
+                       0};
+  for (int i : {0, 1, 2, 3, 4, 5, 7, kBlockTablesPart}) {
     layout.offsets[i] = layout.total;
-    layout.total += Aligned(bytes[i]);
+    layout.total += Aligned(layout.bytes[i]);
   }
   return layout;
 }
@@ -263,11 +268,11 @@ absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b)
   const void* sources[8] = {b.slot_mapping.data(), b.tokens.data(),  b.positions.data(),
                             b.q_start.data(),      b.q_len.data(),   b.context_len.data(),
                             b.block_tables,        b.logits_rows.data()};
-  const int64_t bytes[8] = {tokens * 8, tokens * 4, tokens * 4,        seqs * 4,
-                            seqs * 4,   seqs * 4,   table_entries * 4, rows * 4};
   std::vector<uint8_t> host(static_cast<size_t>(layout.total));
   for (int i = 0; i < 8; ++i) {
-    if (bytes[i] > 0) std::memcpy(host.data() + layout.offsets[i], sources[i], bytes[i]);
+    if (layout.bytes[i] > 0) {
+      std::memcpy(host.data() + layout.offsets[i], sources[i], layout.bytes[i]);
+    }
   }
   if (absl::Status s = Grow(*backend_, &staging_, layout.total); !s.ok()) return s;
   if (absl::Status s = backend_->CopyToDevice(staging_.get(), host.data(), layout.total);
@@ -437,8 +442,10 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
     std::fill(table, table + stride, 0);
     if (real) std::copy_n(b.block_tables + s * b.block_table_stride, copied, table);
   }
-  if (absl::Status s = backend_->CopyToDevice(graph_staging_.get(), host, graph_host_.size());
-      !s.ok()) {
+  // Everything but the block tables, then this batch's rows of them (the last part).
+  const int64_t used =
+      graph_offsets_[kBlockTablesPart] + padded * stride * int64_t{sizeof(int32_t)};
+  if (absl::Status s = backend_->CopyToDevice(graph_staging_.get(), host, used); !s.ok()) {
     return s;
   }
 

@@ -97,10 +97,6 @@ class TensorParallelModel {
   const ModelConfig& rank_config(int r) const { return ranks_[r]->weights->config; }
   /// What rank r holds.
   const ShardPlan& plan(int r) const { return ranks_[r]->plan; }
-  /// Rank r's backend.
-  Backend& backend(int r) { return ranks_[r]->model->backend(); }
-  /// Rank 0's model (single-rank features such as decode graphs).
-  LlamaModel& rank0_model() { return *ranks_[0]->model; }
 
   /// Per-rank KV caches of `num_blocks` blocks each, ready for Forward.
   absl::StatusOr<std::unique_ptr<ShardedKvCache>> CreateKvCache(
