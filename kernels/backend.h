@@ -35,12 +35,14 @@ namespace kvserve {
 
 class Backend;
 
-/// Which device `--device` asks for: kAuto takes CUDA when a usable GPU is present.
-enum class DeviceChoice : uint8_t { kCpu, kCuda, kAuto };
+/// Which device `--device` asks for: kAuto takes CUDA when a usable GPU is present. kCudaSim is a
+/// test device, not a product one: the CUDA backend's sources built against the CUDA simulator
+/// (libkvserve_cuda_sim.so, kernels/cuda/sim), running every kernel on the CPU with checks.
+enum class DeviceChoice : uint8_t { kCpu, kCuda, kAuto, kCudaSim };
 
-/// Parses "cpu", "cuda" or "auto" (ASCII case-insensitive); nullopt otherwise.
+/// Parses "cpu", "cuda", "auto" or "cuda-sim" (ASCII case-insensitive); nullopt otherwise.
 std::optional<DeviceChoice> DeviceChoiceFromName(std::string_view name);
-/// "cpu", "cuda" or "auto".
+/// "cpu", "cuda", "auto" or "cuda-sim".
 std::string_view DeviceChoiceName(DeviceChoice choice);
 
 /// Options of a backend; the CPU backend ignores everything but the pool.
@@ -52,6 +54,8 @@ struct BackendOptions {
   bool keep_f32_weights = false;
   /// Allow CUDA-graph capture of decode steps (LlamaModel captures one graph per batch size).
   bool enable_graphs = false;
+  /// Load the simulated CUDA backend (libkvserve_cuda_sim.so) instead of the real one.
+  bool simulator = false;
 };
 
 /// Device memory owned by a backend; freed on destruction. Move-only.
@@ -213,13 +217,15 @@ void DeviceBuffer::reset() {
   bytes_ = 0;
 }
 
-/// Loads the CUDA backend from libkvserve_cuda.so (KVSERVE_CUDA_BACKEND names another path).
-/// UNAVAILABLE with the reason (library missing, no driver, no device) when it cannot be used.
+/// Loads the CUDA backend from libkvserve_cuda.so (KVSERVE_CUDA_BACKEND names another path), or
+/// with options.simulator from libkvserve_cuda_sim.so (KVSERVE_CUDA_SIM_BACKEND). UNAVAILABLE
+/// with the reason (library missing, no driver, no device) when it cannot be used.
 absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& options);
 
-/// A symbol of libkvserve_cuda.so (loading it on first use), e.g. "kvserve_create_nccl_group"
-/// (worker/tp/nccl_communicator.h). UNAVAILABLE when the library or the symbol is missing.
-absl::StatusOr<void*> CudaLibrarySymbol(const char* name);
+/// A symbol of libkvserve_cuda.so, or of libkvserve_cuda_sim.so with `simulator` (loading it on
+/// first use), e.g. "kvserve_create_nccl_group" (worker/tp/nccl_communicator.h). UNAVAILABLE
+/// when the library or the symbol is missing.
+absl::StatusOr<void*> CudaLibrarySymbol(const char* name, bool simulator = false);
 
 /// The backend for a --device choice. kAuto falls back to the CPU when CUDA is unusable and then
 /// says why, once per process, on stderr. `pool` is the CPU backend's thread pool (may be null).

@@ -52,13 +52,17 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
            std::optional<DeviceChoice> device = DeviceChoiceFromName(name);
            if (!device) {
              throw CLI::ValidationError("--device", "unknown device '" + name +
-                                                        "' (expected cpu, cuda or auto)");
+                                                        "' (expected cpu, cuda, auto or cuda-sim)");
            }
            options->device = *device;
          },
          "Where the model runs: cpu, cuda (fails without a usable GPU) or auto (CUDA when a "
-         "usable GPU is present, else the CPU, saying why once on stderr)")
+         "usable GPU is present, else the CPU, saying why once on stderr); cuda-sim is a test "
+         "device: the CUDA backend run on the CPU by the CUDA simulator (slow, checked)")
       ->default_str(std::string(DeviceChoiceName(e.device)));
+  app->add_flag("--keep-f32-weights", e.keep_f32_weights,
+                "CUDA: keep f32 weights in f32 (fp32 GEMMs) instead of converting them to bf16 at "
+                "load; twice the memory, arithmetic next to the CPU's (for checking a GPU)");
   app->add_flag("!--enforce-eager", e.cuda_graphs,
                 "CUDA: launch every op of every decode step instead of replaying CUDA graphs");
   app->add_option("--tp", e.tensor_parallel_size,

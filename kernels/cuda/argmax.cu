@@ -1,5 +1,6 @@
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ranking.cuh"
 
 namespace kvserve::cuda {
@@ -28,7 +29,7 @@ __global__ void ArgMaxKernel(const float* logits, int64_t vocab, int64_t stride,
 cudaError_t ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t* out,
                    cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  ArgMaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, stride, out);
+  KVSERVE_LAUNCH(ArgMaxKernel, static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab, stride, out);
   return cudaGetLastError();
 }
 

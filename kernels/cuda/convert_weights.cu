@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/convert_weights.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -28,7 +29,7 @@ cudaError_t ConvertWeights(const void* src, DType dtype, int64_t rows, int64_t c
   const int64_t total = rows * cols;
   if (total <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 65535));
-  ConvertKernel<<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(src), dtype,
+  KVSERVE_LAUNCH(ConvertKernel, blocks, 256, 0, stream, static_cast<const uint8_t*>(src), dtype,
                                             DTypeRowBytes(dtype, cols), rows, cols,
                                             out == DType::kF32, dst);
   return cudaGetLastError();

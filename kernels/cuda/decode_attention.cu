@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/decode_attention.h"
 
 namespace kvserve::cuda {
@@ -23,7 +24,7 @@ struct DecodeParams {
 // [kTile] | rows[kTile] (int64).
 template <KvCacheDType DT>
 __global__ void DecodeKernel(DecodeParams p) {
-  extern __shared__ float smem[];
+  KVSERVE_DYNAMIC_SHARED(float, smem);
   const cpu::PagedAttentionArgs& a = p.a;
   const int64_t D = a.layout.head_dim;
   const int64_t G = p.group;
@@ -198,13 +199,13 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    DecodeKernel<DT><<<grid, kThreads, smem, stream>>>(p);
+    KVSERVE_LAUNCH(DecodeKernel<DT>, grid, kThreads, smem, stream, p);
     err = cudaGetLastError();
   });
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.num_heads),
                         static_cast<unsigned>(args.num_seqs));
-  MergeKernel<<<merge_grid, 128, 0, stream>>>(p);
+  KVSERVE_LAUNCH(MergeKernel, merge_grid, 128, 0, stream, p);
   return cudaGetLastError();
 }
 

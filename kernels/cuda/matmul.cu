@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul.h"
 
 namespace kvserve::cuda {
@@ -47,7 +48,7 @@ const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratc
   cudaDataType_t type = CUDA_R_32F;
   if (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) {
     const bool bf16 = a.w_dtype == DType::kBF16;
-    ConvertActivations<<<Blocks(a.m * a.k), 256, 0, stream>>>(a.x, a.x_stride, a.m, a.k, bf16,
+    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k, bf16,
                                                               static_cast<uint16_t*>(scratch));
     if (cudaGetLastError() != cudaSuccess) return "activation conversion launch failed";
     x = scratch;
@@ -63,7 +64,7 @@ const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratc
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
   if (a.bias != nullptr) {
-    AddBias<<<Blocks(a.m * a.n), 256, 0, stream>>>(a.y, a.y_stride, a.m, a.n, a.bias);
+    KVSERVE_LAUNCH(AddBias, Blocks(a.m * a.n), 256, 0, stream, a.y, a.y_stride, a.m, a.n, a.bias);
     if (cudaGetLastError() != cudaSuccess) return "bias launch failed";
   }
   return nullptr;

@@ -1,4 +1,5 @@
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/prefill_attention.h"
 
 namespace kvserve::cuda {
@@ -18,7 +19,7 @@ size_t SharedBytes(int64_t D) {
 
 template <KvCacheDType DT>
 __global__ void PrefillKernel(cpu::PagedAttentionArgs a) {
-  extern __shared__ float smem[];
+  KVSERVE_DYNAMIC_SHARED(float, smem);
   const int64_t D = a.layout.head_dim;
   const int64_t s = blockIdx.z;
   const int64_t h = blockIdx.y;
@@ -147,7 +148,7 @@ cudaError_t PrefillAttention(const cpu::PagedAttentionArgs& args, const Attentio
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    PrefillKernel<DT><<<grid, kThreads, smem, stream>>>(args);
+    KVSERVE_LAUNCH(PrefillKernel<DT>, grid, kThreads, smem, stream, args);
     err = cudaGetLastError();
   });
   return err;

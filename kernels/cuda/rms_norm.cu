@@ -1,4 +1,5 @@
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rms_norm.h"
 
 namespace kvserve::cuda {
@@ -40,7 +41,7 @@ __global__ void RmsNormKernel(cpu::RmsNormArgs a, int64_t residual_stride) {
 cudaError_t RmsNorm(const cpu::RmsNormArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return cudaSuccess;
   const int64_t residual_stride = args.residual_stride != 0 ? args.residual_stride : args.dim;
-  RmsNormKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args, residual_stride);
+  KVSERVE_LAUNCH(RmsNormKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args, residual_stride);
   return cudaGetLastError();
 }
 

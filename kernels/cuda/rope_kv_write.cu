@@ -1,4 +1,5 @@
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rope_kv_write.h"
 
 namespace kvserve::cuda {
@@ -62,7 +63,7 @@ __device__ void EncodeRow(const float* x, int64_t head_dim, int64_t row, cpu::Kv
 
 template <KvCacheDType D>
 __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
-  extern __shared__ float smem[];  // [2][num_kv_heads * head_dim]: rotated k, then v
+  KVSERVE_DYNAMIC_SHARED(float, smem);  // [2][num_kv_heads * head_dim]: rotated k, then v
   const int64_t t = blockIdx.x;
   const int64_t head_dim = a.layout.head_dim;
   const int64_t kv_heads = a.layout.num_kv_heads;
@@ -105,7 +106,7 @@ cudaError_t RopeKvWrite(const RopeKvWriteArgs& args, cudaStream_t stream) {
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    RopeKvWriteKernel<D><<<static_cast<unsigned>(args.num_tokens), kThreads, smem, stream>>>(args);
+    KVSERVE_LAUNCH(RopeKvWriteKernel<D>, static_cast<unsigned>(args.num_tokens), kThreads, smem, stream, args);
     err = cudaGetLastError();
   });
   return err;

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ranking.cuh"
 #include "kernels/cuda/sampling.h"
 
@@ -76,7 +77,7 @@ cudaError_t SampleTopKTopP(const SampleArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return cudaSuccess;
   const int32_t k = static_cast<int32_t>(
       std::min<int64_t>(std::clamp(args.k, 1, kMaxK), std::max<int64_t>(args.vocab, 1)));
-  SampleKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args, k);
+  KVSERVE_LAUNCH(SampleKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args, k);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/silu_mul.h"
 
 namespace kvserve::cuda {
@@ -23,7 +24,7 @@ cudaError_t SiluMul(const SiluMulArgs& args, cudaStream_t stream) {
   const int64_t total = args.rows * args.dim;
   if (total <= 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>(CeilDiv(total, 256), 65535);
-  SiluMulKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
+  KVSERVE_LAUNCH(SiluMulKernel, static_cast<unsigned>(blocks), 256, 0, stream, args);
   return cudaGetLastError();
 }
 

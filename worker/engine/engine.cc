@@ -140,12 +140,14 @@ absl::Status Engine::CreateModel() {
   if (options_.device != DeviceChoice::kCpu) {
     BackendOptions backend_options;
     backend_options.enable_graphs = options_.cuda_graphs;
+    backend_options.keep_f32_weights = options_.keep_f32_weights;
     // kAuto comes back as the CPU backend (having said why) when CUDA is unusable.
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         CreateBackend(options_.device, backend_options, nullptr);
     if (!backend.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--device cuda: ", backend.status().message()));
+          absl::StrCat("--device ", std::string(DeviceChoiceName(options_.device)), ": ",
+                       backend.status().message()));
     }
     if (!(*backend)->host_memory()) backend_ = std::move(*backend);
   }
@@ -164,13 +166,15 @@ absl::Status Engine::CreateModel() {
       // CUDA ranks: rank r on device r (rank 0 keeps the backend opened above), NCCL between
       // them. The engine keeps no backend of its own then.
       auto first = std::make_shared<std::unique_ptr<Backend>>(std::move(backend_));
-      const bool graphs = options_.cuda_graphs;
+      BackendOptions rank_options;
+      rank_options.enable_graphs = options_.cuda_graphs;
+      rank_options.keep_f32_weights = options_.keep_f32_weights;
+      rank_options.simulator = options_.device == DeviceChoice::kCudaSim;
       tp_options.make_backend =
-          [first, graphs](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
+          [first, rank_options](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
         if (rank == 0 && *first != nullptr) return std::move(*first);
-        BackendOptions backend_options;
+        BackendOptions backend_options = rank_options;
         backend_options.device_index = rank;
-        backend_options.enable_graphs = graphs;
         absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(backend_options);
         if (!b.ok()) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -179,8 +183,11 @@ absl::Status Engine::CreateModel() {
         }
         return b;
       };
-      tp_options.make_communicators = CreateNcclGroup;
-      device_name_ = "cuda";
+      const bool simulator = rank_options.simulator;
+      tp_options.make_communicators = [simulator](int tp_size) {
+        return CreateNcclGroup(tp_size, simulator);
+      };
+      device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
       // Each GPU holds a 1/tp shard of the weights and of every KV block.
       sizing.device_memory_per_rank = true;
     }
@@ -197,7 +204,7 @@ absl::Status Engine::CreateModel() {
     num_kv_blocks_ = *num_blocks;
     return absl::OkStatus();
   }
-  device_name_ = "cuda";
+  device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
   absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
   if (!num_blocks.ok()) return num_blocks.status();
   absl::StatusOr<std::unique_ptr<LlamaModel>> llama =

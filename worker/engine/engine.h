@@ -67,6 +67,8 @@ struct EngineOptions {
   /// CUDA: replay decode steps of up to min(max_num_seqs, 512) sequences from CUDA graphs
   /// (LlamaModel::EnableDecodeGraphs); false (`--enforce-eager`) launches every op each step.
   bool cuda_graphs = true;
+  /// CUDA: keep f32 weights in f32 (BackendOptions::keep_f32_weights) instead of bf16.
+  bool keep_f32_weights = false;
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;

@@ -7,12 +7,13 @@
 
 namespace kvserve {
 
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(int num_devices) {
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(int num_devices,
+                                                                           bool simulator) {
   if (num_devices < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("an NCCL group needs at least one device, got ", num_devices));
   }
-  absl::StatusOr<void*> symbol = CudaLibrarySymbol("kvserve_create_nccl_group");
+  absl::StatusOr<void*> symbol = CudaLibrarySymbol("kvserve_create_nccl_group", simulator);
   if (!symbol.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "NCCL is not available (", std::string(symbol.status().message()), ")"));

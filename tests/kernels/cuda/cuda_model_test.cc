@@ -101,13 +101,10 @@ TEST(CudaModelTest, TensorParallelOverNcclGivesTheCpuTokens) {
   for (int tp : {2, 4}) {
     TensorParallelOptions options;
     options.tp_size = tp;
-    options.make_backend = [](int rank) {
-      BackendOptions b;
-      b.device_index = rank;
-      b.keep_f32_weights = true;
-      return LoadCudaBackend(b);
+    options.make_backend = [](int rank) { return testing_cuda::LoadTestBackend(rank); };
+    options.make_communicators = [](int n) {
+      return CreateNcclGroup(n, testing_cuda::UseSimulator());
     };
-    options.make_communicators = CreateNcclGroup;
     absl::StatusOr<std::unique_ptr<TensorParallelModel>> model =
         TensorParallelModel::Create(m->weights.get(), options);
     if (!model.ok()) {

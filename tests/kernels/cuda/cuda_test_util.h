@@ -4,8 +4,16 @@
 // Test helpers for the CUDA backend: load it once (skip with the reason when there is no
 // device) and move vectors between host and device. Tests link no CUDA library: the backend is
 // dlopen'ed like in production.
+//
+// Environment:
+//   KVSERVE_TEST_DEVICE=cuda-sim  run against the CUDA simulator (libkvserve_cuda_sim.so, ctest
+//                                 label `sim`) instead of a GPU (`cuda`, the default);
+//   KVSERVE_REQUIRE_GPU=1         fail instead of skipping when the device is unusable
+//                                 (scripts/gpu-check.sh, where a skip would hide a broken GPU).
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,6 +24,35 @@
 
 namespace kvserve::testing_cuda {
 
+/// Whether KVSERVE_TEST_DEVICE asks for the CUDA simulator.
+inline bool UseSimulator() {
+  const char* d = std::getenv("KVSERVE_TEST_DEVICE");
+  return d != nullptr && std::strcmp(d, "cuda-sim") == 0;
+}
+
+/// Whether an unusable device fails the test (KVSERVE_REQUIRE_GPU=1) instead of skipping it.
+inline bool RequireDevice() {
+  const char* r = std::getenv("KVSERVE_REQUIRE_GPU");
+  return r != nullptr && std::strcmp(r, "1") == 0;
+}
+
+/// The --device the tests run on.
+inline DeviceChoice TestDevice() { return UseSimulator() ? DeviceChoice::kCudaSim : DeviceChoice::kCuda; }
+
+/// Backend options for device `index` of the device under test (f32 weights kept as f32).
+inline BackendOptions DeviceOptions(int index = 0) {
+  BackendOptions options;
+  options.device_index = index;
+  options.keep_f32_weights = true;
+  options.simulator = UseSimulator();
+  return options;
+}
+
+/// Loads a backend of the device under test.
+inline absl::StatusOr<std::unique_ptr<Backend>> LoadTestBackend(int index = 0) {
+  return LoadCudaBackend(DeviceOptions(index));
+}
+
 /// The CUDA backend of this process, or null with `reason` set (loaded once).
 inline Backend* Cuda(std::string* reason) {
   static std::unique_ptr<Backend> backend;
@@ -23,8 +60,7 @@ inline Backend* Cuda(std::string* reason) {
   static bool tried = false;
   if (!tried) {
     tried = true;
-    BackendOptions options;
-    options.keep_f32_weights = true;
+    BackendOptions options = DeviceOptions();
     options.enable_graphs = true;
     absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(options);
     if (b.ok()) {
@@ -37,11 +73,21 @@ inline Backend* Cuda(std::string* reason) {
   return backend.get();
 }
 
-/// In a TEST body: `Backend* gpu = ...; KVSERVE_REQUIRE_CUDA(gpu);` skips without a device.
+/// Skips the test (or fails it, under KVSERVE_REQUIRE_GPU=1) for want of a device.
+#define KVSERVE_SKIP_NO_DEVICE(reason)                          \
+  do {                                                          \
+    if (::kvserve::testing_cuda::RequireDevice()) {             \
+      FAIL() << "no usable CUDA device: " << (reason);          \
+    } else {                                                    \
+      GTEST_SKIP() << "no CUDA device: " << (reason);           \
+    }                                                           \
+  } while (0)
+
+/// In a TEST body: `KVSERVE_REQUIRE_CUDA(gpu);` declares `Backend* gpu`, skipping without a device.
 #define KVSERVE_REQUIRE_CUDA(var)                                     \
   std::string kvserve_skip_reason;                                    \
   Backend* var = ::kvserve::testing_cuda::Cuda(&kvserve_skip_reason); \
-  if (var == nullptr) GTEST_SKIP() << "no CUDA device: " << kvserve_skip_reason
+  if (var == nullptr) KVSERVE_SKIP_NO_DEVICE(kvserve_skip_reason)
 
 /// A device copy of a host vector.
 template <typename T>

@@ -190,7 +190,7 @@ TEST(TpDeviceRanksTest, DeviceRanksNeedCommunicatorsAndFactoryErrorsSurface) {
   };
   m = TensorParallelModel::Create(model.weights.get(), options);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
-  options.make_communicators = CreateNcclGroup;
+  options.make_communicators = [](int n) { return CreateNcclGroup(n); };
   options.make_backend = [](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", rank));
   };

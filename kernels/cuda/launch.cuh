@@ -1,0 +1,25 @@
+#ifndef KVSERVE_KERNELS_CUDA_LAUNCH_CUH_
+#define KVSERVE_KERNELS_CUDA_LAUNCH_CUH_
+
+// The one way kvserve's CUDA code launches kernels and declares dynamic shared memory, so that
+// the same sources run under nvcc and under the CUDA simulator (kernels/cuda/sim): there the
+// launch goes to the simulator's executor, and dynamic shared memory is the block's buffer of
+// exactly the requested size. This is also the header for anything the simulator must model
+// separately (inline PTX would go here, with its simulator twin); the kernels use none.
+//
+//   KVSERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, args...);
+//   KVSERVE_DYNAMIC_SHARED(float, smem);  // in a kernel: float* smem (extern __shared__ float[])
+
+#include <cuda_runtime.h>
+
+#ifdef KVSERVE_CUDA_SIM
+#define KVSERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  ::kvsim::Launch<kernel>(grid, block, shared_bytes, stream __VA_OPT__(, ) __VA_ARGS__)
+#define KVSERVE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::kvsim::DynamicShared())
+#else
+#define KVSERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__)
+#define KVSERVE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+#endif  // KVSERVE_KERNELS_CUDA_LAUNCH_CUH_
