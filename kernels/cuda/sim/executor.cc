@@ -12,6 +12,8 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <link.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,11 +25,18 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "fiber.h"
 #include "internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVSIM_ASAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVSIM_ASAN_BUILD 1
+#endif
+#endif
 
 namespace kvsim {
 namespace {
@@ -142,7 +151,7 @@ struct Warp {
 
 /// Who touched a byte in the current barrier interval.
 struct Cell {
-  uint32_t epoch = 0;
+  uint64_t epoch = 0;
   int32_t writer = -1;
   uint32_t writer_sync = 0;  // the writer's warp's sync_epoch at the write
   int32_t reader = -1;
@@ -166,20 +175,35 @@ struct Block {
   const void* sched_bottom = nullptr;
   size_t sched_size = 0;
   int live = 0;
-  uint32_t epoch = 1;
+  uint64_t epoch = 1;  // the barrier interval, unique per OS thread (never reused: no clearing)
   int barrier_result = 0;
   bool failed = false;
   cudaError_t code = cudaSuccess;
   std::string error;
   bool race_check = false;
-  std::unordered_map<uintptr_t, Cell> cells;
+  // Shared memory the race check watches: the dynamic buffer and the kernel module's
+  // thread-local block, where static __shared__ arrays live (found on first need).
+  std::vector<Cell>* dyn_cells = nullptr;
+  struct TlsRange* tls = nullptr;
+  bool tls_tried = false;
   uintptr_t threads_lo = 0, threads_hi = 0;  // the Thread array (read through threadIdx & co.)
 };
 
-/// Per OS thread: fiber stacks, dynamic shared memory and the block being run.
+/// One module's thread-local block on one OS thread: static __shared__ memory of its kernels.
+struct TlsRange {
+  uintptr_t module = 0;  // load address
+  uintptr_t lo = 0;
+  size_t bytes = 0;
+  std::vector<Cell> cells;
+};
+
+/// Per OS thread: fiber stacks, dynamic shared memory, race-check state and the block being run.
 struct Worker {
   StackCache stacks;
   std::vector<char> shared;  // redzone | dynamic shared | redzone (instrumented builds)
+  std::vector<Cell> dyn_cells;
+  std::deque<TlsRange> tls;  // by module (a deque: blocks keep pointers)
+  uint64_t next_epoch = 1;
   Block block;
 };
 
@@ -241,6 +265,60 @@ void FailBlock(Block& b, cudaError_t code, std::string message) {
   t.state = State::kAborted;
   Yield(t);
   __builtin_trap();  // an aborted fiber is never resumed
+}
+
+// ---- faults ------------------------------------------------------------------------------------
+// A wild pointer in a kernel faults the OS thread. On a GPU that is cudaErrorIllegalAddress; here
+// the fault handler (on an alternate stack, so a fiber's stack overflow is caught too) fails the
+// block from inside the faulting fiber, naming kernel, block, thread and address, and the
+// process goes on. Faults outside kernels go to the handler that was there before. Under
+// AddressSanitizer, ASan's own handler reports instead.
+
+#ifndef KVSIM_ASAN_BUILD
+struct sigaction g_old_segv {};
+struct sigaction g_old_bus {};
+
+void OnFault(int sig, siginfo_t* info, void* /*context*/) {
+  Thread* t = tls_thread;
+  if (t == nullptr) {
+    sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
+    return;  // the faulting instruction runs again under the previous handler
+  }
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  const auto base = reinterpret_cast<uintptr_t>(t->stack.base);
+  char what[160];
+  if (addr < base && addr + 65536 >= base) {
+    std::snprintf(what, sizeof what, "stack overflow (the simulator gives a thread %zu KiB)",
+                  t->stack.size >> 10);
+  } else {
+    std::snprintf(what, sizeof what, "illegal memory access at address %#zx (%s)",
+                  static_cast<size_t>(addr), sig == SIGSEGV ? "SIGSEGV" : "SIGBUS");
+  }
+  Fail(*t, cudaErrorIllegalAddress, what);  // switches to the scheduler for good
+}
+#endif
+
+void InstallFaultHandler() {
+#ifndef KVSIM_ASAN_BUILD
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = &OnFault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+  });
+  // Each OS thread that runs blocks needs its own alternate stack.
+  thread_local std::vector<char> alt;
+  if (alt.empty()) {
+    alt.resize(size_t{64} << 10);
+    stack_t ss{};
+    ss.ss_sp = alt.data();
+    ss.ss_size = alt.size();
+    sigaltstack(&ss, nullptr);
+  }
+#endif
 }
 
 void FiberMain(void* arg) {
@@ -336,10 +414,11 @@ void ReleaseBarrier(Block& b) {
   for (Thread& t : b.threads) {
     if (t.state == State::kBarrier) t.state = State::kReady;
   }
-  ++b.epoch;  // a new barrier interval for the race check
+  b.epoch = ++ThisWorker().next_epoch;  // a new barrier interval for the race check
 }
 
 void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
+  InstallFaultHandler();
   const LaunchConfig& c = k.config;
   Block& b = w.block;
   b.launch = &k;
@@ -350,10 +429,13 @@ void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
   b.failed = false;
   b.code = cudaSuccess;
   b.error.clear();
-  b.epoch = 1;
+  b.epoch = ++w.next_epoch;
   b.barrier_result = 0;
   b.race_check = RaceCheckRequested();
-  b.cells.clear();
+  b.tls = nullptr;
+  b.tls_tried = false;
+  if (b.race_check && w.dyn_cells.size() < c.shared_bytes) w.dyn_cells.resize(c.shared_bytes);
+  b.dyn_cells = &w.dyn_cells;
   b.live = b.num_threads;
   b.sched_bottom = nullptr;
   b.sched_size = 0;
@@ -513,22 +595,63 @@ bool Ordered(const Block& b, int32_t other, uint32_t other_sync, const Thread& t
   return other_warp == t.warp && other_sync != b.warps[static_cast<size_t>(t.warp)].sync_epoch;
 }
 
+/// The calling thread's thread-local block of the module holding the running kernel (null when
+/// that module has none, or has not touched it on this thread yet).
+TlsRange* ModuleTls(Block& b) {
+  if (b.tls_tried) return b.tls;
+  b.tls_tried = true;
+  Dl_info info{};
+  if (dladdr(b.launch->config.function, &info) == 0) return nullptr;
+  const auto module = reinterpret_cast<uintptr_t>(info.dli_fbase);
+  Worker& w = ThisWorker();
+  for (TlsRange& r : w.tls) {
+    if (r.module == module) return b.tls = &r;
+  }
+  struct Query {
+    uintptr_t module;
+    uintptr_t lo = 0;
+    size_t bytes = 0;
+  } q{module};
+  dl_iterate_phdr(
+      [](dl_phdr_info* m, size_t, void* data) {
+        auto* q = static_cast<Query*>(data);
+        if (static_cast<uintptr_t>(m->dlpi_addr) != q->module) return 0;
+        for (int i = 0; i < m->dlpi_phnum; ++i) {
+          if (m->dlpi_phdr[i].p_type == PT_TLS && m->dlpi_tls_data != nullptr) {
+            q->lo = reinterpret_cast<uintptr_t>(m->dlpi_tls_data);
+            q->bytes = m->dlpi_phdr[i].p_memsz;
+          }
+        }
+        return 1;
+      },
+      &q);
+  if (q.lo == 0) {
+    b.tls_tried = false;  // not allocated on this thread yet: ask again at the next access
+    return nullptr;
+  }
+  w.tls.push_back(TlsRange{module, q.lo, q.bytes, std::vector<Cell>(q.bytes)});
+  return b.tls = &w.tls.back();
+}
+
 std::string DescribeAddress(const Block& b, uintptr_t a) {
   const auto lo = reinterpret_cast<uintptr_t>(b.dyn);
   if (a >= lo && a < lo + b.dyn_bytes) {
     return "dynamic shared memory byte " + std::to_string(a - lo);
   }
+  if (b.tls != nullptr && a >= b.tls->lo && a < b.tls->lo + b.tls->bytes) {
+    return "static __shared__ memory (byte " + std::to_string(a - b.tls->lo) +
+           " of the kernel module's thread-local block)";
+  }
   char buf[64];
-  std::snprintf(buf, sizeof buf, "address %#zx (static shared or global memory)",
-                static_cast<size_t>(a));
+  std::snprintf(buf, sizeof buf, "address %#zx", static_cast<size_t>(a));
   return buf;
 }
 
-void RaceCheck(Thread& t, uintptr_t a, size_t size, bool write, const void* pc) {
+void RaceCheck(Thread& t, Cell* cells, uintptr_t a, size_t size, bool write, const void* pc) {
   Block& b = *t.block;
   const uint32_t sync = b.warps[static_cast<size_t>(t.warp)].sync_epoch;
   for (size_t i = 0; i < size; ++i) {
-    Cell& cell = b.cells[a + i];
+    Cell& cell = cells[i];
     if (cell.epoch != b.epoch) cell = Cell{b.epoch};
     auto race = [&](int32_t other, const void* other_pc, bool other_wrote) {
       const Thread& o = b.threads[static_cast<size_t>(other)];
@@ -579,8 +702,16 @@ inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) 
              " bytes at dynamic shared memory byte " + std::to_string(off) + ", outside the " +
              std::to_string(b.dyn_bytes) + " bytes the launch requested (" + Symbolize(pc) + ")");
   }
-  if (!b.race_check || (a >= b.threads_lo && a < b.threads_hi)) return;
-  RaceCheck(*t, a, size, write, pc);
+  if (!b.race_check) return;
+  // Shared memory only, like compute-sanitizer's racecheck: dynamic, then static.
+  if (a >= lo && a + size <= hi) {
+    RaceCheck(*t, b.dyn_cells->data() + (a - lo), a, size, write, pc);
+    return;
+  }
+  TlsRange* tls = ModuleTls(b);
+  if (tls != nullptr && a >= tls->lo && a + size <= tls->lo + tls->bytes) {
+    RaceCheck(*t, tls->cells.data() + (a - tls->lo), a, size, write, pc);
+  }
 }
 
 // ---- the pool ----------------------------------------------------------------------------------
@@ -642,6 +773,14 @@ Pool& ThePool() {
 }  // namespace
 
 void SetRaceCheck(bool on) { g_race_check.store(on ? 1 : 0); }
+
+bool CatchesFaults() {
+#ifdef KVSIM_ASAN_BUILD
+  return false;
+#else
+  return true;
+#endif
+}
 
 bool AccessHooksBuiltIn() {
 #ifdef KVSIM_INSTRUMENTED

@@ -66,6 +66,10 @@ void SetRaceCheck(bool on);
 /// neither the race check nor the simulator's shared-memory bounds check run (ASan's does).
 bool AccessHooksBuiltIn();
 
+/// Whether a kernel's wild access becomes cudaErrorIllegalAddress naming the thread (false under
+/// AddressSanitizer, whose own handler reports it and stops the process).
+bool CatchesFaults();
+
 /// The executor's worker threads (KVSERVE_SIM_THREADS, default the machine's cores): runs
 /// fn(0..n-1) over them and the calling thread, returning when all are done.
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);

@@ -94,6 +94,7 @@ template <typename T>
 DeviceBuffer Upload(Backend* b, const std::vector<T>& host) {
   absl::StatusOr<DeviceBuffer> buf = b->AllocBuffer(sizeof(T) * std::max<size_t>(host.size(), 1));
   EXPECT_TRUE(buf.ok()) << buf.status();
+  if (!buf.ok()) return DeviceBuffer();  // e.g. after a kernel fault made the device unusable
   EXPECT_TRUE(b->CopyToDevice(buf->get(), host.data(), sizeof(T) * host.size()).ok());
   return std::move(*buf);
 }

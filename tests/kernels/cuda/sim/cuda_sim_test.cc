@@ -182,6 +182,16 @@ TEST(CudaSim, SharedMemoryOverrunIsReported) {
   EXPECT_NE(text.find("outside the 128 bytes the launch requested"), std::string::npos) << text;
 }
 
+TEST(CudaSim, WildAccessIsAnIllegalAddressNamingTheThread) {
+  if (!kvsim::CatchesFaults()) GTEST_SKIP() << "ASan build: ASan reports wild accesses itself";
+  float* p = DeviceAlloc<float>(32);
+  const std::string text = ExpectFault(LaunchWildRead(p, p), cudaErrorIllegalAddress);
+  EXPECT_NE(text.find("WildReadKernel: block (0,0,0) thread (5,0,0): illegal memory access"),
+            std::string::npos)
+      << text;
+  cudaFree(p);
+}
+
 TEST(CudaSim, RaceCheckFindsAMissingBarrierAndTrustsBarriersAndSyncwarp) {
   if (!kvsim::AccessHooksBuiltIn()) GTEST_SKIP() << "kernels without access hooks (ASan build)";
   kvsim::SetRaceCheck(true);
@@ -194,6 +204,10 @@ TEST(CudaSim, RaceCheckFindsAMissingBarrierAndTrustsBarriersAndSyncwarp) {
   const std::string text = ExpectFault(LaunchNeighbourRead(false, out));
   EXPECT_NE(text.find("NeighbourKernel"), std::string::npos) << text;
   EXPECT_NE(text.find("data race on dynamic shared memory byte"), std::string::npos) << text;
+  const std::string static_text = ExpectFault(LaunchStaticNeighbourRead(out));
+  EXPECT_NE(static_text.find("StaticNeighbourKernel"), std::string::npos) << static_text;
+  EXPECT_NE(static_text.find("data race on static __shared__ memory"), std::string::npos)
+      << static_text;
   kvsim::SetRaceCheck(false);
   cudaFree(out);
 }

@@ -85,11 +85,21 @@ __global__ void NeighbourKernel(bool with_barrier, float* out) {
   out[threadIdx.x] = smem[(threadIdx.x + 1) % blockDim.x];
 }
 
+__global__ void StaticNeighbourKernel(float* out) {
+  __shared__ float buf[64];
+  buf[threadIdx.x] = static_cast<float>(threadIdx.x);
+  out[threadIdx.x] = buf[(threadIdx.x + 1) % 64];
+}
+
 __global__ void WarpExchangeKernel(float* out) {
   KVSERVE_DYNAMIC_SHARED(float, smem);
   smem[threadIdx.x] = static_cast<float>(threadIdx.x) * 0.5f;
   __syncwarp();
   out[threadIdx.x] = smem[threadIdx.x ^ 1];
+}
+
+__global__ void WildReadKernel(const float* p, float* out) {
+  out[threadIdx.x] = p[threadIdx.x == 5 ? (int64_t{1} << 40) : 0];
 }
 
 __global__ void ConfigKernel() {}
@@ -149,8 +159,18 @@ cudaError_t LaunchNeighbourRead(bool with_barrier, float* out) {
   return cudaGetLastError();
 }
 
+cudaError_t LaunchStaticNeighbourRead(float* out) {
+  KVSERVE_LAUNCH(StaticNeighbourKernel, 1, 64, 0, nullptr, out);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchWarpSyncedExchange(float* out) {
   KVSERVE_LAUNCH(WarpExchangeKernel, 1, 32, sizeof(float) * 32, nullptr, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWildRead(const float* p, float* out) {
+  KVSERVE_LAUNCH(WildReadKernel, 1, 32, 0, nullptr, p, out);
   return cudaGetLastError();
 }
 

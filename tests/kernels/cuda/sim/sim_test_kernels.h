@@ -35,8 +35,12 @@ cudaError_t LaunchSharedOverrun();
 /// Each thread writes smem[tid] and reads smem[tid + 1]; `with_barrier` puts a
 /// __syncthreads between (correct) or not (a race).
 cudaError_t LaunchNeighbourRead(bool with_barrier, float* out);
+/// The same race on a static __shared__ array.
+cudaError_t LaunchStaticNeighbourRead(float* out);
 /// Lanes of one warp pass values through shared memory ordered only by __syncwarp (correct).
 cudaError_t LaunchWarpSyncedExchange(float* out);
+/// Thread 5 reads 2^40 floats past `p`.
+cudaError_t LaunchWildRead(const float* p, float* out);
 /// An oversized block (2048 threads) or shared-memory request, to check launch validation.
 cudaError_t LaunchWithConfig(dim3 block, size_t shared_bytes);
 /// Raises the dynamic shared-memory limit of the kernel LaunchWithConfig uses.
