@@ -13,6 +13,7 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -204,6 +205,8 @@ struct Worker {
   std::vector<Cell> dyn_cells;
   std::deque<TlsRange> tls;  // by module (a deque: blocks keep pointers)
   uint64_t next_epoch = 1;
+  const void* stack_bottom = nullptr;  // this OS thread's own stack (the scheduler's)
+  size_t stack_size = 0;
   Block block;
 };
 
@@ -238,13 +241,34 @@ void Resume(Block& b, Thread& t) {
   tls_thread = nullptr;
 }
 
-/// Back to the block's scheduler; returns when resumed (never, for kDone and kAborted).
+/// Leaves thread t's fiber: straight to the next ready thread of the block (lanes of a warp
+/// meeting at a shuffle hand over to each other without the scheduler in between: half the
+/// switches), or to the scheduler when none is ready or the block failed. Returns when t is
+/// resumed (never, for kDone and kAborted).
 void Yield(Thread& t) {
   Block& b = *t.block;
   const bool final = t.state == State::kDone || t.state == State::kAborted;
-  AnnounceSwitch(final ? nullptr : &t.fake_stack, b.sched_bottom, b.sched_size);
-  kvsim_switch_fiber(&t.sp, b.sched_sp);
+  Thread* next = nullptr;
+  if (!b.failed) {
+    const size_t n = b.threads.size();
+    for (size_t i = 1, j = static_cast<size_t>(t.linear) + 1; i < n; ++i, ++j) {
+      if (j == n) j = 0;
+      if (b.threads[j].state == State::kReady) {
+        next = &b.threads[j];
+        break;
+      }
+    }
+  }
+  if (next != nullptr) {
+    tls_thread = next;
+    AnnounceSwitch(final ? nullptr : &t.fake_stack, next->stack.base, next->stack.size);
+    kvsim_switch_fiber(&t.sp, next->sp);
+  } else {
+    AnnounceSwitch(final ? nullptr : &t.fake_stack, b.sched_bottom, b.sched_size);
+    kvsim_switch_fiber(&t.sp, b.sched_sp);
+  }
   FinishSwitch(t.fake_stack, nullptr, nullptr);
+  tls_thread = &t;
 }
 
 std::string Where(const Thread& t) {
@@ -324,7 +348,7 @@ void InstallFaultHandler() {
 void FiberMain(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   Block& b = *t.block;
-  FinishSwitch(nullptr, &b.sched_bottom, &b.sched_size);
+  FinishSwitch(nullptr, nullptr, nullptr);
   b.launch->invoke(b.launch->params);
   t.state = State::kDone;
   --b.live;
@@ -437,8 +461,19 @@ void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
   if (b.race_check && w.dyn_cells.size() < c.shared_bytes) w.dyn_cells.resize(c.shared_bytes);
   b.dyn_cells = &w.dyn_cells;
   b.live = b.num_threads;
-  b.sched_bottom = nullptr;
-  b.sched_size = 0;
+  if (w.stack_bottom == nullptr) {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      void* addr = nullptr;
+      size_t size = 0;
+      pthread_attr_getstack(&attr, &addr, &size);
+      w.stack_bottom = addr;
+      w.stack_size = size;
+      pthread_attr_destroy(&attr);
+    }
+  }
+  b.sched_bottom = w.stack_bottom;
+  b.sched_size = w.stack_size;
   // Dynamic shared memory: exactly the request, filled with 0xff (NaN as floats) so a read of
   // something never written shows.
   std::vector<char> exact;
@@ -476,15 +511,20 @@ void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
   for (Warp& warp : b.warps) warp.live = warp.exists;
 
   for (;;) {
-    bool ran = false;
+    // Run the first ready thread; fibers hand over among themselves until none is ready.
+    Thread* ready = nullptr;
     for (Thread& t : b.threads) {
-      if (t.state != State::kReady) continue;
-      Resume(b, t);
-      ran = true;
-      if (b.failed) break;
+      if (t.state == State::kReady) {
+        ready = &t;
+        break;
+      }
     }
-    if (b.failed || b.live == 0) break;
-    if (ran) continue;
+    if (ready != nullptr) {
+      Resume(b, *ready);
+      if (b.failed) break;
+      continue;
+    }
+    if (b.live == 0) break;
     int at_barrier = 0;
     for (const Thread& t : b.threads) at_barrier += t.state == State::kBarrier;
     if (at_barrier == b.live) {
@@ -863,24 +903,25 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   Thread& t = *tls_thread;
   Block& b = *t.block;
   Warp& w = b.warps[static_cast<size_t>(t.warp)];
-  const std::string what = std::string(OpName(op)) + " at " + Site(file, line);
+  // The text of a diagnostic, made only when one is given (this is the hot path of shuffles).
+  auto what = [&] { return std::string(OpName(op)) + " at " + Site(file, line); };
   if (width <= 0 || width > kWarpSize || (width & (width - 1)) != 0) {
-    Fail(t, cudaErrorLaunchFailure, what + ": width " + std::to_string(width) +
+    Fail(t, cudaErrorLaunchFailure, what() + ": width " + std::to_string(width) +
                                         " is not a power of two in [1, 32]");
   }
   if (((mask >> t.lane) & 1u) == 0) {
     Fail(t, cudaErrorLaunchFailure,
-         what + ": the mask " + Hex(mask) + " leaves out the calling lane " + std::to_string(t.lane));
+         what() + ": the mask " + Hex(mask) + " leaves out the calling lane " + std::to_string(t.lane));
   }
   if (const unsigned missing = mask & ~w.exists; missing != 0) {
     Fail(t, cudaErrorLaunchFailure,
-         what + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(missing) + " of warp " +
+         what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(missing) + " of warp " +
              std::to_string(t.warp) + ", which the block (" + std::to_string(b.num_threads) +
              " threads) does not have");
   }
   if (const unsigned gone = mask & ~w.live; gone != 0) {
     Fail(t, cudaErrorLaunchFailure,
-         what + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(gone) + " of warp " +
+         what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(gone) + " of warp " +
              std::to_string(t.warp) + ", which have exited");
   }
   Collective* c = nullptr;
@@ -889,19 +930,19 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
       c = &o;
     } else if ((o.mask & mask) != 0) {
       Fail(t, cudaErrorLaunchFailure,
-           what + ": overlaps a " + OpName(o.op) + " at " + Site(o.file, o.line) +
+           what() + ": overlaps a " + OpName(o.op) + " at " + Site(o.file, o.line) +
                " with mask " + Hex(o.mask) + " that lanes " + Lanes(o.arrived) + " wait in");
     }
   }
   if (c == nullptr) {
     w.open.push_back(Collective{op, mask, 0, arg, width, file, line});
     c = &w.open.back();
-  } else if (c->op != op || c->line != line || std::strcmp(c->file, file) != 0 ||
+  } else if (c->op != op || c->line != line || (c->file != file && std::strcmp(c->file, file) != 0) ||
              ((op == WarpOp::kShflXor || op == WarpOp::kShflUp || op == WarpOp::kShflDown) &&
               c->arg != arg) ||
              c->width != width) {
     Fail(t, cudaErrorLaunchFailure,
-         what + ": lanes " + Lanes(c->arrived) + " of the same mask wait in " + OpName(c->op) +
+         what() + ": lanes " + Lanes(c->arrived) + " of the same mask wait in " + OpName(c->op) +
              " at " + Site(c->file, c->line) + " (divergent warp collectives)");
   }
   t.value = value;

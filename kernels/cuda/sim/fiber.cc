@@ -123,24 +123,14 @@ void* PrepareFiber(FiberStack stack, FiberEntry entry, void* arg) {
   return frame;
 }
 
-void AnnounceSwitch(void** fake, const void* to_bottom, size_t to_size) {
 #ifdef KVSIM_ASAN
+void AnnounceSwitch(void** fake, const void* to_bottom, size_t to_size) {
   __sanitizer_start_switch_fiber(fake, to_bottom, to_size);
-#else
-  (void)fake;
-  (void)to_bottom;
-  (void)to_size;
-#endif
 }
 
 void FinishSwitch(void* fake, const void** from_bottom, size_t* from_size) {
-#ifdef KVSIM_ASAN
   __sanitizer_finish_switch_fiber(fake, from_bottom, from_size);
-#else
-  (void)fake;
-  (void)from_bottom;
-  (void)from_size;
-#endif
 }
+#endif
 
 }  // namespace kvsim

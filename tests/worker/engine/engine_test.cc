@@ -13,31 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/block_hash/block_hash.h"
+#include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/golden.h"
 
 namespace kvserve {
 namespace {
 
-struct Collected {
-  std::vector<TokenId> tokens;
-  std::vector<float> logprobs;  // chosen token's logprob per step: a fingerprint of the logits
-  std::string text;
-  RequestOutput final_output;
-};
-
-// Reads a stream to its end.
-std::map<int, Collected> Drain(RequestStream& stream) {
-  std::map<int, Collected> out;
-  RequestOutput msg;
-  while (stream.Next(&msg)) {
-    Collected& c = out[msg.sample_index];
-    c.tokens.insert(c.tokens.end(), msg.token_ids.begin(), msg.token_ids.end());
-    for (const SampleResult& lp : msg.logprobs) c.logprobs.push_back(lp.logprob.value_or(0));
-    c.text += msg.text;
-    if (msg.finished) c.final_output = msg;
-  }
-  return out;
-}
+using testing_engine::Collected;
+using testing_engine::Drain;
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -57,36 +40,10 @@ class EngineTest : public ::testing::Test {
   }
 
   static EngineRequest Greedy(std::string id, std::vector<TokenId> prompt, int max_tokens) {
-    EngineRequest r;
-    r.request_id = std::move(id);
-    r.prompt_ids = std::move(prompt);
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    r.params.logprobs = 0;
-    r.params.ignore_eos = true;
-    return r;
+    return testing_engine::Greedy(std::move(id), std::move(prompt), max_tokens);
   }
 
-  // 64 requests of mixed lengths; groups of them share prefixes of 0, 40 or 130 tokens.
-  static std::vector<EngineRequest> MixedWorkload() {
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<TokenId> tok(3, 511);
-    std::vector<std::vector<TokenId>> prefixes(3);
-    for (int len : {40, 130}) {
-      std::vector<TokenId> p = {1};
-      while (static_cast<int>(p.size()) < len) p.push_back(tok(rng));
-      prefixes[len == 40 ? 1 : 2] = p;
-    }
-    std::vector<EngineRequest> requests;
-    for (int i = 0; i < 64; ++i) {
-      std::vector<TokenId> prompt = prefixes[i % 3];
-      if (prompt.empty()) prompt.push_back(1);
-      const int extra = 1 + static_cast<int>(rng() % 150);
-      for (int j = 0; j < extra; ++j) prompt.push_back(tok(rng));
-      requests.push_back(Greedy(absl::StrCat("r", i), prompt, 4 + static_cast<int>(rng() % 40)));
-    }
-    return requests;
-  }
+  static std::vector<EngineRequest> MixedWorkload() { return testing_engine::MixedWorkload(); }
 
   // MixedWorkload's requests, each run alone: the reference every batch configuration is
   // compared with (computed once per test binary).

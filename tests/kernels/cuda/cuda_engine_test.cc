@@ -1,0 +1,218 @@
+// The engine end to end on a CUDA device (label gpu) or on the CUDA simulator (<test>_sim,
+// KVSERVE_TEST_DEVICE=cuda-sim), with f32 weights kept in f32: stories260K's golden greedy tokens
+// for both prompts; 64 mixed concurrent requests identical to each run alone, with chunked
+// prefill, prefix-cache hits and preemption; int8 and fp8 KV; decode graphs against eager
+// launches; and tensor parallelism over NCCL (--tp 2, where two devices exist).
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/worker/engine/engine_test_util.h"
+#include "tests/worker/model/golden.h"
+#include "worker/engine/engine.h"
+
+namespace kvserve {
+namespace {
+
+using testing_engine::Collected;
+using testing_engine::Drain;
+using testing_engine::Greedy;
+
+class CudaEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new LoadedModel(*LoadModel(testing_golden::kStoriesGguf));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  static EngineOptions Options() {
+    EngineOptions o;
+    o.device = testing_cuda::TestDevice();
+    o.keep_f32_weights = true;
+    o.num_threads = 1;
+    o.check_invariants = true;
+    o.kv_cache_memory = int64_t{16} << 20;
+    return o;
+  }
+
+  /// An engine on the device under test, or null having skipped (or failed) the test.
+  static std::unique_ptr<Engine> Make(const EngineOptions& o) {
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(model_, o);
+    if (!e.ok()) {
+      ADD_FAILURE_OR_SKIP(e.status());
+      return nullptr;
+    }
+    return std::move(*e);
+  }
+
+  static void ADD_FAILURE_OR_SKIP(const absl::Status& s) {
+    if (testing_cuda::RequireDevice() || s.code() != absl::StatusCode::kFailedPrecondition) {
+      ADD_FAILURE() << "no usable CUDA engine: " << s;
+    } else {
+      GTEST_SKIP_("no CUDA device");
+    }
+  }
+
+  /// The mixed workload, shorter on the simulator (4 to 15 generated tokens a request).
+  static std::vector<EngineRequest> Workload() {
+    return testing_engine::MixedWorkload(testing_cuda::UseSimulator() ? 12 : 40);
+  }
+
+  /// Each request of the workload alone on one engine (computed once per test binary).
+  static const std::vector<Collected>* Alone() {
+    static std::vector<Collected>* alone = nullptr;
+    if (alone != nullptr) return alone;
+    EngineOptions o = Options();
+    o.scheduler.enable_prefix_caching = false;
+    std::unique_ptr<Engine> engine = Make(o);
+    if (engine == nullptr) return nullptr;
+    alone = new std::vector<Collected>();
+    for (const EngineRequest& r : Workload()) alone->push_back(Drain(**engine->Submit(r))[0]);
+    return alone;
+  }
+
+  static void ExpectPoolFree(const Engine& engine) {
+    const EngineStats st = engine.stats();
+    EXPECT_EQ(st.used_blocks, 0);
+    EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
+  }
+
+  static LoadedModel* model_;
+};
+LoadedModel* CudaEngineTest::model_ = nullptr;
+
+TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  for (bool graphs : {true, false}) {
+    EngineOptions o = Options();
+    o.cuda_graphs = graphs;
+    std::unique_ptr<Engine> engine = Make(o);
+    if (engine == nullptr) return;
+    for (const auto& c : golden.cases) {
+      EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
+      r.params.ignore_eos = false;
+      const Collected got = Drain(**engine->Submit(r))[0];
+      EXPECT_EQ(got.tokens, c.generated_ids) << c.prompt << (graphs ? " (graphs)" : " (eager)");
+      EXPECT_EQ(c.prompt + got.text, c.text);
+    }
+    ExpectPoolFree(*engine);
+  }
+}
+
+struct BatchCase {
+  const char* name;
+  int32_t max_num_batched_tokens;
+  int64_t num_kv_blocks;
+  bool graphs;
+  bool expect_preemption;
+};
+
+class CudaEngineBatchTest : public CudaEngineTest, public ::testing::WithParamInterface<BatchCase> {};
+
+TEST_P(CudaEngineBatchTest, ConcurrentRequestsMatchAlone) {
+  const BatchCase& bc = GetParam();
+  const std::vector<Collected>* alone = Alone();
+  if (alone == nullptr) return;
+  const std::vector<EngineRequest> requests = Workload();
+  EngineOptions o = Options();
+  o.scheduler.max_num_batched_tokens = bc.max_num_batched_tokens;
+  o.num_kv_blocks = bc.num_kv_blocks;
+  o.cuda_graphs = bc.graphs;
+  std::unique_ptr<Engine> engine = Make(o);
+  if (engine == nullptr) return;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Collected got = Drain(*streams[i])[0];
+    // Tokens must match; logprobs only closely (cuBLAS may pick other GEMM kernels for other
+    // batch sizes, which sum in another order).
+    EXPECT_EQ(got.tokens, (*alone)[i].tokens) << requests[i].request_id;
+    ASSERT_EQ(got.logprobs.size(), (*alone)[i].logprobs.size());
+    for (size_t j = 0; j < got.logprobs.size(); ++j) {
+      EXPECT_NEAR(got.logprobs[j], (*alone)[i].logprobs[j], 1e-3) << requests[i].request_id;
+    }
+  }
+  const EngineStats st = engine->stats();
+  EXPECT_GT(st.prefix_hit_tokens, 0);
+  if (bc.expect_preemption) {
+    EXPECT_GT(st.num_preemptions, 0);
+  }
+  ExpectPoolFree(*engine);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CudaEngineBatchTest,
+    ::testing::Values(BatchCase{"default_graphs", 2048, 0, true, false},
+                      BatchCase{"default_eager", 2048, 0, false, false},
+                      BatchCase{"chunked_prefill", 48, 0, true, false},
+                      BatchCase{"preemption", 96, 40, true, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(CudaEngineTest, QuantizedKvCache) {
+  // int8 / fp8 KV round K and V; the golden prompts must keep their first tokens, and the CPU
+  // engine on the same dtype (same codec) is the reference for how many.
+  const auto golden = testing_golden::LoadStoriesGolden();
+  for (KvCacheDType dtype : {KvCacheDType::kInt8, KvCacheDType::kFp8E4M3}) {
+    EngineOptions o = Options();
+    o.kv_cache_dtype = dtype;
+    std::unique_ptr<Engine> engine = Make(o);
+    if (engine == nullptr) return;
+    EngineOptions cpu_options = o;
+    cpu_options.device = DeviceChoice::kCpu;
+    std::unique_ptr<Engine> cpu = *Engine::Create(model_, cpu_options);
+    // 48 tokens on the simulator, where every step costs milliseconds.
+    const size_t tokens = testing_cuda::UseSimulator() ? 48 : golden.cases[0].generated_ids.size();
+    for (const auto& c : golden.cases) {
+      const EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(tokens));
+      const Collected got = Drain(**engine->Submit(r))[0];
+      const Collected want = Drain(**cpu->Submit(r))[0];
+      size_t match = 0;
+      while (match < got.tokens.size() && got.tokens[match] == c.generated_ids[match]) ++match;
+      size_t same_as_cpu = 0;
+      while (same_as_cpu < got.tokens.size() && got.tokens[same_as_cpu] == want.tokens[same_as_cpu]) {
+        ++same_as_cpu;
+      }
+      std::printf("kv %s \"%s\": %zu of %zu leading tokens match f32, %zu match the CPU engine\n",
+                  std::string(KvCacheDTypeName(dtype)).c_str(), c.prompt.c_str(), match, tokens,
+                  same_as_cpu);
+      EXPECT_GE(match, 8u);
+      EXPECT_GE(same_as_cpu, std::min<size_t>(16, tokens));
+    }
+    ExpectPoolFree(*engine);
+  }
+}
+
+TEST_F(CudaEngineTest, TensorParallelOverNccl) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  EngineOptions o = Options();
+  o.tensor_parallel_size = 2;
+  o.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(model_, o);
+  if (!e.ok()) {
+    if (std::string(e.status().message()).find("needs CUDA device 1") != std::string::npos) {
+      GTEST_SKIP() << "--tp 2 needs two CUDA devices: " << e.status();
+    }
+    ADD_FAILURE_OR_SKIP(e.status());
+    return;
+  }
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& c : golden.cases) {
+    streams.push_back(
+        *(*e)->Submit(Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()))));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    EXPECT_EQ(Drain(*streams[i])[0].tokens, golden.cases[i].generated_ids);
+  }
+  ExpectPoolFree(**e);
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,76 @@
+#ifndef KVSERVE_TESTS_WORKER_ENGINE_ENGINE_TEST_UTIL_H_
+#define KVSERVE_TESTS_WORKER_ENGINE_ENGINE_TEST_UTIL_H_
+
+// What the engine tests (CPU: engine_test; CUDA and the CUDA simulator: cuda_engine_test) share:
+// draining a request's stream, greedy requests, and the mixed workload of 64 requests.
+
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/engine.h"
+
+namespace kvserve::testing_engine {
+
+struct Collected {
+  std::vector<TokenId> tokens;
+  std::vector<float> logprobs;  // chosen token's logprob per step: a fingerprint of the logits
+  std::string text;
+  RequestOutput final_output;
+};
+
+/// Reads a stream to its end, by sample index.
+inline std::map<int, Collected> Drain(RequestStream& stream) {
+  std::map<int, Collected> out;
+  RequestOutput msg;
+  while (stream.Next(&msg)) {
+    Collected& c = out[msg.sample_index];
+    c.tokens.insert(c.tokens.end(), msg.token_ids.begin(), msg.token_ids.end());
+    for (const SampleResult& lp : msg.logprobs) c.logprobs.push_back(lp.logprob.value_or(0));
+    c.text += msg.text;
+    if (msg.finished) c.final_output = msg;
+  }
+  return out;
+}
+
+/// A greedy request of max_tokens tokens that ignores EOS and returns the chosen logprobs.
+inline EngineRequest Greedy(std::string id, std::vector<TokenId> prompt, int max_tokens) {
+  EngineRequest r;
+  r.request_id = std::move(id);
+  r.prompt_ids = std::move(prompt);
+  r.params.temperature = 0;
+  r.params.max_tokens = max_tokens;
+  r.params.logprobs = 0;
+  r.params.ignore_eos = true;
+  return r;
+}
+
+/// 64 requests of mixed lengths; groups of them share prefixes of 0, 40 or 130 tokens. Each
+/// generates 4 to 4 + max_extra_tokens - 1 tokens.
+inline std::vector<EngineRequest> MixedWorkload(int max_extra_tokens = 40) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<TokenId> tok(3, 511);
+  std::vector<std::vector<TokenId>> prefixes(3);
+  for (int len : {40, 130}) {
+    std::vector<TokenId> p = {1};
+    while (static_cast<int>(p.size()) < len) p.push_back(tok(rng));
+    prefixes[len == 40 ? 1 : 2] = p;
+  }
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 64; ++i) {
+    std::vector<TokenId> prompt = prefixes[i % 3];
+    if (prompt.empty()) prompt.push_back(1);
+    const int extra = 1 + static_cast<int>(rng() % 150);
+    for (int j = 0; j < extra; ++j) prompt.push_back(tok(rng));
+    requests.push_back(
+        Greedy(absl::StrCat("r", i), prompt, 4 + static_cast<int>(rng() % max_extra_tokens)));
+  }
+  return requests;
+}
+
+}  // namespace kvserve::testing_engine
+
+#endif  // KVSERVE_TESTS_WORKER_ENGINE_ENGINE_TEST_UTIL_H_
