@@ -97,8 +97,22 @@ void CudaBackend::NoteText(const char* error, const char* op) {
   error_ = absl::StrCat(op, ": ", error);
 }
 
+std::string CudaBackend::TakeError() {
+  std::string e = std::move(error_);
+  error_.clear();
+  return e;
+}
+
 bool CudaBackend::Reserve(DeviceBuffer* scratch, size_t bytes, const char* op) {
   if (scratch->bytes() >= bytes) return true;
+  if (capturing_) {
+    NoteText(absl::StrCat("needs ", bytes, " bytes of scratch, has ", scratch->bytes(),
+                          ", and cannot allocate during a CUDA graph capture (run the op once "
+                          "before capturing)")
+                 .c_str(),
+             op);
+    return false;
+  }
   scratch->reset();
   absl::StatusOr<DeviceBuffer> buf = AllocBuffer(std::max(bytes, scratch->bytes() * 2));
   if (!buf.ok()) {
@@ -161,8 +175,12 @@ absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes) {
 absl::Status CudaBackend::Synchronize() {
   Bind();
   Note(cudaStreamSynchronize(stream_), "stream");
-  if (error_.empty()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA op failed: ", error_));
+  const std::string error = TakeError();
+  if (error.empty()) return absl::OkStatus();
+  // The error is reported once. A fault that broke the device comes back from CUDA at the next
+  // synchronisation anyway; anything else must not fail the ops after it.
+  cudaGetLastError();
+  return absl::InternalError(absl::StrCat("CUDA op failed: ", error));
 }
 
 absl::StatusOr<std::pair<int64_t, int64_t>> CudaBackend::MemoryInfo() const {
@@ -281,19 +299,38 @@ void CudaBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t voca
 absl::Status CudaBackend::BeginCapture() {
   Bind();
   if (!options_.enable_graphs) return absl::FailedPreconditionError("CUDA graphs are disabled");
+  // Errors of ops before the capture are not the capture's.
+  if (absl::Status s = Synchronize(); !s.ok()) return s;
   const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
-  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "cudaStreamBeginCapture");
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamBeginCapture");
+  capturing_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> CudaBackend::EndCapture() {
   Bind();
+  capturing_ = false;
   cudaGraph_t graph = nullptr;
   cudaError_t err = cudaStreamEndCapture(stream_, &graph);
-  if (err != cudaSuccess) return CudaError(err, "cudaStreamEndCapture");
+  // An op that failed while capturing is the capture's error (its own words say more than
+  // "capture invalidated"); either way the backend goes on eagerly, with nothing left noted.
+  const std::string op_error = TakeError();
+  if (err != cudaSuccess || !op_error.empty()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat(
+        "CUDA graph capture failed: ",
+        !op_error.empty() ? op_error
+                          : absl::StrCat("cudaStreamEndCapture: ", cudaGetErrorName(err), " (",
+                                         cudaGetErrorString(err), ")")));
+  }
   cudaGraphExec_t exec = nullptr;
   err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  if (err != cudaSuccess) return CudaError(err, "cudaGraphInstantiate");
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError(err, "cudaGraphInstantiate");
+  }
   graphs_.push_back(exec);
   return static_cast<int>(graphs_.size()) - 1;
 }

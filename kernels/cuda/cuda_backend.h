@@ -20,8 +20,10 @@ namespace kvserve::cuda {
 ///
 /// Weights: f16 / bf16 matrices are copied as stored; f32 and quantized (q8_0, q4_0) ones are
 /// converted to bf16 on the device at load (f32 kept as f32 with keep_f32_weights). GEMMs run in
-/// cuBLAS with fp32 accumulation. Errors of queued ops are sticky: the first one is reported by
-/// the next Synchronize / CopyToHost.
+/// cuBLAS with fp32 accumulation. The first error of queued ops is reported by the next
+/// Synchronize / CopyToHost and then cleared: a failure that leaves the device usable (a launch
+/// refused, an allocation or capture that failed) breaks nothing after it, while a fault that
+/// breaks the device keeps coming back from CUDA itself. A failed capture reports its own error.
 class CudaBackend final : public Backend {
  public:
   /// Opens the device; UNAVAILABLE naming the reason (no driver, no device, bad index).
@@ -76,8 +78,11 @@ class CudaBackend final : public Backend {
   void Note(cudaError_t err, const char* op);
   void NoteText(const char* error, const char* op);
   /// Makes `*scratch` at least `bytes` long (grow-only); moving it bumps memory_epoch(), since
-  /// graphs captured before point at the old buffer.
+  /// graphs captured before point at the old buffer. While capturing it cannot allocate (CUDA
+  /// forbids it): a scratch too small then fails the op, and with it the capture.
   bool Reserve(DeviceBuffer* scratch, size_t bytes, const char* op);
+  /// The first error noted since the last report, cleared (empty when none).
+  std::string TakeError();
 
   BackendOptions options_;
   std::string description_;
@@ -90,6 +95,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer attention_scratch_;
   std::vector<cudaGraphExec_t> graphs_;  // null once destroyed
   uint64_t memory_epoch_ = 0;             // bumped when a scratch buffer moves
+  bool capturing_ = false;                // between BeginCapture and EndCapture
 };
 
 }  // namespace kvserve::cuda

@@ -3,9 +3,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <cstdio>
+#include <functional>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 
@@ -13,11 +14,14 @@
 
 namespace kvserve {
 
-// What the ranks of one group share: their communicators, for Abort.
+// What the ranks of one group share: their communicators, for Abort. A rank holds `mu` shared
+// from its aborted check until its collective is enqueued (NCCL calls return once enqueued), and
+// Abort holds it exclusively, so no rank can pass the check and then use a communicator that
+// Abort freed. Waiting for the collective happens outside the lock: Abort can end it.
 struct NcclCommunicator::Group {
-  std::mutex mu;
+  std::shared_mutex mu;
   std::vector<ncclComm_t> comms;
-  std::atomic<bool> aborted{false};
+  bool aborted = false;  // under mu
 };
 
 struct NcclCommunicator::Impl {
@@ -42,8 +46,13 @@ NcclCommunicator::NcclCommunicator(int rank, int size, std::unique_ptr<Impl> imp
 
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(impl_->device);
+  bool aborted;
+  {
+    std::shared_lock<std::shared_mutex> lock(impl_->group->mu);
+    aborted = impl_->group->aborted;
+  }
   // An aborted communicator was freed by ncclCommAbort.
-  if (impl_->comm != nullptr && !impl_->group->aborted.load()) ncclCommDestroy(impl_->comm);
+  if (impl_->comm != nullptr && !aborted) ncclCommDestroy(impl_->comm);
   if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
   if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
 }
@@ -63,59 +72,72 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::Cre
       !s.ok()) {
     return s;
   }
+  // Each communicator is owned by its rank object from here on, so a failure below frees every
+  // one of them (and whatever its rank had set up) on the way out.
   auto shared = std::make_shared<Group>();
   shared->comms = comms;
   std::vector<std::unique_ptr<Communicator>> group;
+  std::vector<Impl*> impls;
   for (int i = 0; i < num_devices; ++i) {
     auto impl = std::make_unique<Impl>();
     impl->device = i;
     impl->comm = comms[i];
     impl->group = shared;
-    cudaSetDevice(i);
-    if (cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc(&impl->scratch, sizeof(float)) != cudaSuccess) {
-      return absl::UnavailableError(absl::StrCat("cannot set up NCCL rank ", i));
-    }
+    impls.push_back(impl.get());
     group.push_back(
         std::unique_ptr<Communicator>(new NcclCommunicator(i, num_devices, std::move(impl))));
+  }
+  for (int i = 0; i < num_devices; ++i) {
+    Impl& impl = *impls[i];
+    cudaSetDevice(i);
+    if (cudaStreamCreateWithFlags(&impl.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(&impl.scratch, sizeof(float)) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the device is fine, this group is not made
+      return absl::UnavailableError(absl::StrCat("cannot set up NCCL rank ", i));
+    }
   }
   return group;
 }
 
 void NcclCommunicator::Abort() {
   Group& g = *impl_->group;
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (g.aborted.exchange(true)) return;
+  std::unique_lock<std::shared_mutex> lock(g.mu);
+  if (g.aborted) return;
+  g.aborted = true;
   for (ncclComm_t comm : g.comms) ncclCommAbort(comm);
 }
 
-absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
-  if (impl_->group->aborted.load()) return absl::AbortedError("the NCCL group was aborted");
-  if (n == 0) return absl::OkStatus();
-  cudaSetDevice(impl_->device);
-  if (absl::Status s = NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat,
-                                                ncclSum, impl_->comm, impl_->stream),
-                                  "ncclAllReduce");
-      !s.ok()) {
-    return s;
+// Enqueues `call` (an NCCL collective on this rank's communicator and stream) unless the group was
+// aborted, then waits for it outside the lock.
+absl::Status NcclCommunicator::Collective(const char* what, const std::function<int()>& call) {
+  Group& g = *impl_->group;
+  {
+    std::shared_lock<std::shared_mutex> lock(g.mu);
+    if (g.aborted) return absl::AbortedError("the NCCL group was aborted");
+    cudaSetDevice(impl_->device);
+    if (absl::Status s = NcclStatus(static_cast<ncclResult_t>(call()), what); !s.ok()) return s;
   }
   const cudaError_t err = cudaStreamSynchronize(impl_->stream);
   if (err != cudaSuccess) return absl::UnavailableError(cudaGetErrorString(err));
+  std::shared_lock<std::shared_mutex> lock(g.mu);
+  // Aborted while in flight: the result is incomplete.
+  if (g.aborted) return absl::AbortedError("the NCCL group was aborted");
   return absl::OkStatus();
 }
 
+absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
+  if (n == 0) return absl::OkStatus();
+  return Collective("ncclAllReduce", [&]() -> int {
+    return ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum, impl_->comm,
+                         impl_->stream);
+  });
+}
+
 absl::Status NcclCommunicator::AllGather(const float* send, int64_t n, float* recv) {
-  if (impl_->group->aborted.load()) return absl::AbortedError("the NCCL group was aborted");
-  cudaSetDevice(impl_->device);
-  if (absl::Status s = NcclStatus(
-          ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm, impl_->stream),
-          "ncclAllGather");
-      !s.ok()) {
-    return s;
-  }
-  const cudaError_t err = cudaStreamSynchronize(impl_->stream);
-  if (err != cudaSuccess) return absl::UnavailableError(cudaGetErrorString(err));
-  return absl::OkStatus();
+  return Collective("ncclAllGather", [&]() -> int {
+    return ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm,
+                         impl_->stream);
+  });
 }
 
 absl::Status NcclCommunicator::Barrier() { return AllReduceSum(impl_->scratch, 1); }

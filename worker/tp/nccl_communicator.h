@@ -5,6 +5,7 @@
 // the C entry point kvserve_create_nccl_group (kernels/backend.h: CudaLibrarySymbol).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,9 @@ class NcclCommunicator final : public Communicator {
   struct Impl;
   struct Group;
   NcclCommunicator(int rank, int size, std::unique_ptr<Impl> impl);
+  /// Runs `call` (an NCCL collective returning ncclResult_t) unless the group was aborted, and
+  /// waits for it; see Group in the .cc for the locking.
+  absl::Status Collective(const char* what, const std::function<int()>& call);
 
   int rank_;
   int size_;

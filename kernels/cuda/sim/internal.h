@@ -5,9 +5,11 @@
 // record it while capturing), kernel launches and fault reporting. Not part of the CUDA surface.
 
 #include <cstddef>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "cuda_runtime_api.h"
@@ -41,8 +43,29 @@ int DeviceCount();
 int StreamDevice(cudaStream_t stream);
 
 /// Runs `op` now on `stream`, or appends it to the stream's capture. Returns the stream's or
-/// device's error instead when there is one (the op then does not run).
+/// device's error instead when there is one (the op then does not run). Before an op runs, the
+/// stream's unfinished asynchronous work (see Pending) completes, as stream order requires.
 cudaError_t Enqueue(cudaStream_t stream, Op op);
+
+/// Asynchronous stream work: the one kind the simulator has is an NCCL collective, which a rank
+/// posts and which completes when the last rank of its clique arrives. The stream waits for it
+/// before its next op and in cudaStreamSynchronize, as a GPU stream waits for an NCCL kernel.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  void Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+  }
+};
+/// The stream an op runs on, while it runs (for ops that leave Pending work behind).
+cudaStream_t ExecutingStream();
+/// Makes `stream` wait for `pending` before anything after the running op.
+void AddPending(cudaStream_t stream, std::shared_ptr<Pending> pending);
 
 /// The device's sticky error (a kernel fault), cudaSuccess when none.
 cudaError_t StickyError(int device);

@@ -1,12 +1,12 @@
 // NCCL on the simulator: the ranks of a clique are threads of this process (one per device, as
-// kvserve runs them). A collective runs when its stream reaches it (at once, or at graph replay)
-// and waits for every rank's matching call; the last rank to arrive does the whole operation, in
-// rank order, so every rank gets bit-identical results. ncclCommAbort wakes waiting ranks and
-// frees the communicator (AddressSanitizer then catches any use after it). A rank left waiting
-// longer than KVSERVE_SIM_NCCL_TIMEOUT_S (default 120 s) fails instead of hanging.
+// kvserve runs them). A collective is posted when its stream reaches it (at once, or at graph
+// replay) and, as on a GPU, the call returns at once: the rank's stream then waits for it
+// (Pending, internal.h) before its next op and in cudaStreamSynchronize. The last rank to post
+// does the whole operation, in rank order, so every rank gets bit-identical results.
+// ncclCommAbort completes the posted round without data and frees the communicator
+// (AddressSanitizer then catches any use after it). A stream left waiting longer than
+// KVSERVE_SIM_NCCL_TIMEOUT_S (default 120 s) fails instead of hanging.
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,13 +32,13 @@ struct Post {
   size_t count;
   ncclDataType_t type;
   ncclRedOp_t op;
+  std::shared_ptr<Pending> done;  // finished when the round has run (or was aborted)
 };
 
 struct Clique {
   explicit Clique(int n) : size(n), posts(static_cast<size_t>(n)) {}
   const int size;
   std::mutex mu;
-  std::condition_variable cv;
   uint64_t generation = 0;
   int arrived = 0;
   bool aborted = false;
@@ -181,35 +181,33 @@ ncclResult_t RunRound(Clique& c) {
   return ncclSuccess;
 }
 
-int TimeoutSeconds() {
-  const char* v = std::getenv("KVSERVE_SIM_NCCL_TIMEOUT_S");
-  const int s = v != nullptr ? std::atoi(v) : 0;
-  return s > 0 ? s : 120;
+/// Rank `rank`'s part of one round: posts it; the last rank runs the round for all.
+ncclResult_t Arrive(Clique& c, int rank, const Post& post) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.aborted) {
+    post.done->Finish();
+    return ncclRemoteError;
+  }
+  c.posts[static_cast<size_t>(rank)] = post;
+  if (++c.arrived < c.size) return ncclSuccess;
+  c.round_result = RunRound(c);
+  c.arrived = 0;
+  ++c.generation;
+  for (Post& p : c.posts) {
+    p.done->Finish();
+    p.done.reset();
+  }
+  return c.round_result;
 }
 
-/// Rank `rank`'s part of one round; blocks until every rank posted (or abort / timeout).
-ncclResult_t Arrive(Clique& c, int rank, const Post& post) {
-  std::unique_lock<std::mutex> lock(c.mu);
-  if (c.aborted) return ncclRemoteError;
-  c.posts[static_cast<size_t>(rank)] = post;
-  const uint64_t gen = c.generation;
-  if (++c.arrived == c.size) {
-    c.round_result = RunRound(c);
-    c.arrived = 0;
-    ++c.generation;
-    c.cv.notify_all();
-    return c.round_result;
+/// Completes the posted part of the current round without data, for ever after.
+void AbortClique(Clique& c) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.aborted = true;
+  for (Post& p : c.posts) {
+    if (p.done != nullptr) p.done->Finish();
+    p.done.reset();
   }
-  const bool done = c.cv.wait_for(lock, std::chrono::seconds(TimeoutSeconds()),
-                                  [&] { return c.generation != gen || c.aborted; });
-  if (c.generation != gen) return c.round_result;
-  if (c.aborted) return ncclRemoteError;
-  (void)done;
-  std::fprintf(stderr, "kvsim: NCCL rank %d waited %d s for its peers; giving up\n", rank,
-               TimeoutSeconds());
-  c.aborted = true;  // the clique cannot recover from a missing rank
-  c.cv.notify_all();
-  return ncclSystemError;
 }
 
 }  // namespace
@@ -247,7 +245,10 @@ ncclResult_t Submit(ncclComm_t comm, cudaStream_t stream, const kvsim::Post& pos
   const int rank = comm->rank;
   auto result = std::make_shared<ncclResult_t>(ncclSuccess);
   const cudaError_t e = kvsim::Enqueue(stream, [clique, rank, post, result] {
-    *result = kvsim::Arrive(*clique, rank, post);
+    kvsim::Post posted = post;
+    posted.done = std::make_shared<kvsim::Pending>();
+    kvsim::AddPending(kvsim::ExecutingStream(), posted.done);
+    *result = kvsim::Arrive(*clique, rank, posted);
   });
   if (e != cudaSuccess) return ncclUnhandledCudaError;
   if (*result != ncclSuccess) comm->async_error = *result;
@@ -284,11 +285,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
-  {
-    std::lock_guard<std::mutex> lock(comm->clique->mu);
-    comm->clique->aborted = true;
-  }
-  comm->clique->cv.notify_all();
+  kvsim::AbortClique(*comm->clique);
   delete comm;
   return ncclSuccess;
 }

@@ -25,6 +25,8 @@ struct CUstream_st {
   cudaError_t invalidated_by = cudaSuccess;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::vector<kvsim::Op> captured;
+  std::mutex pending_mu;
+  std::vector<std::shared_ptr<kvsim::Pending>> pending;  // unfinished asynchronous work
 };
 
 struct CUgraph_st {
@@ -186,6 +188,55 @@ bool IsDeviceRange(const void* p, size_t bytes) {
   return a >= it->first && a + bytes <= it->first + it->second.bytes;
 }
 
+namespace {
+
+thread_local cudaStream_t tls_executing = nullptr;
+
+int PendingTimeoutSeconds() {
+  const char* v = std::getenv("KVSERVE_SIM_NCCL_TIMEOUT_S");
+  const int s = v != nullptr ? std::atoi(v) : 0;
+  return s > 0 ? s : 120;
+}
+
+/// Waits for the stream's asynchronous work; an error when some of it never finishes.
+cudaError_t DrainPending(CUstream_st* s) {
+  std::vector<std::shared_ptr<Pending>> pending;
+  {
+    std::lock_guard<std::mutex> lock(s->pending_mu);
+    pending.swap(s->pending);
+  }
+  for (const std::shared_ptr<Pending>& p : pending) {
+    std::unique_lock<std::mutex> lock(p->mu);
+    if (!p->cv.wait_for(lock, std::chrono::seconds(PendingTimeoutSeconds()),
+                        [&] { return p->done; })) {
+      std::fprintf(stderr, "kvsim: a stream waited %d s for an NCCL collective whose peers never "
+                   "came\n", PendingTimeoutSeconds());
+      return cudaErrorLaunchFailure;
+    }
+  }
+  return cudaSuccess;
+}
+
+/// Runs one op on a (non-capturing) stream, after the stream's asynchronous work.
+cudaError_t RunOp(CUstream_st* s, cudaStream_t handle, const Op& op) {
+  if (const cudaError_t e = DrainPending(s); e != cudaSuccess) return e;
+  if (const cudaError_t e = StickyError(s->device); e != cudaSuccess) return e;
+  tls_executing = handle;
+  op();
+  tls_executing = nullptr;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaStream_t ExecutingStream() { return tls_executing; }
+
+void AddPending(cudaStream_t stream, std::shared_ptr<Pending> pending) {
+  CUstream_st* s = Resolve(stream);
+  std::lock_guard<std::mutex> lock(s->pending_mu);
+  s->pending.push_back(std::move(pending));
+}
+
 cudaError_t Enqueue(cudaStream_t stream, Op op) {
   CUstream_st* s = Resolve(stream);
   if (s->capturing) {
@@ -193,9 +244,7 @@ cudaError_t Enqueue(cudaStream_t stream, Op op) {
     s->captured.push_back(std::move(op));
     return cudaSuccess;
   }
-  if (const cudaError_t e = StickyError(s->device); e != cudaSuccess) return e;
-  op();
-  return cudaSuccess;
+  return RunOp(s, stream, op);
 }
 
 void LaunchKernel(const LaunchConfig& config, void* params, InvokeFn invoke, DestroyFn destroy) {
@@ -296,6 +345,10 @@ cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(ve
 
 cudaError_t cudaDeviceSynchronize(void) {
   if (const cudaError_t e = kvsim::CheckCaptureSafe(); e != cudaSuccess) return kvsim::Ret(e);
+  // (Asynchronous work lives on streams; the null stream's is drained here too.)
+  if (const cudaError_t e = kvsim::DrainPending(kvsim::Resolve(nullptr)); e != cudaSuccess) {
+    return kvsim::Ret(e);
+  }
   return kvsim::Ret(kvsim::StickyError(kvsim::CurrentDevice()));
 }
 
@@ -550,7 +603,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  kvsim::Resolve(stream);
   CUstream_st* s = kvsim::Resolve(stream);
   if (s->capturing) {
     s->invalidated = true;
@@ -558,6 +610,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return kvsim::Ret(cudaErrorStreamCaptureUnsupported);
   }
   if (const cudaError_t e = kvsim::CheckCaptureSafe(); e != cudaSuccess) return kvsim::Ret(e);
+  if (const cudaError_t e = kvsim::DrainPending(s); e != cudaSuccess) return kvsim::Ret(e);
   return kvsim::Ret(kvsim::StickyError(s->device));
 }
 
@@ -624,10 +677,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     for (const kvsim::Op& op : exec->ops) s->captured.push_back(op);
     return cudaSuccess;
   }
-  if (const cudaError_t e = kvsim::StickyError(s->device); e != cudaSuccess) return kvsim::Ret(e);
   for (const kvsim::Op& op : exec->ops) {
-    if (kvsim::StickyError(s->device) != cudaSuccess) break;  // a fault stops the rest
-    op();
+    // A fault stops the rest, as on a GPU.
+    if (const cudaError_t e = kvsim::RunOp(s, stream, op); e != cudaSuccess) return kvsim::Ret(e);
   }
   return cudaSuccess;
 }

@@ -291,3 +291,67 @@ TEST(CudaOpsTest, RopeKvWriteEveryKvDType) {
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+// Errors are reported once: a refused launch fails the next Synchronize only, and a capture
+// that fails (here: the matmul scratch would have to grow, which CUDA forbids while capturing)
+// reports why and leaves the backend working eagerly, as the model's fallback needs.
+TEST(CudaOpsTest, ErrorsAreReportedOnceAndAFailedCaptureLeavesTheBackendUsable) {
+  KVSERVE_REQUIRE_CUDA(shared_gpu);
+  BackendOptions options = testing_cuda::DeviceOptions();
+  options.enable_graphs = true;
+  absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  Backend* gpu = b->get();
+
+  // head_dim 512 is refused by the decode kernel (no launch): one error, then none.
+  cpu::PagedAttentionArgs bad{};
+  bad.num_seqs = 1;
+  bad.num_heads = 1;
+  bad.layout = {1, 512, 16, KvCacheDType::kF32};
+  AttentionShape shape;
+  shape.num_seqs = 1;
+  shape.num_heads = 1;
+  shape.max_q_len = 1;
+  shape.max_context_len = 16;
+  shape.layout = bad.layout;
+  gpu->RunAttention(gpu->PlanAttention(shape), bad);
+  EXPECT_FALSE(gpu->Synchronize().ok());
+  EXPECT_TRUE(gpu->Synchronize().ok());
+
+  const int64_t m = 8, n = 32, k = 256;
+  std::vector<uint16_t> w(n * k);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = FloatToBF16(static_cast<float>(i % 7) * 0.25f);
+  absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), DType::kBF16, n, k);
+  ASSERT_TRUE(pw.ok()) << pw.status();
+  DeviceBuffer dx = testing_cuda::Upload(gpu, std::vector<float>(m * k, 1.0f));
+  DeviceBuffer dy = testing_cuda::Upload(gpu, std::vector<float>(m * n));
+  const cpu::MatmulArgs args{dx.as<float>(), k, pw->data, pw->dtype, nullptr, dy.as<float>(),
+                             n, m, n, k};
+  ASSERT_TRUE(gpu->BeginCapture().ok());
+  gpu->Matmul(args);  // first matmul: its scratch does not exist yet
+  absl::StatusOr<int> graph = gpu->EndCapture();
+  ASSERT_FALSE(graph.ok());
+  EXPECT_NE(graph.status().message().find("cannot allocate during a CUDA graph capture"),
+            std::string::npos)
+      << graph.status();
+  // Eagerly, the same op works and nothing of the failed capture is left over.
+  gpu->Matmul(args);
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  const std::vector<float> y = Download<float>(gpu, dy.get(), m * n);
+  float want = 0;
+  for (int64_t c = 0; c < k; ++c) want += BF16ToFloat(w[c]);
+  EXPECT_NEAR(y[0], want, 1e-3f * std::abs(want));
+  // And a capture after the warm-up succeeds.
+  ASSERT_TRUE(gpu->BeginCapture().ok());
+  gpu->Matmul(args);
+  graph = gpu->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_TRUE(gpu->LaunchGraph(*graph).ok());
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace kvserve

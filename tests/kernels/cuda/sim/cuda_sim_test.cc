@@ -405,23 +405,29 @@ TEST(CudaSim, NcclAllReduceAndAllGatherAcrossRankThreads) {
   for (ncclComm_t c : comms) ncclCommDestroy(c);
 }
 
-TEST(CudaSim, NcclAbortWakesAWaitingRank) {
+TEST(CudaSim, NcclCollectivesAreAsynchronousAndAbortReleasesTheirStreams) {
   ncclComm_t comms[2];
   ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);
-  ncclResult_t waiting_result = ncclSuccess;
+  ncclResult_t posted = ncclInternalError, after_abort = ncclSuccess;
+  cudaError_t synced = cudaErrorUnknown;
   std::thread rank0([&] {
     cudaSetDevice(0);
     cudaStream_t s = nullptr;
     cudaStreamCreate(&s);
     float* d = DeviceAlloc<float>(4);
-    waiting_result = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comms[0], s);  // rank 1 never comes
+    // Rank 1 never comes: the call returns (NCCL calls are asynchronous); the stream waits.
+    posted = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comms[0], s);
+    synced = cudaStreamSynchronize(s);  // released by the abort below
+    after_abort = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comms[0], s);
     cudaFree(d);
     cudaStreamDestroy(s);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
   rank0.join();
-  EXPECT_EQ(waiting_result, ncclRemoteError);
+  EXPECT_EQ(posted, ncclSuccess);
+  EXPECT_EQ(synced, cudaSuccess);
+  EXPECT_EQ(after_abort, ncclRemoteError);
   ncclCommAbort(comms[0]);
 }
 
