@@ -56,6 +56,11 @@ struct AttentionShape {
   int64_t max_q_len = 0;        // 1: every sequence decodes one token
   int64_t max_context_len = 0;  // the longest context (a capture plans for the largest it serves)
   cpu::PagedKvLayout layout;
+  /// The longest context the caller will ever plan for (the model's max_position_embeddings; 0:
+  /// max_context_len). A backend may size its work partition from it so that a sequence's
+  /// result does not depend on max_context_len or num_seqs: a decode step replayed from a graph
+  /// planned for the full context then gives the same bits as one planned for its real context.
+  int64_t context_capacity = 0;
 };
 
 /// The work partition of one attention call, made on the host by PlanAttention. A run depends
@@ -65,6 +70,7 @@ struct AttentionPlan {
   AttentionShape shape;
   bool decode = false;     // flash-decoding kernel (max_q_len == 1) instead of the prefill kernel
   int32_t num_splits = 1;  // decode: thread blocks per (sequence, kv head) along the context
+  int64_t split_len = 0;   // decode: keys per split (fixed by the capacity; 0: context / splits)
 };
 
 }  // namespace kvserve

@@ -2,7 +2,8 @@
 # Builds a sanitizer preset (CMakePresets.json) and runs its tests with ctest.
 #
 #   scripts/sanitize.sh asan   AddressSanitizer + UBSan (every error fatal, leaks included) into
-#                              build-asan/; runs the whole default suite (all but labels gpu|slow)
+#                              build-asan/; runs the whole default suite (all but labels gpu|slow,
+#                              and the CUDA simulator's engine end to end, sim_e2e)
 #   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan/; builds and runs the tests whose
 #                              threads synchronise through kvserve's own primitives (std::mutex,
 #                              condition variables, atomics): the engine (loop thread, submitters,
@@ -44,6 +45,9 @@ if [ "$preset" = tsan ]; then
   # abseil, protobuf and gRPC are not checked; kvserve's own accesses all are.
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ignore_noninstrumented_modules=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
 else
+  # The CUDA simulator's tests run too (label sim), except the engine end to end on it
+  # (sim_e2e: over ten minutes under ASan; the normal build runs it).
+  ctest_select=(-LE 'gpu|slow|sim_e2e')
   # Leaks are reported at exit; UBSan findings abort (the build uses -fno-sanitize-recover=all).
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"

@@ -263,7 +263,11 @@ AttentionPlan CudaBackend::PlanAttention(const AttentionShape& shape) const {
   AttentionPlan plan;
   plan.shape = shape;
   plan.decode = shape.max_q_len == 1;
-  plan.num_splits = plan.decode ? DecodeNumSplits(shape, num_sms_) : 1;
+  if (plan.decode) {
+    const DecodeSplits splits = PlanDecodeSplits(shape, num_sms_);
+    plan.num_splits = splits.num_splits;
+    plan.split_len = splits.split_len;
+  }
   return plan;
 }
 

@@ -16,6 +16,7 @@ struct DecodeParams {
   cpu::PagedAttentionArgs a;
   int64_t group;  // query heads per kv head
   int32_t num_splits;
+  int64_t split_len;   // keys per split (0: this sequence's keys / num_splits)
   float* partial_out;  // [num_seqs][num_heads][num_splits][head_dim]
   float* partial_lse;  // [num_seqs][num_heads][num_splits]
 };
@@ -46,7 +47,8 @@ __global__ void DecodeKernel(DecodeParams p) {
 
   const int64_t ctx = a.context_len[s];
   const int64_t start = a.sliding_window > 0 ? max(int64_t{0}, ctx - a.sliding_window) : 0;
-  const int64_t chunk = (ctx - start + p.num_splits - 1) / p.num_splits;
+  const int64_t chunk =
+      p.split_len > 0 ? p.split_len : (ctx - start + p.num_splits - 1) / p.num_splits;
   const int64_t k0 = start + split * chunk;
   const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t qrow = a.q_start[s];
@@ -159,11 +161,26 @@ __global__ void MergeKernel(DecodeParams p) {
 
 }  // namespace
 
-int DecodeNumSplits(const AttentionShape& shape, int num_sms) {
+DecodeSplits PlanDecodeSplits(const AttentionShape& shape, int num_sms) {
+  constexpr int64_t kMaxSplits = 64;
+  DecodeSplits d;
+  const int64_t longest = std::max<int64_t>(1, shape.max_context_len);
+  if (shape.context_capacity > 0) {
+    int64_t len = std::max<int64_t>(256, CeilDiv(shape.context_capacity, kMaxSplits));
+    len = CeilDiv(len, kTile) * kTile;
+    const int64_t splits = CeilDiv(longest, len);
+    if (splits <= kMaxSplits) {
+      d.num_splits = static_cast<int32_t>(splits);
+      d.split_len = len;
+      return d;
+    }
+    // A context past the capacity: correct, but no longer cut where other plans cut it.
+  }
   const int64_t blocks = std::max<int64_t>(1, shape.num_seqs * shape.layout.num_kv_heads);
   const int64_t want = CeilDiv(2 * int64_t{num_sms}, blocks);
-  const int64_t by_len = std::max<int64_t>(1, CeilDiv(shape.max_context_len, 128));
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_len), 1, 64));
+  const int64_t by_len = std::max<int64_t>(1, CeilDiv(longest, 128));
+  d.num_splits = static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
+  return d;
 }
 
 size_t DecodeWorkspaceBytes(const AttentionPlan& plan) {
@@ -179,8 +196,8 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
   if (D > kMaxDimPerLane * kWarp || args.num_heads % args.layout.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  DecodeParams p{args, args.num_heads / args.layout.num_kv_heads, plan.num_splits, nullptr,
-                 nullptr};
+  DecodeParams p{args,    args.num_heads / args.layout.num_kv_heads, plan.num_splits,
+                 plan.split_len, nullptr, nullptr};
   if (plan.num_splits > 1) {
     const int64_t slots = args.num_seqs * args.num_heads * plan.num_splits;
     p.partial_out = static_cast<float*>(workspace);

@@ -4,15 +4,27 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/op_args.h"
 
 namespace kvserve::cuda {
 
-/// Splits for a decode batch: enough (sequence, kv head, split) thread blocks to fill
-/// `num_sms` SMs twice, each split at least 128 keys long, at most 64 splits.
-int DecodeNumSplits(const AttentionShape& shape, int num_sms);
+/// The work partition of a decode batch along the context.
+struct DecodeSplits {
+  int32_t num_splits = 1;
+  int64_t split_len = 0;  // keys per split; 0: each sequence's keys / num_splits
+};
+
+/// With shape.context_capacity set (the model does): a fixed split length from the capacity
+/// alone (at least 256 keys, a multiple of the 64-key tile, at most 64 splits at the capacity),
+/// and as many splits as the longest context needs. A sequence's keys are then cut at the same
+/// places whatever max_context_len or num_seqs the plan saw, so graph replays (planned for the
+/// capacity and a padded batch) and eager steps give identical bits. Without it: enough
+/// (sequence, kv head, split) blocks to fill `num_sms` SMs twice, each split at least 128 keys,
+/// at most 64 splits.
+DecodeSplits PlanDecodeSplits(const AttentionShape& shape, int num_sms);
 
 /// Bytes of scratch DecodeAttention needs for `plan` (0 when num_splits == 1).
 size_t DecodeWorkspaceBytes(const AttentionPlan& plan);

@@ -322,6 +322,7 @@ AttentionPlan LlamaModel::Plan(int64_t seqs, int64_t max_q_len, int64_t max_cont
   shape.max_q_len = max_q_len;
   shape.max_context_len = max_context_len;
   shape.layout = cache.layout();
+  shape.context_capacity = weights_->config.max_position_embeddings;
   return backend_->PlanAttention(shape);
 }
 

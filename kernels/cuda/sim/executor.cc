@@ -283,13 +283,20 @@ void FailBlock(Block& b, cudaError_t code, std::string message) {
   b.error = std::move(message);
 }
 
-/// Fails the block from inside thread t's fiber and abandons the fiber.
-[[noreturn]] void Fail(Thread& t, cudaError_t code, const std::string& what) {
-  FailBlock(*t.block, code, Where(t) + ": " + what);
+/// Leaves thread t's fiber for good, after FailBlock (KVSIM_FAIL).
+[[noreturn]] void Abandon(Thread& t) {
   t.state = State::kAborted;
   Yield(t);
   __builtin_trap();  // an aborted fiber is never resumed
 }
+
+// Fails the block from inside thread t's fiber and abandons the fiber. A macro, so that the
+// message's temporaries die before the fiber is left (its stack is never unwound).
+#define KVSIM_FAIL(t, code, message)                                   \
+  do {                                                                 \
+    FailBlock(*(t).block, (code), Where(t) + ": " + (message));        \
+    Abandon(t);                                                        \
+  } while (0)
 
 // ---- faults ------------------------------------------------------------------------------------
 // A wild pointer in a kernel faults the OS thread. On a GPU that is cudaErrorIllegalAddress; here
@@ -318,7 +325,7 @@ void OnFault(int sig, siginfo_t* info, void* /*context*/) {
     std::snprintf(what, sizeof what, "illegal memory access at address %#zx (%s)",
                   static_cast<size_t>(addr), sig == SIGSEGV ? "SIGSEGV" : "SIGBUS");
   }
-  Fail(*t, cudaErrorIllegalAddress, what);  // switches to the scheduler for good
+  KVSIM_FAIL(*t, cudaErrorIllegalAddress, what);  // switches to the scheduler for good
 }
 #endif
 
@@ -536,6 +543,11 @@ void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
               std::string(c.name) + ": block " + Dim(b.index) + ": deadlock: " + DescribeWait(b));
     break;
   }
+  if (b.failed) {
+    for (Thread& t : b.threads) {
+      if (t.state != State::kDone) ForgetFrames(t.stack);  // abandoned mid-way
+    }
+  }
   // Abandoned fibers (after a failure) hold only trivially destructible kernel state.
 }
 
@@ -600,7 +612,7 @@ void Complete(Block& b, Warp& w, const Collective& c, int warp_index, Thread& ca
       case WarpOp::kShflXor: {
         const int src = SourceLane(c, l);
         if (src >= 0 && ((c.mask >> src) & 1u) == 0) {
-          Fail(caller, cudaErrorLaunchFailure,
+          KVSIM_FAIL(caller, cudaErrorLaunchFailure,
                std::string(OpName(c.op)) + " at " + Site(c.file, c.line) + ": lane " +
                    std::to_string(l) + " reads lane " + std::to_string(src) +
                    ", which is not in the mask " + Hex(c.mask));
@@ -695,7 +707,7 @@ void RaceCheck(Thread& t, Cell* cells, uintptr_t a, size_t size, bool write, con
     if (cell.epoch != b.epoch) cell = Cell{b.epoch};
     auto race = [&](int32_t other, const void* other_pc, bool other_wrote) {
       const Thread& o = b.threads[static_cast<size_t>(other)];
-      Fail(t, cudaErrorLaunchFailure,
+      KVSIM_FAIL(t, cudaErrorLaunchFailure,
            std::string("data race on ") + DescribeAddress(b, a + i) + ": this thread " +
                (write ? "writes" : "reads") + " it (" + Symbolize(pc) + ") and thread " +
                Dim(o.index.thread_idx) + " " + (other_wrote ? "wrote" : "read") + " it (" +
@@ -737,7 +749,7 @@ inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) 
   const uintptr_t hi = lo + b.dyn_bytes;
   if ((a + size > hi && a < hi + kRedzone) || (a < lo && a + size > lo - kRedzone)) {
     const long long off = static_cast<long long>(a) - static_cast<long long>(lo);
-    Fail(*t, cudaErrorIllegalAddress,
+    KVSIM_FAIL(*t, cudaErrorIllegalAddress,
          std::string(write ? "write" : "read") + " of " + std::to_string(size) +
              " bytes at dynamic shared memory byte " + std::to_string(off) + ", outside the " +
              std::to_string(b.dyn_bytes) + " bytes the launch requested (" + Symbolize(pc) + ")");
@@ -906,21 +918,21 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   // The text of a diagnostic, made only when one is given (this is the hot path of shuffles).
   auto what = [&] { return std::string(OpName(op)) + " at " + Site(file, line); };
   if (width <= 0 || width > kWarpSize || (width & (width - 1)) != 0) {
-    Fail(t, cudaErrorLaunchFailure, what() + ": width " + std::to_string(width) +
+    KVSIM_FAIL(t, cudaErrorLaunchFailure, what() + ": width " + std::to_string(width) +
                                         " is not a power of two in [1, 32]");
   }
   if (((mask >> t.lane) & 1u) == 0) {
-    Fail(t, cudaErrorLaunchFailure,
+    KVSIM_FAIL(t, cudaErrorLaunchFailure,
          what() + ": the mask " + Hex(mask) + " leaves out the calling lane " + std::to_string(t.lane));
   }
   if (const unsigned missing = mask & ~w.exists; missing != 0) {
-    Fail(t, cudaErrorLaunchFailure,
+    KVSIM_FAIL(t, cudaErrorLaunchFailure,
          what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(missing) + " of warp " +
              std::to_string(t.warp) + ", which the block (" + std::to_string(b.num_threads) +
              " threads) does not have");
   }
   if (const unsigned gone = mask & ~w.live; gone != 0) {
-    Fail(t, cudaErrorLaunchFailure,
+    KVSIM_FAIL(t, cudaErrorLaunchFailure,
          what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(gone) + " of warp " +
              std::to_string(t.warp) + ", which have exited");
   }
@@ -929,7 +941,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
     if (o.mask == mask) {
       c = &o;
     } else if ((o.mask & mask) != 0) {
-      Fail(t, cudaErrorLaunchFailure,
+      KVSIM_FAIL(t, cudaErrorLaunchFailure,
            what() + ": overlaps a " + OpName(o.op) + " at " + Site(o.file, o.line) +
                " with mask " + Hex(o.mask) + " that lanes " + Lanes(o.arrived) + " wait in");
     }
@@ -941,7 +953,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
              ((op == WarpOp::kShflXor || op == WarpOp::kShflUp || op == WarpOp::kShflDown) &&
               c->arg != arg) ||
              c->width != width) {
-    Fail(t, cudaErrorLaunchFailure,
+    KVSIM_FAIL(t, cudaErrorLaunchFailure,
          what() + ": lanes " + Lanes(c->arrived) + " of the same mask wait in " + OpName(c->op) +
              " at " + Site(c->file, c->line) + " (divergent warp collectives)");
   }
@@ -976,7 +988,12 @@ const char* KernelNameFromSignature(const char* pretty) {
   const size_t angle = name.find('<');
   const size_t scope = name.rfind("::", angle);
   if (scope != std::string::npos) name = name.substr(scope + 2);
-  return (new std::string(name))->c_str();  // one per kernel, for the process's life
+  // One per kernel, for the process's life (reachable from here, so not a leak).
+  static std::mutex mu;
+  static std::deque<std::string>* names = new std::deque<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  names->push_back(std::move(name));
+  return names->back().c_str();
 }
 
 // ---- atomics -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #endif
 
 #ifdef KVSIM_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -131,6 +132,8 @@ void AnnounceSwitch(void** fake, const void* to_bottom, size_t to_size) {
 void FinishSwitch(void* fake, const void** from_bottom, size_t* from_size) {
   __sanitizer_finish_switch_fiber(fake, from_bottom, from_size);
 }
+
+void ForgetFrames(FiberStack stack) { ASAN_UNPOISON_MEMORY_REGION(stack.base, stack.size); }
 #endif
 
 }  // namespace kvsim

@@ -41,12 +41,16 @@ extern "C" void kvsim_switch_fiber(void** from, void* to);
 
 /// ASan's fiber annotations (no-ops without ASan). `fake` keeps ASan's fake-stack handle of the
 /// context being left; pass null when that context will never run again.
+/// ForgetFrames clears ASan's stack poisoning left on a stack by frames of a fiber that was
+/// abandoned mid-way (after a kernel fault), before the stack is reused.
 #if defined(__SANITIZE_ADDRESS__)
 void AnnounceSwitch(void** fake, const void* to_bottom, size_t to_size);
 void FinishSwitch(void* fake, const void** from_bottom, size_t* from_size);
+void ForgetFrames(FiberStack stack);
 #else
 inline void AnnounceSwitch(void**, const void*, size_t) {}
 inline void FinishSwitch(void*, const void**, size_t*) {}
+inline void ForgetFrames(FiberStack) {}
 #endif
 
 }  // namespace kvsim

@@ -230,5 +230,32 @@ TEST(CudaGraphTest, DecodeAttentionReplaysWithNewContextLengths) {
   EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dout.get(), want.size()), want), 5e-4f);
 }
 
+// A decode step planned for the model's full context (as a graph capture plans it) gives the
+// same bits as one planned for its real context: the split length comes from the capacity.
+TEST(CudaAttentionPlanTest, DecodePlannedForTheCapacityGivesTheSameBits) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  const Case c{3, 300, 64, 4, KvCacheDType::kBF16, true};
+  const HostBatch h = Build(c, 41);
+  DeviceBuffer dq = Upload(gpu, h.q);
+  DeviceBuffer dqs = Upload(gpu, h.q_start), dql = Upload(gpu, h.q_len), dctx = Upload(gpu, h.ctx);
+  DeviceBuffer dt = Upload(gpu, h.tables), dk = Upload(gpu, h.k), dv = Upload(gpu, h.v);
+  std::vector<std::vector<float>> outs;
+  std::vector<AttentionPlan> plans;
+  for (int64_t planned_len : {int64_t{300}, int64_t{4096}}) {
+    AttentionShape shape = ShapeOf(h, c);
+    shape.max_context_len = planned_len;
+    shape.context_capacity = 4096;
+    plans.push_back(gpu->PlanAttention(shape));
+    DeviceBuffer dout = Upload(gpu, std::vector<float>(h.q.size()));
+    gpu->RunAttention(plans.back(), Args(h, c, dq.as<float>(), dout.as<float>(), dqs.as<int32_t>(),
+                                         dql.as<int32_t>(), dctx.as<int32_t>(), dt.as<int32_t>(),
+                                         {dk.get(), nullptr}, {dv.get(), nullptr}));
+    outs.push_back(Download<float>(gpu, dout.get(), h.q.size()));
+  }
+  EXPECT_NE(plans[0].num_splits, plans[1].num_splits);
+  EXPECT_EQ(plans[0].split_len, plans[1].split_len);
+  EXPECT_EQ(outs[0], outs[1]);
+}
+
 }  // namespace
 }  // namespace kvserve
