@@ -29,7 +29,8 @@ __global__ void ArgMaxKernel(const float* logits, int64_t vocab, int64_t stride,
 cudaError_t ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t* out,
                    cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  KVSERVE_LAUNCH(ArgMaxKernel, static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab, stride, out);
+  KVSERVE_LAUNCH(ArgMaxKernel, static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab,
+                 stride, out);
   return cudaGetLastError();
 }
 

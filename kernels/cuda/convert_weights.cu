@@ -30,8 +30,7 @@ cudaError_t ConvertWeights(const void* src, DType dtype, int64_t rows, int64_t c
   if (total <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 65535));
   KVSERVE_LAUNCH(ConvertKernel, blocks, 256, 0, stream, static_cast<const uint8_t*>(src), dtype,
-                                            DTypeRowBytes(dtype, cols), rows, cols,
-                                            out == DType::kF32, dst);
+                 DTypeRowBytes(dtype, cols), rows, cols, out == DType::kF32, dst);
   return cudaGetLastError();
 }
 

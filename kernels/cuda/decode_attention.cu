@@ -1,8 +1,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -196,8 +196,9 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
   if (D > kMaxDimPerLane * kWarp || args.num_heads % args.layout.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  DecodeParams p{args,    args.num_heads / args.layout.num_kv_heads, plan.num_splits,
-                 plan.split_len, nullptr, nullptr};
+  DecodeParams p{
+      args,   args.num_heads / args.layout.num_kv_heads, plan.num_splits, plan.split_len, nullptr,
+      nullptr};
   if (plan.num_splits > 1) {
     const int64_t slots = args.num_seqs * args.num_heads * plan.num_splits;
     p.partial_out = static_cast<float*>(workspace);

@@ -1,6 +1,6 @@
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -18,9 +18,9 @@ __global__ void EmbeddingKernel(const uint8_t* table, DType dtype, int64_t row_b
 
 cudaError_t EmbeddingGather(const EmbeddingArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  KVSERVE_LAUNCH(EmbeddingKernel, static_cast<unsigned>(a.n), 256, 0, stream, 
-      static_cast<const uint8_t*>(a.table), a.dtype, DTypeRowBytes(a.dtype, a.dim), a.dim, a.ids,
-      a.out);
+  KVSERVE_LAUNCH(EmbeddingKernel, static_cast<unsigned>(a.n), 256, 0, stream,
+                 static_cast<const uint8_t*>(a.table), a.dtype, DTypeRowBytes(a.dtype, a.dim),
+                 a.dim, a.ids, a.out);
   return cudaGetLastError();
 }
 

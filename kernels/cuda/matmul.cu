@@ -48,8 +48,8 @@ const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratc
   cudaDataType_t type = CUDA_R_32F;
   if (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) {
     const bool bf16 = a.w_dtype == DType::kBF16;
-    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k, bf16,
-                                                              static_cast<uint16_t*>(scratch));
+    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k,
+                   bf16, static_cast<uint16_t*>(scratch));
     if (cudaGetLastError() != cudaSuccess) return "activation conversion launch failed";
     x = scratch;
     ldx = a.k;

@@ -41,7 +41,8 @@ __global__ void RmsNormKernel(cpu::RmsNormArgs a, int64_t residual_stride) {
 cudaError_t RmsNorm(const cpu::RmsNormArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return cudaSuccess;
   const int64_t residual_stride = args.residual_stride != 0 ? args.residual_stride : args.dim;
-  KVSERVE_LAUNCH(RmsNormKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args, residual_stride);
+  KVSERVE_LAUNCH(RmsNormKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args,
+                 residual_stride);
   return cudaGetLastError();
 }
 

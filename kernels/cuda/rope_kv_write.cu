@@ -106,7 +106,8 @@ cudaError_t RopeKvWrite(const RopeKvWriteArgs& args, cudaStream_t stream) {
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    KVSERVE_LAUNCH(RopeKvWriteKernel<D>, static_cast<unsigned>(args.num_tokens), kThreads, smem, stream, args);
+    KVSERVE_LAUNCH(RopeKvWriteKernel<D>, static_cast<unsigned>(args.num_tokens), kThreads, smem,
+                   stream, args);
     err = cudaGetLastError();
   });
   return err;

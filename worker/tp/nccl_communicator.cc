@@ -135,8 +135,7 @@ absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
 
 absl::Status NcclCommunicator::AllGather(const float* send, int64_t n, float* recv) {
   return Collective("ncclAllGather", [&]() -> int {
-    return ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm,
-                         impl_->stream);
+    return ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm, impl_->stream);
   });
 }
 

@@ -131,7 +131,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   }
   if (!Supported(Atype) || !Supported(Btype) || !Supported(Ctype) || Atype != Btype ||
       (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16F &&
-       computeType != CUBLAS_COMPUTE_32F_FAST_16BF && computeType != CUBLAS_COMPUTE_32F_FAST_TF32)) {
+       computeType != CUBLAS_COMPUTE_32F_FAST_16BF &&
+       computeType != CUBLAS_COMPUTE_32F_FAST_TF32)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   // op(A) is m x k: A is stored m x k (N) or k x m (T); likewise op(B) k x n.
@@ -139,8 +140,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   const int a_cols = transa == CUBLAS_OP_N ? k : m;
   const int b_rows = transb == CUBLAS_OP_N ? k : n;
   const int b_cols = transb == CUBLAS_OP_N ? n : k;
-  if (lda < (a_rows > 0 ? a_rows : 1) || ldb < (b_rows > 0 ? b_rows : 1) ||
-      ldc < (m > 0 ? m : 1)) {
+  if (lda < (a_rows > 0 ? a_rows : 1) || ldb < (b_rows > 0 ? b_rows : 1) || ldc < (m > 0 ? m : 1)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
@@ -153,13 +153,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     const size_t c_span = Span(m, n, ldc, Ctype);
     const char* bad = (a_span > 0 && !kvsim::IsDeviceRange(A, a_span))   ? "A"
                       : (b_span > 0 && !kvsim::IsDeviceRange(B, b_span)) ? "B"
-                      : !kvsim::IsDeviceRange(C, c_span)                  ? "C"
-                                                                          : nullptr;
+                      : !kvsim::IsDeviceRange(C, c_span)                 ? "C"
+                                                                         : nullptr;
     if (bad != nullptr) {
       kvsim::RaiseFault(device, cudaErrorIllegalAddress,
-                        std::string("cublasGemmEx: operand ") + bad + " of m=" +
-                            std::to_string(m) + " n=" + std::to_string(n) + " k=" +
-                            std::to_string(k) + " reaches outside its device allocation");
+                        std::string("cublasGemmEx: operand ") + bad + " of m=" + std::to_string(m) +
+                            " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                            " reaches outside its device allocation");
       return;
     }
     // Tiles of 64 rows of one output column spread over the executor's threads.

@@ -272,8 +272,8 @@ void Yield(Thread& t) {
 }
 
 std::string Where(const Thread& t) {
-  return std::string(t.block->launch->config.name) + ": block " + Dim(t.block->index) +
-         " thread " + Dim(t.index.thread_idx);
+  return std::string(t.block->launch->config.name) + ": block " + Dim(t.block->index) + " thread " +
+         Dim(t.index.thread_idx);
 }
 
 void FailBlock(Block& b, cudaError_t code, std::string message) {
@@ -292,10 +292,10 @@ void FailBlock(Block& b, cudaError_t code, std::string message) {
 
 // Fails the block from inside thread t's fiber and abandons the fiber. A macro, so that the
 // message's temporaries die before the fiber is left (its stack is never unwound).
-#define KVSIM_FAIL(t, code, message)                                   \
-  do {                                                                 \
-    FailBlock(*(t).block, (code), Where(t) + ": " + (message));        \
-    Abandon(t);                                                        \
+#define KVSIM_FAIL(t, code, message)                            \
+  do {                                                          \
+    FailBlock(*(t).block, (code), Where(t) + ": " + (message)); \
+    Abandon(t);                                                 \
   } while (0)
 
 // ---- faults ------------------------------------------------------------------------------------
@@ -397,9 +397,10 @@ std::string DescribeWait(const Block& b) {
     } else {
       std::snprintf(range, sizeof range, "thread %zu", i);
     }
-    out += (out.empty() ? "" : "; ") + std::string(range) +
-           (t.state == State::kBarrier ? " wait at __syncthreads " : " wait in a warp collective ") +
-           Site(t.wait_file, t.wait_line);
+    out +=
+        (out.empty() ? "" : "; ") + std::string(range) +
+        (t.state == State::kBarrier ? " wait at __syncthreads " : " wait in a warp collective ") +
+        Site(t.wait_file, t.wait_line);
     i = j;
   }
   return out;
@@ -419,9 +420,9 @@ void ReleaseBarrier(Block& b) {
                t.barrier_kind != first->barrier_kind) {
       FailBlock(b, cudaErrorLaunchFailure,
                 std::string(b.launch->config.name) + ": block " + Dim(b.index) +
-                    ": threads wait at different barriers: thread " +
-                    Dim(first->index.thread_idx) + " at " + Site(first->wait_file, first->wait_line) +
-                    ", thread " + Dim(t.index.thread_idx) + " at " + Site(t.wait_file, t.wait_line));
+                    ": threads wait at different barriers: thread " + Dim(first->index.thread_idx) +
+                    " at " + Site(first->wait_file, first->wait_line) + ", thread " +
+                    Dim(t.index.thread_idx) + " at " + Site(t.wait_file, t.wait_line));
       return;
     }
     count += t.barrier_pred;
@@ -485,7 +486,8 @@ void RunBlock(Worker& w, const KernelLaunch& k, int64_t linear_block) {
   // something never written shows.
   std::vector<char> exact;
 #ifdef KVSIM_INSTRUMENTED
-  if (w.shared.size() < c.shared_bytes + 2 * kRedzone) w.shared.resize(c.shared_bytes + 2 * kRedzone);
+  if (w.shared.size() < c.shared_bytes + 2 * kRedzone)
+    w.shared.resize(c.shared_bytes + 2 * kRedzone);
   b.dyn = w.shared.data() + kRedzone;
 #else
   // No access hooks: an exact heap block, so AddressSanitizer catches overruns.
@@ -613,9 +615,9 @@ void Complete(Block& b, Warp& w, const Collective& c, int warp_index, Thread& ca
         const int src = SourceLane(c, l);
         if (src >= 0 && ((c.mask >> src) & 1u) == 0) {
           KVSIM_FAIL(caller, cudaErrorLaunchFailure,
-               std::string(OpName(c.op)) + " at " + Site(c.file, c.line) + ": lane " +
-                   std::to_string(l) + " reads lane " + std::to_string(src) +
-                   ", which is not in the mask " + Hex(c.mask));
+                     std::string(OpName(c.op)) + " at " + Site(c.file, c.line) + ": lane " +
+                         std::to_string(l) + " reads lane " + std::to_string(src) +
+                         ", which is not in the mask " + Hex(c.mask));
         }
         t.result = src >= 0 ? b.threads[static_cast<size_t>(base + src)].value : t.value;
         break;
@@ -708,10 +710,10 @@ void RaceCheck(Thread& t, Cell* cells, uintptr_t a, size_t size, bool write, con
     auto race = [&](int32_t other, const void* other_pc, bool other_wrote) {
       const Thread& o = b.threads[static_cast<size_t>(other)];
       KVSIM_FAIL(t, cudaErrorLaunchFailure,
-           std::string("data race on ") + DescribeAddress(b, a + i) + ": this thread " +
-               (write ? "writes" : "reads") + " it (" + Symbolize(pc) + ") and thread " +
-               Dim(o.index.thread_idx) + " " + (other_wrote ? "wrote" : "read") + " it (" +
-               Symbolize(other_pc) + ") with no __syncthreads between");
+                 std::string("data race on ") + DescribeAddress(b, a + i) + ": this thread " +
+                     (write ? "writes" : "reads") + " it (" + Symbolize(pc) + ") and thread " +
+                     Dim(o.index.thread_idx) + " " + (other_wrote ? "wrote" : "read") + " it (" +
+                     Symbolize(other_pc) + ") with no __syncthreads between");
     };
     if (cell.writer >= 0 && !Ordered(b, cell.writer, cell.writer_sync, t)) {
       race(cell.writer, cell.writer_pc, true);
@@ -750,9 +752,10 @@ inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) 
   if ((a + size > hi && a < hi + kRedzone) || (a < lo && a + size > lo - kRedzone)) {
     const long long off = static_cast<long long>(a) - static_cast<long long>(lo);
     KVSIM_FAIL(*t, cudaErrorIllegalAddress,
-         std::string(write ? "write" : "read") + " of " + std::to_string(size) +
-             " bytes at dynamic shared memory byte " + std::to_string(off) + ", outside the " +
-             std::to_string(b.dyn_bytes) + " bytes the launch requested (" + Symbolize(pc) + ")");
+               std::string(write ? "write" : "read") + " of " + std::to_string(size) +
+                   " bytes at dynamic shared memory byte " + std::to_string(off) +
+                   ", outside the " + std::to_string(b.dyn_bytes) +
+                   " bytes the launch requested (" + Symbolize(pc) + ")");
   }
   if (!b.race_check) return;
   // Shared memory only, like compute-sanitizer's racecheck: dynamic, then static.
@@ -918,23 +921,24 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   // The text of a diagnostic, made only when one is given (this is the hot path of shuffles).
   auto what = [&] { return std::string(OpName(op)) + " at " + Site(file, line); };
   if (width <= 0 || width > kWarpSize || (width & (width - 1)) != 0) {
-    KVSIM_FAIL(t, cudaErrorLaunchFailure, what() + ": width " + std::to_string(width) +
-                                        " is not a power of two in [1, 32]");
+    KVSIM_FAIL(t, cudaErrorLaunchFailure,
+               what() + ": width " + std::to_string(width) + " is not a power of two in [1, 32]");
   }
   if (((mask >> t.lane) & 1u) == 0) {
     KVSIM_FAIL(t, cudaErrorLaunchFailure,
-         what() + ": the mask " + Hex(mask) + " leaves out the calling lane " + std::to_string(t.lane));
+               what() + ": the mask " + Hex(mask) + " leaves out the calling lane " +
+                   std::to_string(t.lane));
   }
   if (const unsigned missing = mask & ~w.exists; missing != 0) {
     KVSIM_FAIL(t, cudaErrorLaunchFailure,
-         what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(missing) + " of warp " +
-             std::to_string(t.warp) + ", which the block (" + std::to_string(b.num_threads) +
-             " threads) does not have");
+               what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(missing) +
+                   " of warp " + std::to_string(t.warp) + ", which the block (" +
+                   std::to_string(b.num_threads) + " threads) does not have");
   }
   if (const unsigned gone = mask & ~w.live; gone != 0) {
     KVSIM_FAIL(t, cudaErrorLaunchFailure,
-         what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(gone) + " of warp " +
-             std::to_string(t.warp) + ", which have exited");
+               what() + ": the mask " + Hex(mask) + " names lane(s) " + Lanes(gone) + " of warp " +
+                   std::to_string(t.warp) + ", which have exited");
   }
   Collective* c = nullptr;
   for (Collective& o : w.open) {
@@ -942,20 +946,22 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
       c = &o;
     } else if ((o.mask & mask) != 0) {
       KVSIM_FAIL(t, cudaErrorLaunchFailure,
-           what() + ": overlaps a " + OpName(o.op) + " at " + Site(o.file, o.line) +
-               " with mask " + Hex(o.mask) + " that lanes " + Lanes(o.arrived) + " wait in");
+                 what() + ": overlaps a " + OpName(o.op) + " at " + Site(o.file, o.line) +
+                     " with mask " + Hex(o.mask) + " that lanes " + Lanes(o.arrived) + " wait in");
     }
   }
   if (c == nullptr) {
     w.open.push_back(Collective{op, mask, 0, arg, width, file, line});
     c = &w.open.back();
-  } else if (c->op != op || c->line != line || (c->file != file && std::strcmp(c->file, file) != 0) ||
+  } else if (c->op != op || c->line != line ||
+             (c->file != file && std::strcmp(c->file, file) != 0) ||
              ((op == WarpOp::kShflXor || op == WarpOp::kShflUp || op == WarpOp::kShflDown) &&
               c->arg != arg) ||
              c->width != width) {
     KVSIM_FAIL(t, cudaErrorLaunchFailure,
-         what() + ": lanes " + Lanes(c->arrived) + " of the same mask wait in " + OpName(c->op) +
-             " at " + Site(c->file, c->line) + " (divergent warp collectives)");
+               what() + ": lanes " + Lanes(c->arrived) + " of the same mask wait in " +
+                   OpName(c->op) + " at " + Site(c->file, c->line) +
+                   " (divergent warp collectives)");
   }
   t.value = value;
   c->arrived |= 1u << t.lane;
@@ -999,7 +1005,9 @@ const char* KernelNameFromSignature(const char* pretty) {
 // ---- atomics -----------------------------------------------------------------------------------
 
 int AtomicAddI32(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-unsigned AtomicAddU32(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+unsigned AtomicAddU32(unsigned* p, unsigned v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 unsigned long long AtomicAddU64(unsigned long long* p, unsigned long long v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
@@ -1010,34 +1018,29 @@ T CasLoop(T* p, F f) {
   }
   return old;
 }
-float AtomicAddF32(float* p, float v) {
-  auto* u = reinterpret_cast<uint32_t*>(p);
-  const uint32_t old = CasLoop(u, [v](uint32_t bits) {
-    float f;
-    std::memcpy(&f, &bits, 4);
+/// atomicAdd on a float type F through a CAS loop on its bits U.
+template <typename F, typename U>
+F AtomicAddFloat(F* p, F v) {
+  static_assert(sizeof(F) == sizeof(U));
+  const U old = CasLoop(reinterpret_cast<U*>(p), [v](U bits) {
+    F f;
+    std::memcpy(&f, &bits, sizeof f);
     f += v;
-    std::memcpy(&bits, &f, 4);
+    std::memcpy(&bits, &f, sizeof f);
     return bits;
   });
-  float out;
-  std::memcpy(&out, &old, 4);
+  F out;
+  std::memcpy(&out, &old, sizeof out);
   return out;
 }
-double AtomicAddF64(double* p, double v) {
-  auto* u = reinterpret_cast<uint64_t*>(p);
-  const uint64_t old = CasLoop(u, [v](uint64_t bits) {
-    double f;
-    std::memcpy(&f, &bits, 8);
-    f += v;
-    std::memcpy(&bits, &f, 8);
-    return bits;
-  });
-  double out;
-  std::memcpy(&out, &old, 8);
-  return out;
+float AtomicAddF32(float* p, float v) { return AtomicAddFloat<float, uint32_t>(p, v); }
+double AtomicAddF64(double* p, double v) { return AtomicAddFloat<double, uint64_t>(p, v); }
+int AtomicMaxI32(int* p, int v) {
+  return CasLoop(p, [v](int o) { return std::max(o, v); });
 }
-int AtomicMaxI32(int* p, int v) { return CasLoop(p, [v](int o) { return std::max(o, v); }); }
-int AtomicMinI32(int* p, int v) { return CasLoop(p, [v](int o) { return std::min(o, v); }); }
+int AtomicMinI32(int* p, int v) {
+  return CasLoop(p, [v](int o) { return std::min(o, v); });
+}
 unsigned AtomicMaxU32(unsigned* p, unsigned v) {
   return CasLoop(p, [v](unsigned o) { return std::max(o, v); });
 }
@@ -1045,7 +1048,9 @@ unsigned AtomicMinU32(unsigned* p, unsigned v) {
   return CasLoop(p, [v](unsigned o) { return std::min(o, v); });
 }
 int AtomicExchI32(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
-unsigned AtomicExchU32(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+unsigned AtomicExchU32(unsigned* p, unsigned v) {
+  return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+}
 float AtomicExchF32(float* p, float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, 4);
@@ -1068,7 +1073,9 @@ unsigned long long AtomicCasU64(unsigned long long* p, unsigned long long compar
   return compare;
 }
 unsigned AtomicOrU32(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
-unsigned AtomicAndU32(unsigned* p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+unsigned AtomicAndU32(unsigned* p, unsigned v) {
+  return __atomic_fetch_and(p, v, __ATOMIC_RELAXED);
+}
 void ThreadFence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 }  // namespace kvsim
@@ -1078,18 +1085,18 @@ void ThreadFence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 // access of a kernel calls one of these with its address.
 
 #define KVSIM_HOOK_VIS extern "C" __attribute__((visibility("hidden")))
-#define KVSIM_ACCESS_HOOKS(n)                                                        \
-  KVSIM_HOOK_VIS void __tsan_read##n(void* a) {                                      \
-    kvsim::OnAccess(a, n, false, __builtin_return_address(0));                       \
-  }                                                                                  \
-  KVSIM_HOOK_VIS void __tsan_write##n(void* a) {                                     \
-    kvsim::OnAccess(a, n, true, __builtin_return_address(0));                        \
-  }                                                                                  \
-  KVSIM_HOOK_VIS void __tsan_unaligned_read##n(void* a) {                            \
-    kvsim::OnAccess(a, n, false, __builtin_return_address(0));                       \
-  }                                                                                  \
-  KVSIM_HOOK_VIS void __tsan_unaligned_write##n(void* a) {                           \
-    kvsim::OnAccess(a, n, true, __builtin_return_address(0));                        \
+#define KVSIM_ACCESS_HOOKS(n)                                  \
+  KVSIM_HOOK_VIS void __tsan_read##n(void* a) {                \
+    kvsim::OnAccess(a, n, false, __builtin_return_address(0)); \
+  }                                                            \
+  KVSIM_HOOK_VIS void __tsan_write##n(void* a) {               \
+    kvsim::OnAccess(a, n, true, __builtin_return_address(0));  \
+  }                                                            \
+  KVSIM_HOOK_VIS void __tsan_unaligned_read##n(void* a) {      \
+    kvsim::OnAccess(a, n, false, __builtin_return_address(0)); \
+  }                                                            \
+  KVSIM_HOOK_VIS void __tsan_unaligned_write##n(void* a) {     \
+    kvsim::OnAccess(a, n, true, __builtin_return_address(0));  \
   }
 KVSIM_ACCESS_HOOKS(1)
 KVSIM_ACCESS_HOOKS(2)
@@ -1111,43 +1118,43 @@ KVSIM_HOOK_VIS void __tsan_vptr_read(void**) {}
 
 // Atomics in instrumented files (e.g. function-local static guards) come here as calls; every
 // order is served as sequentially consistent, which is at least as strong as asked.
-#define KVSIM_ATOMIC_HOOKS(bits, type)                                                          \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_load(const volatile type* a, int) {                 \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                \
-  }                                                                                             \
-  KVSIM_HOOK_VIS void __tsan_atomic##bits##_store(volatile type* a, type v, int) {              \
-    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                   \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_exchange(volatile type* a, type v, int) {           \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                         \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_add(volatile type* a, type v, int) {          \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                          \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_sub(volatile type* a, type v, int) {          \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                          \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_and(volatile type* a, type v, int) {          \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                          \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_or(volatile type* a, type v, int) {           \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                           \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_xor(volatile type* a, type v, int) {          \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                          \
-  }                                                                                             \
-  KVSIM_HOOK_VIS int __tsan_atomic##bits##_compare_exchange_strong(volatile type* a, type* c,   \
-                                                                   type v, int, int) {          \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
-  }                                                                                             \
-  KVSIM_HOOK_VIS int __tsan_atomic##bits##_compare_exchange_weak(volatile type* a, type* c,     \
-                                                                 type v, int, int) {            \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
-  }                                                                                             \
-  KVSIM_HOOK_VIS type __tsan_atomic##bits##_compare_exchange_val(volatile type* a, type c,      \
-                                                                 type v, int, int) {            \
-    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
-    return c;                                                                                   \
+#define KVSIM_ATOMIC_HOOKS(bits, type)                                                             \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_load(const volatile type* a, int) {                    \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                   \
+  }                                                                                                \
+  KVSIM_HOOK_VIS void __tsan_atomic##bits##_store(volatile type* a, type v, int) {                 \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_exchange(volatile type* a, type v, int) {              \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                            \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_add(volatile type* a, type v, int) {             \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                             \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_sub(volatile type* a, type v, int) {             \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                             \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_and(volatile type* a, type v, int) {             \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                             \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_or(volatile type* a, type v, int) {              \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                              \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_fetch_xor(volatile type* a, type v, int) {             \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                             \
+  }                                                                                                \
+  KVSIM_HOOK_VIS int __tsan_atomic##bits##_compare_exchange_strong(volatile type* a, type* c,      \
+                                                                   type v, int, int) {             \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);        \
+  }                                                                                                \
+  KVSIM_HOOK_VIS int __tsan_atomic##bits##_compare_exchange_weak(volatile type* a, type* c,        \
+                                                                 type v, int, int) {               \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);        \
+  }                                                                                                \
+  KVSIM_HOOK_VIS type __tsan_atomic##bits##_compare_exchange_val(volatile type* a, type c, type v, \
+                                                                 int, int) {                       \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);              \
+    return c;                                                                                      \
   }
 KVSIM_ATOMIC_HOOKS(8, uint8_t)
 KVSIM_ATOMIC_HOOKS(16, uint16_t)

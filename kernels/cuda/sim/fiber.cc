@@ -95,8 +95,8 @@ StackCache::~StackCache() {
 FiberStack StackCache::Get(size_t i) {
   while (stacks_.size() <= i) {
     const size_t total = kStackBytes + PageSize();
-    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       std::fprintf(stderr, "kvsim: cannot map a %zu-byte fiber stack\n", total);
       std::abort();
@@ -114,12 +114,12 @@ void* PrepareFiber(FiberStack stack, FiberEntry entry, void* arg) {
   auto* frame = reinterpret_cast<uint64_t*>(top - 8 * sizeof(uint64_t));
   uint32_t control[2] = {0x1f80u, 0x037fu};  // default MXCSR and x87 control word
   std::memcpy(&frame[0], control, sizeof control);
-  frame[1] = 0;                                   // r15
-  frame[2] = 0;                                   // r14
-  frame[3] = reinterpret_cast<uint64_t>(entry);   // r13
-  frame[4] = reinterpret_cast<uint64_t>(arg);     // r12
-  frame[5] = 0;                                   // rbx
-  frame[6] = 0;                                   // rbp
+  frame[1] = 0;                                  // r15
+  frame[2] = 0;                                  // r14
+  frame[3] = reinterpret_cast<uint64_t>(entry);  // r13
+  frame[4] = reinterpret_cast<uint64_t>(arg);    // r12
+  frame[5] = 0;                                  // rbx
+  frame[6] = 0;                                  // rbp
   frame[7] = reinterpret_cast<uint64_t>(&kvsim_fiber_start);
   return frame;
 }

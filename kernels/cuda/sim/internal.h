@@ -4,8 +4,8 @@
 // What the simulator's parts share: devices, streams (in-order queues that run work at once or
 // record it while capturing), kernel launches and fault reporting. Not part of the CUDA surface.
 
-#include <cstddef>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -7,6 +7,8 @@
 // (AddressSanitizer then catches any use after it). A stream left waiting longer than
 // KVSERVE_SIM_NCCL_TIMEOUT_S (default 120 s) fails instead of hanging.
 
+#include "nccl.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +20,6 @@
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "internal.h"
-#include "nccl.h"
 
 namespace kvsim {
 namespace {
@@ -135,8 +136,8 @@ void Combine(ncclDataType_t t, ncclRedOp_t op, const void* a, size_t i, void* ou
     }
     case ncclBfloat16: {
       auto* o = static_cast<__nv_bfloat16*>(out);
-      o[i] = __float2bfloat16_rn(
-          apply(__bfloat162float(o[i]), static_cast<float>(LoadAs(a, t, i))));
+      o[i] =
+          __float2bfloat16_rn(apply(__bfloat162float(o[i]), static_cast<float>(LoadAs(a, t, i))));
       break;
     }
     default:  // not reducible: refused before a round starts
@@ -229,8 +230,8 @@ ncclResult_t Submit(ncclComm_t comm, cudaStream_t stream, const kvsim::Post& pos
   const size_t recv_bytes = post.kind == kvsim::Kind::kAllGather
                                 ? bytes * static_cast<size_t>(comm->clique->size)
                                 : bytes;
-  if (bytes > 0 && (!kvsim::IsDeviceRange(post.send, bytes) ||
-                    !kvsim::IsDeviceRange(post.recv, recv_bytes))) {
+  if (bytes > 0 &&
+      (!kvsim::IsDeviceRange(post.send, bytes) || !kvsim::IsDeviceRange(post.recv, recv_bytes))) {
     comm->last_error = "buffer outside device memory";
     std::fprintf(stderr, "kvsim: NCCL rank %d: a buffer of %zu bytes is not device memory\n",
                  comm->rank, bytes);
@@ -342,9 +343,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   if (kvsim::TypeBytes(datatype) == 0) return ncclInvalidArgument;
-  return Submit(comm, stream,
-                kvsim::Post{kvsim::Kind::kAllGather, sendbuff, recvbuff, sendcount, datatype,
-                            ncclSum});
+  return Submit(
+      comm, stream,
+      kvsim::Post{kvsim::Kind::kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum});
 }
 
 }  // extern "C"

@@ -21,7 +21,7 @@
 struct CUstream_st {
   int device = 0;
   bool capturing = false;
-  bool invalidated = false;       // an illegal call happened during the capture
+  bool invalidated = false;  // an illegal call happened during the capture
   cudaError_t invalidated_by = cudaSuccess;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::vector<kvsim::Op> captured;
@@ -209,8 +209,10 @@ cudaError_t DrainPending(CUstream_st* s) {
     std::unique_lock<std::mutex> lock(p->mu);
     if (!p->cv.wait_for(lock, std::chrono::seconds(PendingTimeoutSeconds()),
                         [&] { return p->done; })) {
-      std::fprintf(stderr, "kvsim: a stream waited %d s for an NCCL collective whose peers never "
-                   "came\n", PendingTimeoutSeconds());
+      std::fprintf(stderr,
+                   "kvsim: a stream waited %d s for an NCCL collective whose peers never "
+                   "came\n",
+                   PendingTimeoutSeconds());
       return cudaErrorLaunchFailure;
     }
   }
@@ -260,7 +262,8 @@ void LaunchKernel(const LaunchConfig& config, void* params, InvokeFn invoke, Des
   if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0 || threads > kMaxThreadsPerBlock ||
       b.z > 64 || g.y > 65535 || g.z > 65535 || g.x > 0x7fffffffu) {
     SetLastError(cudaErrorInvalidConfiguration);
-    std::fprintf(stderr, "kvsim: %s: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)\n",
+    std::fprintf(stderr,
+                 "kvsim: %s: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)\n",
                  config.name, g.x, g.y, g.z, b.x, b.y, b.z);
     return;
   }
@@ -574,7 +577,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
                  bytes, dst);
     return kvsim::Ret(cudaErrorInvalidValue);
   }
-  return kvsim::Ret(kvsim::Enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); }));
+  return kvsim::Ret(
+      kvsim::Enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); }));
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
@@ -654,9 +658,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   if (status == nullptr) return kvsim::Ret(cudaErrorInvalidValue);
   CUstream_st* s = kvsim::Resolve(stream);
-  *status = !s->capturing      ? cudaStreamCaptureStatusNone
-            : s->invalidated   ? cudaStreamCaptureStatusInvalidated
-                               : cudaStreamCaptureStatusActive;
+  *status = !s->capturing    ? cudaStreamCaptureStatusNone
+            : s->invalidated ? cudaStreamCaptureStatusInvalidated
+                             : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -164,10 +164,12 @@ TEST_P(CudaAttentionTest, MatchesCpuAtOddShapesForEveryKvDType) {
   cpu::ThreadPool pool(0);
   const bool decode = GetParam();
   const bool small = SmallShapes();
-  const std::vector<int64_t> batches = small ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 17};
+  const std::vector<int64_t> batches =
+      small ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 17};
   const std::vector<int64_t> contexts =
       small ? std::vector<int64_t>{1, 15, 17, 300} : std::vector<int64_t>{1, 15, 16, 17, 1000};
-  const std::vector<int64_t> gqas = small ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8};
+  const std::vector<int64_t> gqas =
+      small ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8};
   uint32_t seed = 1;
   for (KvCacheDType dtype : kAllKvCacheDTypes) {
     for (int64_t batch : batches) {

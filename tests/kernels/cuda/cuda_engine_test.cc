@@ -79,11 +79,7 @@ class CudaEngineTest : public ::testing::Test {
     return alone;
   }
 
-  static void ExpectPoolFree(const Engine& engine) {
-    const EngineStats st = engine.stats();
-    EXPECT_EQ(st.used_blocks, 0);
-    EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
-  }
+  static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
 
   static LoadedModel* model_;
 };
@@ -115,7 +111,8 @@ struct BatchCase {
   bool expect_preemption;
 };
 
-class CudaEngineBatchTest : public CudaEngineTest, public ::testing::WithParamInterface<BatchCase> {};
+class CudaEngineBatchTest : public CudaEngineTest,
+                            public ::testing::WithParamInterface<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, ConcurrentRequestsMatchAlone) {
   const BatchCase& bc = GetParam();
@@ -148,13 +145,12 @@ TEST_P(CudaEngineBatchTest, ConcurrentRequestsMatchAlone) {
   ExpectPoolFree(*engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, CudaEngineBatchTest,
-    ::testing::Values(BatchCase{"default_graphs", 2048, 0, true, false},
-                      BatchCase{"default_eager", 2048, 0, false, false},
-                      BatchCase{"chunked_prefill", 48, 0, true, false},
-                      BatchCase{"preemption", 96, 40, true, true}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Configs, CudaEngineBatchTest,
+                         ::testing::Values(BatchCase{"default_graphs", 2048, 0, true, false},
+                                           BatchCase{"default_eager", 2048, 0, false, false},
+                                           BatchCase{"chunked_prefill", 48, 0, true, false},
+                                           BatchCase{"preemption", 96, 40, true, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(CudaEngineTest, QuantizedKvCache) {
   // int8 / fp8 KV round K and V; the golden prompts must keep their first tokens, and the CPU
@@ -177,7 +173,8 @@ TEST_F(CudaEngineTest, QuantizedKvCache) {
       size_t match = 0;
       while (match < got.tokens.size() && got.tokens[match] == c.generated_ids[match]) ++match;
       size_t same_as_cpu = 0;
-      while (same_as_cpu < got.tokens.size() && got.tokens[same_as_cpu] == want.tokens[same_as_cpu]) {
+      while (same_as_cpu < got.tokens.size() &&
+             got.tokens[same_as_cpu] == want.tokens[same_as_cpu]) {
         ++same_as_cpu;
       }
       std::printf("kv %s \"%s\": %zu of %zu leading tokens match f32, %zu match the CPU engine\n",

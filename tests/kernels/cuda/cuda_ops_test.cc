@@ -328,8 +328,8 @@ TEST(CudaOpsTest, ErrorsAreReportedOnceAndAFailedCaptureLeavesTheBackendUsable) 
   ASSERT_TRUE(pw.ok()) << pw.status();
   DeviceBuffer dx = testing_cuda::Upload(gpu, std::vector<float>(m * k, 1.0f));
   DeviceBuffer dy = testing_cuda::Upload(gpu, std::vector<float>(m * n));
-  const cpu::MatmulArgs args{dx.as<float>(), k, pw->data, pw->dtype, nullptr, dy.as<float>(),
-                             n, m, n, k};
+  const cpu::MatmulArgs args{dx.as<float>(), k, pw->data, pw->dtype, nullptr,
+                             dy.as<float>(), n, m,        n,         k};
   ASSERT_TRUE(gpu->BeginCapture().ok());
   gpu->Matmul(args);  // first matmul: its scratch does not exist yet
   absl::StatusOr<int> graph = gpu->EndCapture();

@@ -37,7 +37,9 @@ inline bool RequireDevice() {
 }
 
 /// The --device the tests run on.
-inline DeviceChoice TestDevice() { return UseSimulator() ? DeviceChoice::kCudaSim : DeviceChoice::kCuda; }
+inline DeviceChoice TestDevice() {
+  return UseSimulator() ? DeviceChoice::kCudaSim : DeviceChoice::kCuda;
+}
 
 /// Backend options for device `index` of the device under test (f32 weights kept as f32).
 inline BackendOptions DeviceOptions(int index = 0) {
@@ -74,13 +76,13 @@ inline Backend* Cuda(std::string* reason) {
 }
 
 /// Skips the test (or fails it, under KVSERVE_REQUIRE_GPU=1) for want of a device.
-#define KVSERVE_SKIP_NO_DEVICE(reason)                          \
-  do {                                                          \
-    if (::kvserve::testing_cuda::RequireDevice()) {             \
-      FAIL() << "no usable CUDA device: " << (reason);          \
-    } else {                                                    \
-      GTEST_SKIP() << "no CUDA device: " << (reason);           \
-    }                                                           \
+#define KVSERVE_SKIP_NO_DEVICE(reason)                 \
+  do {                                                 \
+    if (::kvserve::testing_cuda::RequireDevice()) {    \
+      FAIL() << "no usable CUDA device: " << (reason); \
+    } else {                                           \
+      GTEST_SKIP() << "no CUDA device: " << (reason);  \
+    }                                                  \
   } while (0)
 
 /// In a TEST body: `KVSERVE_REQUIRE_CUDA(gpu);` declares `Backend* gpu`, skipping without a device.

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "common/block_hash/block_hash.h"
+#include "gtest/gtest.h"
 #include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/golden.h"
 
@@ -66,11 +66,7 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
-  static void ExpectPoolFree(const Engine& engine) {
-    const EngineStats st = engine.stats();
-    EXPECT_EQ(st.used_blocks, 0);
-    EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
-  }
+  static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
 
   static LoadedModel* model_;
 };

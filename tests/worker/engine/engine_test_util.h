@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "worker/engine/engine.h"
 
 namespace kvserve::testing_engine {
@@ -69,6 +70,13 @@ inline std::vector<EngineRequest> MixedWorkload(int max_extra_tokens = 40) {
         Greedy(absl::StrCat("r", i), prompt, 4 + static_cast<int>(rng() % max_extra_tokens)));
   }
   return requests;
+}
+
+/// Every block back in the pool, and no invariant broken on the way.
+inline void ExpectPoolFree(const Engine& engine) {
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
 }
 
 }  // namespace kvserve::testing_engine

@@ -13,7 +13,8 @@ struct __nv_bfloat16 {
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t x = kvsim::FloatBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{static_cast<uint16_t>((x >> 16) | 0x40u)};
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return __nv_bfloat16{static_cast<uint16_t>((x >> 16) | 0x40u)};
   x += 0x7fffu + ((x >> 16) & 1u);
   return __nv_bfloat16{static_cast<uint16_t>(x >> 16)};
 }

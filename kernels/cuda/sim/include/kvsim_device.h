@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda_fp16.h"
 #include "cuda_runtime_api.h"
 
 #define KVSERVE_CUDA_SIM 1
@@ -168,21 +169,25 @@ inline constexpr int warpSize = 32;
 #define __syncthreads_or(p) \
   ::kvsim::SyncThreads(::kvsim::BarrierKind::kOr, (p) ? 1 : 0, __FILE__, __LINE__)
 
-#define __shfl_sync(mask, v, src, ...) \
-  ::kvsim::Shuffle(::kvsim::WarpOp::kShflIdx, __FILE__, __LINE__, mask, v, src __VA_OPT__(, ) __VA_ARGS__)
-#define __shfl_up_sync(mask, v, d, ...) \
-  ::kvsim::Shuffle(::kvsim::WarpOp::kShflUp, __FILE__, __LINE__, mask, v, d __VA_OPT__(, ) __VA_ARGS__)
-#define __shfl_down_sync(mask, v, d, ...) \
-  ::kvsim::Shuffle(::kvsim::WarpOp::kShflDown, __FILE__, __LINE__, mask, v, d __VA_OPT__(, ) __VA_ARGS__)
-#define __shfl_xor_sync(mask, v, m, ...) \
-  ::kvsim::Shuffle(::kvsim::WarpOp::kShflXor, __FILE__, __LINE__, mask, v, m __VA_OPT__(, ) __VA_ARGS__)
-#define __ballot_sync(mask, p)                                                                 \
+#define __shfl_sync(mask, v, src, ...)                                     \
+  ::kvsim::Shuffle(::kvsim::WarpOp::kShflIdx, __FILE__, __LINE__, mask, v, \
+                   src __VA_OPT__(, ) __VA_ARGS__)
+#define __shfl_up_sync(mask, v, d, ...)                                   \
+  ::kvsim::Shuffle(::kvsim::WarpOp::kShflUp, __FILE__, __LINE__, mask, v, \
+                   d __VA_OPT__(, ) __VA_ARGS__)
+#define __shfl_down_sync(mask, v, d, ...)                                   \
+  ::kvsim::Shuffle(::kvsim::WarpOp::kShflDown, __FILE__, __LINE__, mask, v, \
+                   d __VA_OPT__(, ) __VA_ARGS__)
+#define __shfl_xor_sync(mask, v, m, ...)                                   \
+  ::kvsim::Shuffle(::kvsim::WarpOp::kShflXor, __FILE__, __LINE__, mask, v, \
+                   m __VA_OPT__(, ) __VA_ARGS__)
+#define __ballot_sync(mask, p)                                                                  \
   static_cast<unsigned>(::kvsim::WarpCollective(::kvsim::WarpOp::kBallot, mask, (p) ? 1 : 0, 0, \
                                                 32, __FILE__, __LINE__))
-#define __any_sync(mask, p)                                                                \
+#define __any_sync(mask, p)                                                                 \
   static_cast<int>(::kvsim::WarpCollective(::kvsim::WarpOp::kAny, mask, (p) ? 1 : 0, 0, 32, \
                                            __FILE__, __LINE__))
-#define __all_sync(mask, p)                                                                \
+#define __all_sync(mask, p)                                                                 \
   static_cast<int>(::kvsim::WarpCollective(::kvsim::WarpOp::kAll, mask, (p) ? 1 : 0, 0, 32, \
                                            __FILE__, __LINE__))
 #define __syncwarp(...) ::kvsim::SyncWarp(__FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__)
@@ -217,7 +222,7 @@ inline unsigned atomicOr(unsigned* p, unsigned v) { return kvsim::AtomicOrU32(p,
 inline unsigned atomicAnd(unsigned* p, unsigned v) { return kvsim::AtomicAndU32(p, v); }
 
 // Math the kernels use beyond <cmath>: CUDA's integer min/max overloads and bit casts.
-#define KVSIM_MINMAX_(T)                          \
+#define KVSIM_MINMAX_(T)                           \
   inline T max(T a, T b) { return a < b ? b : a; } \
   inline T min(T a, T b) { return b < a ? b : a; }
 KVSIM_MINMAX_(int)
@@ -230,16 +235,8 @@ KVSIM_MINMAX_(unsigned long long)
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline float min(float a, float b) { return fminf(a, b); }
 
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline unsigned __float_as_uint(float f) { return kvsim::FloatBits(f); }
+inline float __uint_as_float(unsigned u) { return kvsim::BitsFloat(u); }
 inline int __float_as_int(float f) { return static_cast<int>(__float_as_uint(f)); }
 inline float __int_as_float(int i) { return __uint_as_float(static_cast<unsigned>(i)); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -352,13 +352,13 @@ TEST(CudaSim, GemmExMatchesAReference) {
     }
   }
   // ld smaller than the stored rows: refused.
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, d_w, CUDA_R_16BF, k - 1,
-                         d_x, CUDA_R_16BF, k, &beta, d_y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, d_w, CUDA_R_16BF, k - 1, d_x,
+                         CUDA_R_16BF, k, &beta, d_y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_INVALID_VALUE);
   // An operand past its allocation faults the device, naming cublasGemmEx.
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n + 1, k, &alpha, d_w, CUDA_R_16BF, k,
-                         d_x, CUDA_R_16BF, k, &beta, d_y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n + 1, k, &alpha, d_w, CUDA_R_16BF, k, d_x,
+                         CUDA_R_16BF, k, &beta, d_y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_SUCCESS);
   const std::string text = ExpectFault(cudaErrorIllegalAddress, cudaErrorIllegalAddress);

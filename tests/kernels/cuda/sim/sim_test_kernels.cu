@@ -1,6 +1,5 @@
-#include "tests/kernels/cuda/sim/sim_test_kernels.h"
-
 #include "kernels/cuda/launch.cuh"
+#include "tests/kernels/cuda/sim/sim_test_kernels.h"
 
 namespace kvserve::simtest {
 namespace {
@@ -18,7 +17,8 @@ __global__ void BlockSumKernel(const float* in, int n, float* out, int* counts) 
   float v = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += row[i];
   smem[threadIdx.x] = v;
-  const int positive = __syncthreads_count(threadIdx.x < static_cast<unsigned>(n) && row[threadIdx.x] > 0);
+  const int positive =
+      __syncthreads_count(threadIdx.x < static_cast<unsigned>(n) && row[threadIdx.x] > 0);
   for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
     if (threadIdx.x < half) smem[threadIdx.x] += smem[threadIdx.x + half];
     __syncthreads();
