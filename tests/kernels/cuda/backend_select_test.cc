@@ -2,6 +2,7 @@
 // always yields a working backend, and an explicit cuda request without a usable GPU fails with
 // a reason instead of aborting.
 
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -15,8 +16,27 @@ TEST(BackendSelectTest, ParsesDeviceNames) {
   EXPECT_EQ(DeviceChoiceFromName("cpu"), DeviceChoice::kCpu);
   EXPECT_EQ(DeviceChoiceFromName("CUDA"), DeviceChoice::kCuda);
   EXPECT_EQ(DeviceChoiceFromName("Auto"), DeviceChoice::kAuto);
+  EXPECT_EQ(DeviceChoiceFromName("cuda-sim"), DeviceChoice::kCudaSim);
   EXPECT_EQ(DeviceChoiceFromName("gpu"), std::nullopt);
   EXPECT_EQ(DeviceChoiceName(DeviceChoice::kAuto), "auto");
+  EXPECT_EQ(DeviceChoiceName(DeviceChoice::kCudaSim), "cuda-sim");
+}
+
+// --device cuda-sim loads the simulated CUDA backend through the same entry point; it reports
+// the simulated device, and CUDA is never silently replaced by it (or by the CPU).
+TEST(BackendSelectTest, CudaSimLoadsTheSimulatedBackend) {
+  absl::StatusOr<std::unique_ptr<Backend>> sim =
+      CreateBackend(DeviceChoice::kCudaSim, BackendOptions{}, nullptr);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ((*sim)->name(), "cuda");
+  EXPECT_FALSE((*sim)->host_memory());
+  EXPECT_NE((*sim)->description().find("kvsim simulated H200"), std::string::npos)
+      << (*sim)->description();
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      CreateBackend(DeviceChoice::kCuda, BackendOptions{}, nullptr);
+  if (cuda.ok()) {
+    EXPECT_EQ((*cuda)->description().find("kvsim"), std::string::npos);
+  }
 }
 
 TEST(BackendSelectTest, AutoAlwaysGivesAWorkingBackend) {

@@ -3,6 +3,7 @@
 // steps from CUDA graphs; and, on machines with two or more GPUs, split over them with NCCL
 // (tensor parallelism). Skips without a CUDA device.
 
+#include <cstdio>
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -98,7 +99,12 @@ TEST(CudaModelTest, TensorParallelOverNcclGivesTheCpuTokens) {
   ASSERT_TRUE(m.ok()) << m.status();
   // stories260K has 4 kv heads: tp 2 splits them, tp 4 gives each rank one.
   const std::vector<TokenId> cpu = Greedy(m->weights.get(), nullptr, 64);
+  KVSERVE_REQUIRE_DEVICES(2);
   for (int tp : {2, 4}) {
+    if (tp > testing_cuda::UsableDevices()) {
+      std::printf("tp %d left out: %d CUDA devices present\n", tp, testing_cuda::UsableDevices());
+      continue;
+    }
     TensorParallelOptions options;
     options.tp_size = tp;
     options.make_backend = [](int rank) { return testing_cuda::LoadTestBackend(rank); };
@@ -107,10 +113,7 @@ TEST(CudaModelTest, TensorParallelOverNcclGivesTheCpuTokens) {
     };
     absl::StatusOr<std::unique_ptr<TensorParallelModel>> model =
         TensorParallelModel::Create(m->weights.get(), options);
-    if (!model.ok()) {
-      GTEST_SKIP() << "no CUDA device: tp " << tp << " over NCCL needs " << tp
-                   << " GPUs: " << model.status().message();
-    }
+    ASSERT_TRUE(model.ok()) << "tp " << tp << ": " << model.status();
     const int64_t blocks = m->config().max_position_embeddings / kBlockSize + 1;
     auto cache = *(*model)->CreateKvCache(blocks, kBlockSize);
     std::vector<int32_t> table(blocks - 1);

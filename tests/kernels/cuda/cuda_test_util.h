@@ -85,6 +85,33 @@ inline Backend* Cuda(std::string* reason) {
     }                                                  \
   } while (0)
 
+/// Devices of the device under test that load (0..7), counted once.
+inline int UsableDevices() {
+  static const int count = [] {
+    int n = 0;
+    while (n < 8 && LoadTestBackend(n).ok()) ++n;
+    return n;
+  }();
+  return count;
+}
+
+// The two skips a GPU machine may show without failing (scripts/gpu-check.sh accepts exactly
+// these texts): a test that needs more devices than the machine has, and one that only means
+// something on the CUDA simulator.
+#define KVSERVE_REQUIRE_DEVICES(n)                                                         \
+  do {                                                                                     \
+    const int kvserve_have = ::kvserve::testing_cuda::UsableDevices();                     \
+    if (kvserve_have < (n)) {                                                              \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << kvserve_have << " present"; \
+    }                                                                                      \
+  } while (0)
+#define KVSERVE_SIMULATOR_ONLY()                                                   \
+  do {                                                                             \
+    if (!::kvserve::testing_cuda::UseSimulator()) {                               \
+      GTEST_SKIP() << "runs on the CUDA simulator only";                          \
+    }                                                                              \
+  } while (0)
+
 /// In a TEST body: `KVSERVE_REQUIRE_CUDA(gpu);` declares `Backend* gpu`, skipping without a device.
 #define KVSERVE_REQUIRE_CUDA(var)                                     \
   std::string kvserve_skip_reason;                                    \

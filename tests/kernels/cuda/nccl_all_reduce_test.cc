@@ -26,7 +26,7 @@ TEST(NcclAllReduceTest, SumsOnEveryRank) {
     gpus.push_back(std::move(*b));
   }
   const int n = static_cast<int>(gpus.size());
-  if (n < 2) GTEST_SKIP() << "no CUDA device: NCCL all-reduce needs 2 GPUs, found " << n;
+  KVSERVE_REQUIRE_DEVICES(2);
   absl::StatusOr<void*> sym =
       CudaLibrarySymbol("kvserve_create_nccl_group", testing_cuda::UseSimulator());
   ASSERT_TRUE(sym.ok()) << sym.status();
@@ -85,10 +85,11 @@ std::vector<std::unique_ptr<Communicator>> TwoRanks(std::vector<std::unique_ptr<
 // One rank aborts the group while the other keeps calling collectives: every later call says
 // ABORTED, none uses a communicator that ncclCommAbort freed (ASan watches on the simulator).
 TEST(NcclAllReduceTest, AbortWhileAPeerIsInCollectives) {
+  KVSERVE_REQUIRE_DEVICES(2);
   std::vector<std::unique_ptr<Backend>> gpus;
   std::string why;
   std::vector<std::unique_ptr<Communicator>> comms = TwoRanks(&gpus, &why);
-  if (comms.empty()) GTEST_SKIP() << "no CUDA device: two needed: " << why;
+  ASSERT_FALSE(comms.empty()) << why;
   DeviceBuffer d0 = testing_cuda::Upload(gpus[0].get(), std::vector<float>(64, 1.0f));
   DeviceBuffer d1 = testing_cuda::Upload(gpus[1].get(), std::vector<float>(64, 1.0f));
   absl::Status last0;
@@ -117,7 +118,7 @@ TEST(NcclAllReduceTest, AbortWhileAPeerIsInCollectives) {
 // (LeakSanitizer checks on the simulator's ASan run). Simulator only: a GPU's memory cannot be
 // exhausted repeatably.
 TEST(NcclAllReduceTest, FailedGroupSetUpLeaksNothing) {
-  if (!testing_cuda::UseSimulator()) GTEST_SKIP() << "simulator only";
+  KVSERVE_SIMULATOR_ONLY();
   absl::StatusOr<std::unique_ptr<Backend>> rank1 = testing_cuda::LoadTestBackend(1);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   absl::StatusOr<std::pair<int64_t, int64_t>> memory = (*rank1)->MemoryInfo();
