@@ -24,6 +24,9 @@
 # a failed configure or build stops it. Exit status: 0 when every check passed, 1 otherwise, 2 for
 # a usage error.
 #
+# --prebuilt DIR runs a bundle made here by scripts/gpu-bundle.sh instead of building (the lent
+# H200's image has no Debian development packages and no network).
+#
 # --dry-run needs no GPU (CI runs it so that this script cannot rot): it prints the plan with the
 # resolved paths and architecture and runs only the cheap consistency checks (step 2), failing
 # when one of them does. See --help for the flags.
@@ -78,6 +81,9 @@ Options:
   --budget S         total time budget in seconds (default: 480)
   --jobs N           build parallelism (default: nproc)
   --no-install       do not run scripts/install-deps.sh when packages are missing
+  --prebuilt DIR     build nothing: run the binaries of a bundle made by scripts/gpu-bundle.sh
+                     (for a GPU machine without the Debian development packages, like the
+                     lent H200 image); the kvserve generate step is left out (not bundled)
   --no-sanitizers    leave out the compute-sanitizer runs
   -h, --help         this text
 
@@ -95,6 +101,7 @@ join_notes() { local out='' n; for n in "$@"; do [ -n "$n" ] && out+="${out:+; }
 need_value() { [ "$#" -ge 2 ] || { echo "gpu-check: $1 needs a value (see --help)" >&2; exit 2; }; }
 
 DRY_RUN=0 ARCH='' BUILD='' SHARED_ARG='' REPORT_DIR='' BUDGET=480 JOBS='' INSTALL=1 SANITIZE=1
+PREBUILT=''  # a folder made by scripts/gpu-bundle.sh: nothing is built here
 while [ "$#" -gt 0 ]; do
   case $1 in
     --dry-run) DRY_RUN=1 ;;
@@ -111,6 +118,8 @@ while [ "$#" -gt 0 ]; do
     --jobs) need_value "$@"; JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#*=} ;;
     --no-install) INSTALL=0 ;;
+    --prebuilt) need_value "$@"; PREBUILT=$(abs_path "$2"); shift ;;
+    --prebuilt=*) PREBUILT=$(abs_path "${1#*=}") ;;
     --no-sanitizers) SANITIZE=0 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "gpu-check: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -126,6 +135,10 @@ done
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd -P)
 BUILD=${BUILD:-$ROOT/build-gpu}
+# A bundle's binaries sit in its bin/ (libkvserve_cuda.so beside them); its tests read the models
+# from BUNDLE_SHARED, which points at the bundle's shared/ (see step_bundle).
+BUNDLE_SHARED=/tmp/kvserve-gpu-bundle/shared
+if [ -n "$PREBUILT" ]; then BUILD=$PREBUILT/bin SHARED_ARG=${SHARED_ARG:-$PREBUILT/shared}; fi
 REPORT_DIR=${REPORT_DIR:-$ROOT/report}
 REPORT=$REPORT_DIR/gpu-report.md
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 8)}
@@ -523,6 +536,21 @@ step_consistency() {
 step_deps() {
   local t0=$SECONDS p lim missing_req=() missing_opt=() tools_missing=() cm notes=() st=PASS
   say "== [3/8] dependencies"
+  if [ -n "$PREBUILT" ]; then
+    local need have
+    need=$(sed -n 's/^needs glibc >= //p' "$PREBUILT/MANIFEST" 2>/dev/null)
+    have=$(ldd --version 2>/dev/null | head -n 1 | grep -oE '[0-9]+\.[0-9]+$')
+    say "  prebuilt bundle $PREBUILT: nothing to build; glibc ${have:-?} here, ${need:-?} needed"
+    dry && return
+    if [ -z "$need" ] || [ -z "$have" ]; then
+      record "dependencies" WARN $((SECONDS - t0)) "prebuilt: glibc version unknown (need ${need:-?}, have ${have:-?})"
+    elif [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1)" = "$need" ]; then
+      record "dependencies" PASS $((SECONDS - t0)) "prebuilt bundle; glibc $have >= $need"
+    else
+      record "dependencies" FAIL $((SECONDS - t0)) "prebuilt bundle needs glibc $need, this machine has $have"
+    fi
+    return
+  fi
   if ! command -v dpkg-query > /dev/null; then
     say "  dpkg-query not found: not a Debian system, package check left out (configure will tell)"
     notes+=("no dpkg: packages not checked")
@@ -581,8 +609,58 @@ step_deps() {
   record "dependencies" "$st" $((SECONDS - t0)) "$(join_notes "${notes[@]}")"
 }
 
+# The CUDA libraries a bundle's binaries load (the GPU machine's own): the folders holding them,
+# from the loader's cache, the toolkit beside nvcc, /usr/local/cuda*, and pip's nvidia packages.
+cuda_lib_dirs() {
+  local lib f d dirs=()
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    f=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
+    if [ -z "$f" ]; then
+      # shellcheck disable=SC2046  # one folder per word, on purpose
+      f=$(find "$(dirname "${NVCC_DIR:-/nonexistent}")" /usr/local/cuda* /usr/lib/x86_64-linux-gnu \
+            $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+            -name "$lib" -print -quit 2>/dev/null)
+    fi
+    [ -n "$f" ] || { echo "gpu-check: $lib not found on this machine" >&2; continue; }
+    d=$(dirname "$f")
+    case " ${dirs[*]} " in *" $d "*) ;; *) dirs+=("$d") ;; esac
+  done
+  (IFS=:; echo "${dirs[*]}")
+}
+
+# A bundle instead of a build: link its models where its tests look, put its libraries and the
+# machine's CUDA libraries on the loader's path, and check it was built for this GPU.
+step_bundle() {
+  local t0=$SECONDS arch cuda notes=() st=PASS t
+  say "== [4/8] prebuilt bundle ($PREBUILT)"
+  if dry; then
+    say "  ln -sfn $PREBUILT/shared $BUNDLE_SHARED; LD_LIBRARY_PATH=$PREBUILT/lib:<CUDA library folders>"
+    return
+  fi
+  if [ ! -f "$PREBUILT/MANIFEST" ]; then
+    record bundle FAIL 0 "$PREBUILT has no MANIFEST (make it with scripts/gpu-bundle.sh)"
+    finish
+  fi
+  sed 's/^/  /' "$PREBUILT/MANIFEST" | tee -a "$LOG_FILE"
+  mkdir -p "$(dirname "$BUNDLE_SHARED")" && ln -sfn "$PREBUILT/shared" "$BUNDLE_SHARED"
+  cuda=$(cuda_lib_dirs)
+  export LD_LIBRARY_PATH="$PREBUILT/lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "  LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  arch=$(sed -n 's/^arch sm_//p' "$PREBUILT/MANIFEST")
+  case ";$ARCH;" in *";$arch;"*) ;; *) st=FAIL; notes+=("built for sm_$arch, this GPU is sm_$ARCH") ;; esac
+  for t in "${GPU_TESTS[@]}"; do
+    if [ ! -x "$BUILD/$t" ]; then st=FAIL; notes+=("$t missing"); continue; fi
+    if ldd "$BUILD/$t" | grep -q 'not found'; then
+      st=FAIL; notes+=("$t: $(ldd "$BUILD/$t" | grep 'not found' | awk '{print $1}' | tr '\n' ' ')not found")
+    fi
+  done
+  BUILT=" ${GPU_TESTS[*]} "
+  record bundle "$st" $((SECONDS - t0)) "$(join_notes "sm_$arch" "${notes[@]}")"
+}
+
 step_build() {
   local t0=$SECONDS lim t present=() absent=() cfg
+  if [ -n "$PREBUILT" ]; then step_bundle; return; fi
   say "== [4/8] configure + build ($BUILD, sm ${ARCH:-?}, -j $JOBS)"
   cfg=(cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSERVE_ENABLE_CUDA=ON
        -DKVSERVE_BUILD_TESTS=ON -DKVSERVE_BUILD_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
@@ -638,6 +716,33 @@ step_build() {
 }
 BUILT=''
 
+# A bundle has no ctest files (their paths are the building machine's): run each test binary and
+# write a log that reads like `ctest -V` ("N: <line>", then "N/M Test #N: name ... Passed"), so
+# that the checks below apply unchanged.
+run_bundle_tests() {
+  local lim=$1 log=$2 i=0 n=${#GPU_TESTS[@]} t t0 out res worst=0 start=$SECONDS left
+  : > "$log"
+  for t in "${GPU_TESTS[@]}"; do
+    i=$((i + 1)) t0=$SECONDS out=$WORK/test-$t.log
+    left=$((start + lim - SECONDS))
+    if [ "$left" -le 0 ]; then
+      printf '%d/%d Test #%d: %s ....***Not Run 0.00 sec\n' "$i" "$n" "$i" "$t" >> "$log"
+      worst=1
+      continue
+    fi
+    KVSERVE_REQUIRE_GPU=1 KVSERVE_TEST_DEVICE=${KVSERVE_TEST_DEVICE:-cuda} \
+      timeout -k 10 "$left" "$BUILD/$t" < /dev/null > "$out" 2>&1
+    RC=$?
+    sed "s/^/$i: /" "$out" >> "$log"
+    if [ "$RC" -eq 0 ]; then res=Passed; elif [ "$RC" -eq 124 ]; then res="***Timeout"; else res="***Failed"; fi
+    [ "$RC" -eq 0 ] || worst=$RC
+    printf '%d/%d Test #%d: %s ....   %s %d.00 sec\n' "$i" "$n" "$i" "$t" "$res" $((SECONDS - t0)) >> "$log"
+  done
+  if [ "$worst" -eq 0 ]; then echo "100% tests passed" >> "$log"; else echo "some tests failed" >> "$log"; fi
+  cat "$log" >> "$LOG_FILE"
+  RC=$worst DUR=$((SECONDS - start))
+}
+
 # allowed_skips NUM LOG: how many of test NUM's skips are the two a GPU machine may show
 # (tests/kernels/cuda/cuda_test_util.h): "needs N CUDA devices, M present" with N more than this
 # machine's GPUs, and "runs on the CUDA simulator only". Any other skip fails the run.
@@ -667,7 +772,11 @@ step_ctest() {
   fi
   lim=$(limit_for "$T_CTEST" 60)
   if [ "$lim" -eq 0 ]; then record "ctest -L gpu" FAIL 0 "no time left in the budget"; return; fi
-  run_timed "$lim" "$log" "${cmd[@]}"
+  if [ -n "$PREBUILT" ]; then
+    run_bundle_tests "$lim" "$log"
+  else
+    run_timed "$lim" "$log" "${cmd[@]}"
+  fi
   grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log" | sed 's/^/  /' | tee -a "$LOG_FILE"
   for t in "${GPU_TESTS[@]}"; do
     line=$(grep -E "Test +#[0-9]+: $t( |$)" "$log" | tail -n 1)
@@ -713,6 +822,12 @@ step_e2e() {
   local model=$SHARED/$E2E_MODEL bin lim i label ids n d first_bad ref='' all_same=1 args
   local -a variants=("--device cpu" "--device cuda" "--device cuda --enforce-eager") outs=()
   say "== [6/8] end to end: kvserve generate, cpu vs cuda (graphs) vs cuda --enforce-eager"
+  if [ -n "$PREBUILT" ]; then
+    # kvserve and its gRPC libraries would not fit the carry limit beside the tests.
+    say "  prebuilt bundle: no kvserve binary; cuda_engine_test ran the engine end to end"
+    dry || record "end to end (kvserve generate)" SKIP 0 "not in the bundle; cuda_engine_test covers it"
+    return
+  fi
   args=(generate --model "$model" --prompt "$E2E_PROMPT" --temperature 0 --max-tokens "$E2E_TOKENS"
         --ignore-eos --json --keep-f32-weights)
   if dry; then
