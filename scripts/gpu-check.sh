@@ -765,7 +765,11 @@ step_ctest() {
        --output-junit "$REPORT_DIR/ctest-gpu.xml")
   if dry; then
     say "  (timeout ${T_CTEST}s) with KVSERVE_REQUIRE_GPU=1 KVSERVE_TEST_DEVICE=cuda KVSERVE_SHARED_DIR=$SHARED"
-    show_cmd "${cmd[@]}"
+    if [ -n "$PREBUILT" ]; then
+      say "  prebuilt: each of $BUILD/{${GPU_TESTS[*]}} in turn (no ctest files in a bundle)"
+    else
+      show_cmd "${cmd[@]}"
+    fi
     say "  each of ${GPU_TESTS[*]} must show Passed; any [  SKIPPED ], ***Skipped or ***Not Run fails,"
     say "  except 'needs N CUDA devices' (N > this machine's GPUs) and 'runs on the CUDA simulator only'"
     return
