@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -410,6 +412,7 @@ TEST(CudaSim, NcclCollectivesAreAsynchronousAndAbortReleasesTheirStreams) {
   ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);
   ncclResult_t posted = ncclInternalError, after_abort = ncclSuccess;
   cudaError_t synced = cudaErrorUnknown;
+  std::atomic<bool> was_posted{false};
   std::thread rank0([&] {
     cudaSetDevice(0);
     cudaStream_t s = nullptr;
@@ -417,12 +420,14 @@ TEST(CudaSim, NcclCollectivesAreAsynchronousAndAbortReleasesTheirStreams) {
     float* d = DeviceAlloc<float>(4);
     // Rank 1 never comes: the call returns (NCCL calls are asynchronous); the stream waits.
     posted = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comms[0], s);
-    synced = cudaStreamSynchronize(s);  // released by the abort below
+    was_posted = true;
+    synced = cudaStreamSynchronize(s);  // released by the abort below (or already released)
     after_abort = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comms[0], s);
     cudaFree(d);
     cudaStreamDestroy(s);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!was_posted) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // most often rank 0 now waits
   ASSERT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
   rank0.join();
   EXPECT_EQ(posted, ncclSuccess);
