@@ -5,6 +5,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/kv_dtype.h"
+#include "worker/planner/byte_size.h"
 
 namespace kvserve::cli {
 
@@ -14,9 +15,18 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
   app->add_option("--num-kv-blocks", e.num_kv_blocks,
                   "KV pool size in blocks; 0 sizes it from --kv-cache-memory")
       ->capture_default_str();
-  app->add_option("--kv-cache-memory", e.kv_cache_memory,
-                  "KV pool bytes; 0: room for --max-num-seqs full-length sequences, at most 4 GiB")
-      ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--kv-cache-memory",
+         [options](const std::string& text) {
+           absl::StatusOr<int64_t> bytes = ParseByteSize(text);
+           if (!bytes.ok()) {
+             throw CLI::ValidationError("--kv-cache-memory", std::string(bytes.status().message()));
+           }
+           options->kv_cache_memory = *bytes;
+         },
+         "KV pool size: bytes or with a unit (2GiB, 512MB); 0: room for --max-num-seqs "
+         "full-length sequences, at most 4 GiB")
+      ->default_str(std::to_string(e.kv_cache_memory));
   app->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "With --num-kv-blocks and --kv-cache-memory 0: give the KV pool this fraction "
                   "of the device's memory minus weights and activations (0 disables)")

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,8 +33,9 @@ std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-RunResult Kvserve(const std::string& args) {
-  const std::string cmd = std::string(KVSERVE_BINARY) + " " + args + " 2>&1";
+// `env`: assignments put before the command (shell syntax).
+RunResult Kvserve(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(KVSERVE_BINARY) + " " + args + " 2>&1";
   RunResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -82,6 +84,33 @@ TEST(CliTest, TensorParallelGenerateMatchesReference) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].get<std::vector<TokenId>>(),
             golden.cases[0].generated_ids);
+}
+
+// The CUDA backend's sources, on the CUDA simulator, through the whole CLI: the golden tokens
+// (with f32 weights kept as f32, as on the CPU).
+TEST(CliTest, CudaSimGenerateMatchesReference) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  RunResult r = Kvserve(std::string("generate --model ") + testing_golden::kStoriesGguf +
+                            " --prompt 'Once upon a time' --max-tokens 64 --temperature 0 --json "
+                            "--device cuda-sim --keep-f32-weights",
+                        // Under ASan: no fake stack per simulated thread (see tests/kernels/cuda).
+                        "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_stack_use_after_return=0\"");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<TokenId> want(golden.cases[0].generated_ids.begin(),
+                                  golden.cases[0].generated_ids.begin() + 64);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].get<std::vector<TokenId>>(), want);
+}
+
+// Size flags take units; a bad one is a one-line error quoting it.
+TEST(CliTest, KvCacheMemoryTakesUnits) {
+  const std::string base = std::string("generate --model ") + testing_golden::kStoriesGguf +
+                           " --prompt 'Once upon a time' --max-tokens 4 --temperature 0 --json";
+  RunResult ok = Kvserve(base + " --kv-cache-memory 2MiB");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["token_ids"].size(), 4u);
+  RunResult bad = Kvserve(base + " --kv-cache-memory '2 parsecs'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("2 parsecs"), std::string::npos) << bad.out;
 }
 
 TEST(CliTest, SeededSamplingIsReproducible) {
