@@ -1,5 +1,8 @@
 #include "worker/kv/kv_cache.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -52,11 +55,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
         buffers->push_back(std::move(b));
         continue;
       }
-      b.host_data.reset(new (std::nothrow) uint8_t[data_bytes]());
-      if (scaled) b.host_scales.reset(new (std::nothrow) float[rows]());
-      b.data = b.host_data.get();
-      b.scales = b.host_scales.get();
-      if (b.data == nullptr || (scaled && b.scales == nullptr)) {
+      const bool mapped = b.host_data.Map(static_cast<size_t>(data_bytes)) &&
+                          (!scaled || b.host_scales.Map(static_cast<size_t>(rows) * sizeof(float)));
+      b.data = static_cast<uint8_t*>(b.host_data.get());
+      b.scales = static_cast<float*>(b.host_scales.get());
+      if (!mapped) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cannot allocate ", num_blocks, " KV blocks (",
                          data_bytes + (scaled ? rows * 4 : 0), " bytes per buffer, ",
@@ -66,6 +69,34 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
     }
   }
   return cache;
+}
+
+KvCache::HostMapping::HostMapping(HostMapping&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+KvCache::HostMapping& KvCache::HostMapping::operator=(HostMapping&& other) noexcept {
+  if (this != &other) {
+    if (ptr_ != nullptr) munmap(ptr_, bytes_);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+KvCache::HostMapping::~HostMapping() {
+  if (ptr_ != nullptr) munmap(ptr_, bytes_);
+}
+
+bool KvCache::HostMapping::Map(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  // Anonymous private pages read as zero and are backed by RAM only once written.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) return false;
+  if (ptr_ != nullptr) munmap(ptr_, bytes_);
+  ptr_ = p;
+  bytes_ = bytes;
+  return true;
 }
 
 void KvCache::CopyBlock(int64_t src, int64_t dst) {

@@ -26,7 +26,8 @@ namespace kvserve {
 /// Slot `s` of the cache is block s / block_size, offset s % block_size. Which blocks a sequence
 /// owns is decided elsewhere (the block pool); this class only holds bytes.
 ///
-/// Memory: host memory by default; with a device backend (Create's `backend`) every buffer is
+/// Memory: host memory by default, mapped without being touched, so RAM follows the blocks in
+/// use and not the pool's size; with a device backend (Create's `backend`) every buffer is
 /// device memory from that backend, zeroed with its Memset, and CopyBlock copies on the device.
 class KvCache {
  public:
@@ -68,12 +69,29 @@ class KvCache {
   static int64_t BytesPerToken(const ModelConfig& config, KvCacheDType dtype = KvCacheDType::kF32);
 
  private:
+  /// Zeroed host memory mapped without being touched: pages are committed as blocks are first
+  /// written, so a large pool costs address space, not RAM, until it is used.
+  class HostMapping {
+   public:
+    HostMapping() = default;
+    HostMapping(HostMapping&& other) noexcept;
+    HostMapping& operator=(HostMapping&& other) noexcept;
+    ~HostMapping();
+    /// Maps `bytes` zero bytes; false when the address space is not there.
+    bool Map(size_t bytes);
+    void* get() const { return ptr_; }
+
+   private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+  };
+
   struct Buffer {
     uint8_t* data = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim] elements
     float* scales = nullptr;  // [num_blocks][num_kv_heads][block_size]; int8 / fp8 only
-    // Owners: host arrays, or device memory of backend_.
-    std::unique_ptr<uint8_t[]> host_data;
-    std::unique_ptr<float[]> host_scales;
+    // Owners: host mappings, or device memory of backend_.
+    HostMapping host_data;
+    HostMapping host_scales;
     DeviceBuffer device_data;
     DeviceBuffer device_scales;
   };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -71,6 +72,35 @@ TEST(KvCacheTest, CreatesZeroedStorageOfEachDType) {
       EXPECT_NE(kv.k(l).data, kv.v(l).data);
     }
   }
+}
+
+// Resident memory of this process, from /proc/self/statm.
+int64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages_total = 0, pages_resident = 0;
+  const int got = f != nullptr ? std::fscanf(f, "%ld %ld", &pages_total, &pages_resident) : 0;
+  if (f != nullptr) std::fclose(f);
+  return got == 2 ? static_cast<int64_t>(pages_resident) * 4096 : -1;
+}
+
+// A host pool costs RAM only for the blocks written: a 768 MiB pool adds next to nothing to the
+// resident set until blocks are used, then about what they hold.
+TEST(KvCacheTest, AHostPoolCostsMemoryOnlyForTheBlocksWritten) {
+  const ModelConfig config = SmallConfig();  // 3 layers x K,V x 2 kv heads x d 8, f32
+  const int64_t block = 16;
+  const int64_t block_bytes = config.num_kv_heads * block * config.head_dim * 4;  // 1 KiB
+  const int64_t blocks = (int64_t{128} << 20) / block_bytes;  // 128 MiB per buffer, 768 MiB in all
+  const int64_t before = ResidentBytes();
+  ASSERT_GT(before, 0);
+  std::unique_ptr<KvCache> cache = *KvCache::Create(config, blocks, block);
+  const int64_t created = ResidentBytes();
+  EXPECT_LT(created - before, int64_t{16} << 20) << "creating the pool touched it";
+  // Write 8 MiB of one buffer: the resident set grows by about that much.
+  std::memset(cache->k(0).data, 1, size_t{8} << 20);
+  const int64_t written = ResidentBytes();
+  EXPECT_GE(written - created, int64_t{7} << 20);
+  EXPECT_LT(written - created, int64_t{24} << 20);
+  EXPECT_EQ(static_cast<const uint8_t*>(cache->k(1).data)[12345], 0);  // untouched: zero
 }
 
 TEST(KvCacheTest, RejectsBadSizes) {
