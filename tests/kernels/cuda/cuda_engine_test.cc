@@ -23,15 +23,8 @@ using testing_engine::Collected;
 using testing_engine::Drain;
 using testing_engine::Greedy;
 
-class CudaEngineTest : public ::testing::Test {
+class CudaEngineTest : public testing_engine::StoriesModelTest {
  protected:
-  static void SetUpTestSuite() {
-    model_ = new LoadedModel(*LoadModel(testing_golden::kStoriesGguf));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
 
   static EngineOptions Options() {
     EngineOptions o;
@@ -80,10 +73,7 @@ class CudaEngineTest : public ::testing::Test {
   }
 
   static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
-
-  static LoadedModel* model_;
 };
-LoadedModel* CudaEngineTest::model_ = nullptr;
 
 TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
   const auto golden = testing_golden::LoadStoriesGolden();

@@ -22,15 +22,8 @@ namespace {
 using testing_engine::Collected;
 using testing_engine::Drain;
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing_engine::StoriesModelTest {
  protected:
-  static void SetUpTestSuite() {
-    model_ = new LoadedModel(*LoadModel(testing_golden::kStoriesGguf));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
 
   static EngineOptions Options() {
     EngineOptions o;
@@ -67,10 +60,7 @@ class EngineTest : public ::testing::Test {
   }
 
   static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
-
-  static LoadedModel* model_;
 };
-LoadedModel* EngineTest::model_ = nullptr;
 
 TEST_F(EngineTest, GoldenPromptsAlone) {
   std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/worker/model/golden.h"
 #include "worker/engine/engine.h"
 
 namespace kvserve::testing_engine {
@@ -71,6 +72,19 @@ inline std::vector<EngineRequest> MixedWorkload(int max_extra_tokens = 40) {
   }
   return requests;
 }
+
+/// A test fixture holding stories260K (GGUF), loaded once per test suite.
+class StoriesModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new LoadedModel(*LoadModel(testing_golden::kStoriesGguf));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static inline LoadedModel* model_ = nullptr;
+};
 
 /// Every block back in the pool, and no invariant broken on the way.
 inline void ExpectPoolFree(const Engine& engine) {
