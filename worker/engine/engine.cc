@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -63,6 +64,23 @@ double SecondsBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+/// MemAvailable of /proc/meminfo in bytes, 0 when unknown.
+int64_t AvailableMemoryBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) {
+      kib = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
 int64_t SystemMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
@@ -71,8 +89,14 @@ int64_t SystemMemoryBytes() {
 
 }  // namespace
 
+int64_t DefaultKvBudget(int64_t full_bytes, int64_t available_bytes, bool host_pool) {
+  int64_t budget = std::min<int64_t>(full_bytes, int64_t{4} << 30);
+  if (host_pool && available_bytes > 0) budget = std::min(budget, available_bytes / 2);
+  return budget;
+}
+
 absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
-                                           const EngineOptions& options) {
+                                           const EngineOptions& options, bool host_pool) {
   if (options.num_kv_blocks > 0) return options.num_kv_blocks;
   const ModelConfig& config = weights.config;
   const ModelSpec spec = SpecOf(weights);
@@ -98,7 +122,7 @@ absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
     const int64_t full =
         int64_t{options.scheduler.max_num_seqs} * config.max_position_embeddings * *per_token *
         options.tensor_parallel_size;
-    budget = std::min<int64_t>(full, int64_t{4} << 30);
+    budget = DefaultKvBudget(full, AvailableMemoryBytes(), host_pool);
   }
   absl::StatusOr<int64_t> blocks =
       KvBlocksForBudget(spec, options.kv_cache_dtype, options.tensor_parallel_size,
@@ -158,6 +182,7 @@ absl::Status Engine::CreateModel() {
     if (!memory.ok()) return memory.status();
     sizing.device_memory = memory->first;
   }
+  const bool host_pool = backend_ == nullptr;  // the KV pool lives in host memory
   if (backend_ == nullptr || options_.tensor_parallel_size > 1) {
     TensorParallelOptions tp_options;
     tp_options.tp_size = options_.tensor_parallel_size;
@@ -195,7 +220,7 @@ absl::Status Engine::CreateModel() {
         TensorParallelModel::Create(&weights, tp_options);
     if (!llama.ok()) return llama.status();
     llama_ = std::move(*llama);
-    absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
+    absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing, host_pool);
     if (!num_blocks.ok()) return num_blocks.status();
     absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
         llama_->CreateKvCache(*num_blocks, options_.block_size, options_.kv_cache_dtype);
@@ -205,7 +230,7 @@ absl::Status Engine::CreateModel() {
     return absl::OkStatus();
   }
   device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
-  absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing);
+  absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing, /*host_pool=*/false);
   if (!num_blocks.ok()) return num_blocks.status();
   absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
       LlamaModel::Create(&weights, nullptr, nullptr, backend_.get());

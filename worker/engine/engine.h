@@ -42,7 +42,8 @@ struct EngineOptions {
   /// When num_kv_blocks and kv_cache_memory are 0 and this is > 0: the pool gets this fraction
   /// of the device's memory minus the weights and the activation peak, computed by the capacity
   /// planner (on the CPU the device is the machine's RAM). When all three are 0: room for
-  /// max_num_seqs full-length sequences, capped at 4 GiB.
+  /// max_num_seqs full-length sequences, capped at 4 GiB and, for a pool in host memory, at half
+  /// of the memory the machine has available (DefaultKvBudget).
   double gpu_memory_utilization = 0.0;
   /// Device memory for gpu_memory_utilization; 0 reads it from the system.
   int64_t device_memory = 0;
@@ -104,6 +105,11 @@ struct EngineStats {
   std::string first_violation;
 };
 
+/// The default KV budget when no size is given: room for every sequence at full length
+/// (`full_bytes`), at most 4 GiB, and for a pool in host memory at most half of
+/// `available_bytes` (the machine's available memory; 0: unknown, no such cap).
+int64_t DefaultKvBudget(int64_t full_bytes, int64_t available_bytes, bool host_pool);
+
 /// The worker's engine: one loop thread owns the scheduler, the KV pool and the model, and runs
 /// steps while there is work; any thread submits, reads its request's stream, and aborts.
 class Engine {
@@ -150,8 +156,10 @@ class Engine {
   /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
   absl::Status CreateModel();
   /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
+  /// `host_pool`: the pool lives in host memory (the CPU path), so the default is also capped
+  /// by the memory available.
   static absl::StatusOr<int64_t> PoolBlocks(const ModelWeights& weights,
-                                            const EngineOptions& options);
+                                            const EngineOptions& options, bool host_pool);
   void Loop();
   /// Moves submitted and aborted requests from the inbox into the scheduler.
   void DrainInbox();

@@ -62,6 +62,15 @@ class EngineTest : public testing_engine::StoriesModelTest {
   static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
 };
 
+TEST(EngineDefaultsTest, DefaultKvBudgetIsCappedByAvailableHostMemory) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(DefaultKvBudget(10 * kGiB, 64 * kGiB, true), 4 * kGiB);
+  EXPECT_EQ(DefaultKvBudget(10 * kGiB, 2 * kGiB, true), 1 * kGiB);
+  EXPECT_EQ(DefaultKvBudget(100 << 20, 64 * kGiB, true), 100 << 20);
+  EXPECT_EQ(DefaultKvBudget(10 * kGiB, 0, true), 4 * kGiB);        // available unknown
+  EXPECT_EQ(DefaultKvBudget(10 * kGiB, 2 * kGiB, false), 4 * kGiB);  // a device pool
+}
+
 TEST_F(EngineTest, GoldenPromptsAlone) {
   std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
   const auto golden = testing_golden::LoadStoriesGolden();
