@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "worker/planner/byte_size.h"
 
 struct CUstream_st {
   int device = 0;
@@ -51,17 +52,17 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 constexpr int kMaxThreadsPerBlock = 1024;
 
+/// A size from the environment ("2GiB", "512MiB", plain bytes), or `fallback`.
 size_t EnvBytes(const char* name, size_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  std::string unit = end != nullptr ? end : "";
-  double mult = 1;
-  if (unit == "K" || unit == "KiB") mult = 1024.0;
-  if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  return x > 0 ? static_cast<size_t>(x * mult) : fallback;
+  absl::StatusOr<int64_t> bytes = kvserve::ParseByteSize(v);
+  if (!bytes.ok() || *bytes <= 0) {
+    std::fprintf(stderr, "kvsim: %s: %s; using %zu bytes\n", name,
+                 std::string(bytes.status().message()).c_str(), fallback);
+    return fallback;
+  }
+  return static_cast<size_t>(*bytes);
 }
 
 struct Device {

@@ -11,17 +11,9 @@ struct __nv_bfloat16 {
   uint16_t __x;
 };
 
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t x = kvsim::FloatBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u)
-    return __nv_bfloat16{static_cast<uint16_t>((x >> 16) | 0x40u)};
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return __nv_bfloat16{static_cast<uint16_t>(x >> 16)};
-}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{kvserve::FloatToBF16(f)}; }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
-inline float __bfloat162float(__nv_bfloat16 b) {
-  return kvsim::BitsFloat(static_cast<uint32_t>(b.__x) << 16);
-}
+inline float __bfloat162float(__nv_bfloat16 b) { return kvserve::BF16ToFloat(b.__x); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
 
