@@ -390,6 +390,9 @@ void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t
     case DType::kQ4_0:
       Columns<Q4W>(args, plan, n_begin, n_end);
       break;
+    default:  // formats without a kernel on this path yet
+      MatmulColumnsScalar(args, plan, n_begin, n_end);
+      break;
   }
 }
 
