@@ -125,8 +125,9 @@ BENCHMARK(BM_MatmulRowLength)
 void BM_MatmulInCache(benchmark::State& state) { BM_Matmul(state); }
 BENCHMARK(BM_MatmulInCache)
     ->ArgNames({"dtype", "m", "n", "k"})
-    ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16)},
-                   {32, 128},
+    ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16),
+                    static_cast<int>(DType::kQ8_0), static_cast<int>(DType::kQ4_0)},
+                   {1, 32, 128},
                    {256},
                    {1024}})
     ->UseRealTime()

@@ -88,6 +88,38 @@ bool CpuSupportsIsa(CpuIsa isa) {
 #endif
 }
 
+namespace {
+
+bool CpuHasAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool vnni = CpuSupportsIsa(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512vnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
+constexpr int kVnniDefault = -1;
+std::atomic<int> g_vnni_override{kVnniDefault};
+
+}  // namespace
+
+bool CpuAvx512VnniEnabled() {
+  if (!CpuHasAvx512Vnni()) return false;
+  const int forced = g_vnni_override.load(std::memory_order_relaxed);
+  if (forced != kVnniDefault) return forced != 0;
+  static const bool from_env = [] {
+    const char* env = std::getenv("KVSERVE_CPU_VNNI");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return from_env;
+}
+
+void SetAvx512VnniOverride(std::optional<bool> enabled) {
+  g_vnni_override.store(enabled.has_value() ? static_cast<int>(*enabled) : kVnniDefault,
+                        std::memory_order_relaxed);
+}
+
 CpuIsa BestSupportedIsa() { return ClampToSupported(CpuIsa::kAvx512); }
 
 CpuIsa ActiveCpuIsa() {

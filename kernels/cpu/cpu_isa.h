@@ -32,6 +32,15 @@ CpuIsa ActiveCpuIsa();
 /// running kernels.
 void SetCpuIsaOverride(std::optional<CpuIsa> isa);
 
+/// Whether the avx512 path's int8 kernels use AVX-512 VNNI (vpdpbusd): the CPU has it (with
+/// AVX-512 VL) and neither KVSERVE_CPU_VNNI=0 nor SetAvx512VnniOverride(false) turned it off. The
+/// VNNI and non-VNNI kernels give identical bits; the switch exists to test and measure both.
+bool CpuAvx512VnniEnabled();
+
+/// Forces VNNI off (false) or back on where supported (true); nullopt restores the default.
+/// Meant for tests, like SetCpuIsaOverride.
+void SetAvx512VnniOverride(std::optional<bool> enabled);
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_CPU_ISA_H_

@@ -1,6 +1,8 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul_impl.h"
@@ -20,9 +22,12 @@ constexpr int64_t kColumnGrain = 8;
 
 int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-internal::MatmulColumnsFn SelectPath(CpuIsa isa) {
+internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype) {
   switch (isa) {
     case CpuIsa::kAvx512:
+      if (internal::UsesInt8Activations(w_dtype) && CpuAvx512VnniEnabled()) {
+        return &internal::MatmulColumnsAvx512Vnni;
+      }
       return &internal::MatmulColumnsAvx512;
     case CpuIsa::kAvx2:
       return &internal::MatmulColumnsAvx2;
@@ -32,7 +37,40 @@ internal::MatmulColumnsFn SelectPath(CpuIsa isa) {
   return &internal::MatmulColumnsScalar;
 }
 
+// Per-thread buffers for the int8 activations (grown on demand, kept between calls).
+struct ActivationBuffers {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> sums;
+};
+
 }  // namespace
+
+namespace internal {
+
+void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums) {
+  // Adding and subtracting 1.5 * 2^23 rounds |v| <= 127.5 to the nearest integer, ties to even,
+  // in plain IEEE arithmetic (no dependence on the rounding-mode of lrint or its speed).
+  constexpr float kRound = 12582912.0f;
+  for (int64_t b = 0; b < k / kActBlock; ++b) {
+    const float* xb = x + b * kActBlock;
+    float amax = 0.0f;
+    for (int j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < kActBlock; ++j) {
+      const float v = (xb[j] * inv + kRound) - kRound;
+      const auto qv = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      q[b * kActBlock + j] = qv;
+      sum += qv;
+    }
+    d[b] = scale;
+    sums[b] = sum;
+  }
+}
+
+}  // namespace internal
 
 void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   if (args.m <= 0 || args.n <= 0) return;
@@ -40,7 +78,24 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
   const int64_t row_block = (int64_t{256} << 10) / (args.k * 4 + 64);
   plan.row_block = std::max<int64_t>(4, row_block & ~int64_t{3});
-  const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa());
+  const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);
+  if (internal::UsesInt8Activations(args.w_dtype)) {
+    thread_local ActivationBuffers act;
+    const int64_t blocks = args.k / internal::kActBlock;
+    plan.xq_stride = RoundUp(args.k, 64);
+    plan.xd_stride = blocks;
+    act.q.resize(static_cast<size_t>(args.m * plan.xq_stride));
+    act.d.resize(static_cast<size_t>(args.m * blocks));
+    act.sums.resize(static_cast<size_t>(args.m * blocks));
+    for (int64_t i = 0; i < args.m; ++i) {
+      internal::QuantizeActivationRow(args.x + i * args.x_stride, args.k,
+                                      act.q.data() + i * plan.xq_stride, act.d.data() + i * blocks,
+                                      act.sums.data() + i * blocks);
+    }
+    plan.xq = act.q.data();
+    plan.xd = act.d.data();
+    plan.xs = act.sums.data();
+  }
 
   const int64_t macs_per_column = std::max<int64_t>(1, args.m * args.k);
   const int64_t min_chunk =

@@ -18,6 +18,9 @@ constexpr int kMaxRows = 4;  // x rows per register tile
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
+// Decode tiles stride over rows that share a 4 KiB page (see Columns), at most this many apart.
+constexpr int64_t kPageBytes = 4096;
+constexpr int64_t kMaxPageStep = 4;
 
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
 struct F32W {
@@ -45,43 +48,7 @@ struct BF16W {
   }
 };
 
-__m256 BlockScale(const uint8_t* block) {
-  uint16_t d;
-  std::memcpy(&d, block, sizeof(d));
-  return _mm256_set1_ps(_cvtsh_ss(d));
-}
-
-struct Q8W {  // 34-byte blocks: fp16 d, 32 x int8
-  static constexpr int kStep = 32, kVecs = 4, kElemBytes = 1;
-  static constexpr bool kBlocked = true;
-  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
-    const uint8_t* block = row + kk / 32 * 34;
-    const __m256 d = BlockScale(block);
-    for (int v = 0; v < 4; ++v) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * v));
-      out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-    }
-  }
-};
-
-struct Q4W {  // 18-byte blocks: fp16 d, 16 bytes; element j low nibble of byte j, j+16 high
-  static constexpr int kStep = 32, kVecs = 4, kElemBytes = 1;
-  static constexpr bool kBlocked = true;
-  static void Load(const uint8_t* row, int64_t kk, __m256* out) {
-    const uint8_t* block = row + kk / 32 * 18;
-    const __m256 d = BlockScale(block);
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
-    const __m256i b0 = _mm256_cvtepu8_epi32(bytes);                     // bytes 0..7
-    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));  // bytes 8..15
-    const __m256i mask = _mm256_set1_epi32(15);
-    const __m256i eight = _mm256_set1_epi32(8);
-    const __m256i q[4] = {_mm256_and_si256(b0, mask), _mm256_and_si256(b1, mask),
-                          _mm256_srli_epi32(b0, 4), _mm256_srli_epi32(b1, 4)};
-    for (int v = 0; v < 4; ++v) {
-      out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[v], eight)), d);
-    }
-  }
-};
+#include "kernels/cpu/matmul_int8.inc"
 
 // Fixed-order horizontal sum.
 float HorizontalSum(__m256 v) {
@@ -93,12 +60,13 @@ float HorizontalSum(__m256 v) {
 
 // One R x C register tile: rows row0.., weight rows col0...
 template <class W, int R, int C>
-void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0) {
+void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0,
+          int64_t col_step = 1) {
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride;
   const uint8_t* w[C];
   for (int c = 0; c < C; ++c) {
-    w[c] = static_cast<const uint8_t*>(a.w) + (col0 + c) * plan.w_row_bytes;
+    w[c] = static_cast<const uint8_t*>(a.w) + (col0 + c * col_step) * plan.w_row_bytes;
   }
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r) {
@@ -136,26 +104,26 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     float* y = a.y + (row0 + r) * a.y_stride + col0;
     for (int c = 0; c < C; ++c) {
       float s = HorizontalSum(acc[r][c]);
-      if (a.bias != nullptr) s += a.bias[col0 + c];
-      y[c] = s;
+      if (a.bias != nullptr) s += a.bias[col0 + c * col_step];
+      y[c * col_step] = s;
     }
   }
 }
 
 template <class W, int C>
 void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, int64_t row_end,
-              int64_t col0) {
+              int64_t col0, int64_t col_step = 1) {
   int64_t r = row_begin;
-  for (; r + kMaxRows <= row_end; r += kMaxRows) Tile<W, kMaxRows, C>(a, plan, r, col0);
+  for (; r + kMaxRows <= row_end; r += kMaxRows) Tile<W, kMaxRows, C>(a, plan, r, col0, col_step);
   switch (row_end - r) {
     case 3:
-      Tile<W, 3, C>(a, plan, r, col0);
+      Tile<W, 3, C>(a, plan, r, col0, col_step);
       break;
     case 2:
-      Tile<W, 2, C>(a, plan, r, col0);
+      Tile<W, 2, C>(a, plan, r, col0, col_step);
       break;
     case 1:
-      Tile<W, 1, C>(a, plan, r, col0);
+      Tile<W, 1, C>(a, plan, r, col0, col_step);
       break;
     default:
       break;
@@ -168,6 +136,16 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
     const int64_t row_end = a.m - row_begin < plan.row_block ? a.m : row_begin + plan.row_block;
     int64_t col = n_begin;
     if (row_end - row_begin < kMaxRows) {  // decode-like: more weight rows in flight instead
+      const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
+      const int64_t step =
+          rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep : rows_per_page);
+      if (step > 1) {
+        for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
+          for (int64_t j = 0; j < step; ++j) {
+            RowRange<W, kColsFewRows>(a, plan, row_begin, row_end, col + j, step);
+          }
+        }
+      }
       for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
         RowRange<W, kColsFewRows>(a, plan, row_begin, row_end, col);
       }
@@ -181,6 +159,7 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
 
 void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                        int64_t n_end) {
+  if (Int8Matmul(args, plan, n_begin, n_end)) return;
   switch (args.w_dtype) {
     case DType::kF32:
       Columns<F32W>(args, plan, n_begin, n_end);
@@ -190,12 +169,6 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
       break;
     case DType::kBF16:
       Columns<BF16W>(args, plan, n_begin, n_end);
-      break;
-    case DType::kQ8_0:
-      Columns<Q8W>(args, plan, n_begin, n_end);
-      break;
-    case DType::kQ4_0:
-      Columns<Q4W>(args, plan, n_begin, n_end);
       break;
     default:  // formats without a kernel on this path yet
       MatmulColumnsScalar(args, plan, n_begin, n_end);

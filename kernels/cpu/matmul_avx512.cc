@@ -60,45 +60,7 @@ struct BF16W {
   }
 };
 
-__m512 BlockScale(const uint8_t* block) {
-  uint16_t d;
-  std::memcpy(&d, block, sizeof(d));
-  return _mm512_set1_ps(_cvtsh_ss(d));
-}
-
-struct Q8W {  // 34-byte blocks: fp16 d, 32 x int8
-  static constexpr int kStep = 32, kVecs = 2;
-  static constexpr bool kBlocked = true;
-  static void Load(const uint8_t* row, int64_t kk, __m512* out) {
-    const uint8_t* block = row + kk / 32 * 34;
-    const __m512 d = BlockScale(block);
-    // Two 16-byte loads folded into vpmovsxbd (no cross-lane extract on the shuffle port).
-    const __m512i lo =
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
-    const __m512i hi =
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18)));
-    out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
-    out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
-  }
-  static void LoadMasked(const uint8_t*, int64_t, __mmask16, __m512*) {}
-};
-
-struct Q4W {  // 18-byte blocks: fp16 d, 16 bytes; element j low nibble of byte j, j+16 high
-  static constexpr int kStep = 32, kVecs = 2;
-  static constexpr bool kBlocked = true;
-  static void Load(const uint8_t* row, int64_t kk, __m512* out) {
-    const uint8_t* block = row + kk / 32 * 18;
-    const __m512 d = BlockScale(block);
-    const __m512i bytes =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
-    const __m512i eight = _mm512_set1_epi32(8);
-    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), eight);
-    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight);
-    out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
-    out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
-  }
-  static void LoadMasked(const uint8_t*, int64_t, __mmask16, __m512*) {}
-};
+#include "kernels/cpu/matmul_int8.inc"
 
 // Fixed-order horizontal sum: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1, i.e. lane i + lane
 // i + 8, then i + 4, i + 2, i + 1 (the order matmul_impl.h documents), with in-register shuffles.
@@ -374,6 +336,7 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
 
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end) {
+  if (Int8Matmul(args, plan, n_begin, n_end)) return;
   switch (args.w_dtype) {
     case DType::kF32:
       Columns<F32W>(args, plan, n_begin, n_end);
@@ -383,12 +346,6 @@ void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t
       break;
     case DType::kBF16:
       Columns<BF16W>(args, plan, n_begin, n_end);
-      break;
-    case DType::kQ8_0:
-      Columns<Q8W>(args, plan, n_begin, n_end);
-      break;
-    case DType::kQ4_0:
-      Columns<Q4W>(args, plan, n_begin, n_end);
       break;
     default:  // formats without a kernel on this path yet
       MatmulColumnsScalar(args, plan, n_begin, n_end);

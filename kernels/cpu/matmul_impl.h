@@ -13,7 +13,14 @@
 //           ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 //   avx2:   one 8-lane FMA accumulator over k (zero-padded tail step), fixed horizontal sum.
 //   avx512: one 16-lane FMA accumulator over k (masked tail step), fixed horizontal sum.
-// then + bias. Quantized weights are converted to fp32 as float(q) * d (exact) before the FMA.
+// then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
+// to int8 blocks of 32 once per call (QuantizeActivationRow), and every weight block's integer
+// dot product sum(qw * qx) (exact in int32) is scaled by d_w * d_x in fp32:
+//   scalar: per block, float(isum) * (d_w * d_x) added to one running sum in block order.
+//   avx2/avx512: 8 int32 lanes per block (pairs of products summed, then pairs of pairs), each
+//           lane converted and FMA'd into an 8-lane accumulator with d_w * d_x; fixed horizontal
+//           sum. With AVX-512 VNNI, vpdpbusd forms the same 8 lane sums (exact integers), so
+//           the VNNI and non-VNNI variants give identical bits.
 // The avx512 path for m >= 4 converts weight panels to fp32 once into a per-thread buffer and
 // walks k in slices, storing the 16-lane accumulators between slices: the same FMA sequence per
 // element as m < 4, so results stay bit-identical (matmul_avx512.cc).
@@ -24,11 +31,33 @@
 
 namespace kvserve::cpu::internal {
 
+/// Whether `w_dtype` runs as integer dot products against int8-quantized activations.
+constexpr bool UsesInt8Activations(DType w_dtype) {
+  return w_dtype == DType::kQ8_0 || w_dtype == DType::kQ4_0;
+}
+
+/// Elements per activation block of the int8 form.
+constexpr int64_t kActBlock = 32;
+
 /// Sizes the dispatcher computes once per call (in baseline code, see above).
 struct MatmulPlan {
   int64_t w_row_bytes;  // DTypeRowBytes(w_dtype, k)
   int64_t row_block;    // avx2: x rows per pass over a column tile (kept in L2), % 4 == 0
+  // Int8 activations (UsesInt8Activations(w_dtype), else null), made once per call by
+  // QuantizeActivationRow: row i's block b is xq[i * xq_stride + 32 b ..] (32 int8 values q),
+  // xd[i * xd_stride + b] its scale d (x ~ d * q) and xs[i * xd_stride + b] the sum of its q.
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
+  const int32_t* xs = nullptr;
+  int64_t xq_stride = 0;  // bytes (k rounded up to 64)
+  int64_t xd_stride = 0;  // elements
 };
+
+/// Quantizes one activation row of `k` elements (k % 32 == 0) to int8 blocks of 32: d =
+/// max|x| / 127, q = x / d rounded to nearest (ties to even), so |q| <= 127; an all-zero block
+/// gets d = 0 and q = 0. Plain IEEE arithmetic in baseline code: the same bits for every ISA
+/// path, every batch position and every thread (the determinism contract in matmul.h).
+void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums);
 
 using MatmulColumnsFn = void (*)(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                                  int64_t n_end);
@@ -42,6 +71,11 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
 /// AVX-512 F/BW/VL path (matmul_avx512.cc).
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end);
+
+/// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc: the same bits as
+/// MatmulColumnsAvx512, which handles them without VNNI.
+void MatmulColumnsAvx512Vnni(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                             int64_t n_end);
 
 }  // namespace kvserve::cpu::internal
 

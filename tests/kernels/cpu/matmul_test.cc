@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
@@ -24,9 +26,28 @@ constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::k
 
 bool IsQuantized(DType t) { return DTypeBlockElems(t) > 1; }
 
-// The weights reach every path exactly (fp16/bf16 widen exactly, q * d is exact in fp32), so the
-// only error is fp32 summation: bound it relative to sum |x| |w| (worst case ~ (k / lanes) * eps;
-// observed errors are far smaller). The same bound therefore fits every dtype.
+// Quantized weights run against int8 activations: each 32-element block of an x row becomes
+// d * q with d = max|x| / 127 and q = x * (127 / max|x|) rounded to nearest, ties to even (fp32
+// arithmetic, as kernels/cpu/matmul_impl.h specifies). Written here from that description.
+std::vector<double> Int8Activations(const float* x, int64_t k) {
+  std::vector<double> out(static_cast<size_t>(k));
+  for (int64_t b = 0; b < k / 32; ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float q = std::nearbyint(x[b * 32 + j] * inv);
+      out[b * 32 + j] = static_cast<double>(q) * d;
+    }
+  }
+  return out;
+}
+
+// The weights reach every path exactly (fp16/bf16 widen exactly, q * d is exact in fp32; int8
+// dot products are exact integers), so the only error is fp32 summation and the rounding of
+// d_w * d_x: bound it relative to sum |x| |w| (worst case ~ (k / lanes) * eps; observed errors
+// are far smaller). The same bound therefore fits every dtype.
 double Tolerance(DType /*dtype*/, double sum_abs) { return 2e-5 * sum_abs + 1e-30; }
 
 // One test problem: x [m, k] at stride k + 3, W [n, k] in dtype, bias, y at stride n + 5.
@@ -65,11 +86,14 @@ struct Problem {
 
 void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
   for (int64_t i = 0; i < p.m; ++i) {
+    const float* x = &p.x[i * p.x_stride()];
+    const std::vector<double> xr =
+        IsQuantized(p.dtype) ? Int8Activations(x, p.k) : std::vector<double>(x, x + p.k);
     for (int64_t j = 0; j < p.n; ++j) {
       double ref = p.with_bias ? p.bias[j] : 0.0;
       double sum_abs = p.with_bias ? std::fabs(p.bias[j]) : 0.0;
       for (int64_t e = 0; e < p.k; ++e) {
-        const double prod = static_cast<double>(p.x[i * p.x_stride() + e]) * p.w_ref[j * p.k + e];
+        const double prod = xr[e] * p.w_ref[j * p.k + e];
         ref += prod;
         sum_abs += std::fabs(prod);
       }
@@ -183,6 +207,59 @@ TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
     Matmul(p.Args(&p.x[69 * p.x_stride()], 1, alone.data()), nullptr);
     EXPECT_EQ(0, std::memcmp(alone.data(), &y[69 * p.y_stride()], p.n * sizeof(float)));
   }
+}
+
+// The int8 activations cost accuracy against the unquantized product only within their rounding:
+// |x - d q| <= d / 2 per element, so |error| <= sum_e |w_e| d_block(e) / 2 (+ fp32 summation).
+TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    const Problem p(3, 33, 4096, dtype, false, 21);
+    for (CpuIsa isa : SupportedIsas()) {
+      const ScopedIsa scoped(isa);
+      const std::vector<float> y = p.Run(nullptr);
+      for (int64_t i = 0; i < p.m; ++i) {
+        const float* x = &p.x[i * p.x_stride()];
+        for (int64_t j = 0; j < p.n; ++j) {
+          double exact = 0.0, bound = 0.0, sum_abs = 0.0;
+          for (int64_t b = 0; b < p.k / 32; ++b) {
+            float amax = 0.0f;
+            for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[b * 32 + e]));
+            for (int e = 0; e < 32; ++e) {
+              const double w = p.w_ref[j * p.k + b * 32 + e];
+              exact += x[b * 32 + e] * w;
+              bound += std::fabs(w) * amax / 127.0 / 2.0;
+              sum_abs += std::fabs(x[b * 32 + e] * w);
+            }
+          }
+          ASSERT_NEAR(y[i * p.y_stride() + j], exact, bound + 2e-5 * sum_abs)
+              << DTypeName(dtype) << " " << CpuIsaName(isa) << " row " << i << " col " << j;
+        }
+      }
+    }
+  }
+}
+
+// AVX-512 VNNI (vpdpbusd) forms the same exact lane sums as vpmaddubsw + vpmaddwd.
+TEST(MatmulTest, Avx512VnniAndNonVnniGiveIdenticalBits) {
+  if (!CpuSupportsIsa(CpuIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  SetAvx512VnniOverride(true);
+  if (!CpuAvx512VnniEnabled()) {
+    SetAvx512VnniOverride(std::nullopt);
+    GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  }
+  const ScopedIsa scoped(CpuIsa::kAvx512);
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    for (int64_t m : {1, 5, 70}) {
+      const Problem p(m, 37, 1024, dtype, true, 5);
+      SetAvx512VnniOverride(true);
+      const std::vector<float> vnni = p.Run(nullptr);
+      SetAvx512VnniOverride(false);
+      const std::vector<float> plain = p.Run(nullptr);
+      EXPECT_EQ(0, std::memcmp(vnni.data(), plain.data(), vnni.size() * sizeof(float)))
+          << DTypeName(dtype) << " m=" << m;
+    }
+  }
+  SetAvx512VnniOverride(std::nullopt);
 }
 
 TEST(MatmulTest, EmptyShapesDoNothing) {

@@ -1,0 +1,38 @@
+// The AVX-512 path's int8 dot-product matmul with VNNI (vpdpbusd): matmul_int8.inc compiled with
+// -mavx512vnni. Selected by Matmul() when CpuAvx512VnniEnabled(); gives the same bits as the
+// vpmaddubsw + vpmaddwd form in matmul_avx512.cc.
+
+#include "kernels/cpu/matmul_impl.h"
+
+#if defined(__AVX512VNNI__)
+
+#include <cstring>
+
+#include "kernels/cpu/avx512_intrinsics.h"
+
+namespace kvserve::cpu::internal {
+namespace {
+
+#include "kernels/cpu/matmul_int8.inc"
+
+}  // namespace
+
+void MatmulColumnsAvx512Vnni(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                             int64_t n_end) {
+  if (!Int8Matmul(args, plan, n_begin, n_end)) MatmulColumnsAvx512(args, plan, n_begin, n_end);
+}
+
+}  // namespace kvserve::cpu::internal
+
+#else  // not built with the target flags (non-x86): never selected, forwards to scalar
+
+namespace kvserve::cpu::internal {
+
+void MatmulColumnsAvx512Vnni(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                             int64_t n_end) {
+  MatmulColumnsScalar(args, plan, n_begin, n_end);
+}
+
+}  // namespace kvserve::cpu::internal
+
+#endif
