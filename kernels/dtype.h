@@ -9,17 +9,69 @@
 namespace kvserve {
 
 /// Element types of weight tensors as stored in model files and kept in memory.
-/// Quantized types are stored in blocks along the innermost (row) dimension:
+/// Quantized types are stored in blocks along the innermost (row) dimension (the GGUF/ggml block
+/// layouts; fp16 fields and the uint32 are little-endian and need not be aligned):
 ///   kQ8_0: 32 elements per block = fp16 scale d, then 32 int8 q; x = d * q.          34 bytes
 ///   kQ4_0: 32 elements per block = fp16 scale d, then 16 bytes of nibbles; element j < 16 is
-///          the low nibble of byte j, element j + 16 its high nibble; x = d * (nibble - 8).   18 bytes
-/// (These are the GGUF/ggml block layouts.)
-enum class DType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+///          the low nibble of byte j, element j + 16 its high nibble; x = d * (nibble - 8).   18
+///          bytes
+///   kQ4_1: 32 elements = fp16 d, fp16 m, 16 bytes of nibbles as kQ4_0; x = d * nibble + m.  20
+///   bytes kQ5_0: 32 elements = fp16 d, uint32 qh, 16 bytes of nibbles as kQ4_0; element j takes
+///   bit j
+///          of qh as its 5th bit; x = d * (q5 - 16).                                       22 bytes
+///   kQ5_1: 32 elements = fp16 d, fp16 m, uint32 qh, 16 bytes of nibbles; x = d * q5 + m.  24 bytes
+///   K-quants: 256-element super-blocks (DTypeBlockElems), sub-block scales packed inside:
+///   kQ4_K: fp16 d, fp16 dmin, scales[12], qs[128]. Eight 32-element sub-blocks j with 6-bit scale
+///          sc_j and min m_j: j < 4: sc = scales[j] & 63, m = scales[j + 4] & 63; j >= 4:
+///          sc = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4,
+///          m = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4. Chunk c < 4 holds elements
+///          64c .. 64c + 63: element 64c + l (l < 32) is the low nibble of qs[32c + l] in sub-block
+///          2c, element 64c + 32 + l its high nibble in sub-block 2c + 1; x = d*sc*q - dmin*m.
+///                                                                                        144 bytes
+///   kQ5_K: fp16 d, fp16 dmin, scales[12], qh[32], qs[128]: kQ4_K plus a 5th bit: element
+///          64c + l takes bit 2c of qh[l], element 64c + 32 + l bit 2c + 1.               176 bytes
+///   kQ6_K: ql[128], qh[64], int8 scales[16], fp16 d. Sixteen 16-element sub-blocks (element e has
+///          scale scales[e / 16]). In half h < 2 (elements 128h ..), for l < 32 and group g < 4,
+///          element 128h + 32g + l has low 4 bits from ql[64h + 32(g & 1) + l] (low nibble for
+///          g < 2, high for g >= 2) and high 2 bits (qh[32h + l] >> 2g) & 3; x = d*sc*(q6 - 32).
+///                                                                                        210 bytes
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  kQ4_0,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1
+};
 
 /// Elements per storage block (1 for plain types).
 constexpr int64_t DTypeBlockElems(DType t) {
-  return (t == DType::kQ8_0 || t == DType::kQ4_0) ? 32 : 1;
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return 32;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return 256;
+  }
+  return 1;
 }
+
+/// True for the block-quantized types (those with more than one element per block).
+constexpr bool DTypeIsQuantized(DType t) { return DTypeBlockElems(t) > 1; }
 
 /// Bytes per storage block.
 constexpr int64_t DTypeBlockBytes(DType t) {
@@ -29,6 +81,18 @@ constexpr int64_t DTypeBlockBytes(DType t) {
     case DType::kBF16: return 2;
     case DType::kQ8_0: return 34;
     case DType::kQ4_0: return 18;
+    case DType::kQ4_1:
+      return 20;
+    case DType::kQ5_0:
+      return 22;
+    case DType::kQ5_1:
+      return 24;
+    case DType::kQ4_K:
+      return 144;
+    case DType::kQ5_K:
+      return 176;
+    case DType::kQ6_K:
+      return 210;
   }
   return 0;
 }
@@ -45,6 +109,18 @@ constexpr std::string_view DTypeName(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kQ8_0: return "q8_0";
     case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_1:
+      return "q4_1";
+    case DType::kQ5_0:
+      return "q5_0";
+    case DType::kQ5_1:
+      return "q5_1";
+    case DType::kQ4_K:
+      return "q4_k";
+    case DType::kQ5_K:
+      return "q5_k";
+    case DType::kQ6_K:
+      return "q6_k";
   }
   return "?";
 }

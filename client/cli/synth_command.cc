@@ -16,23 +16,39 @@ struct SynthFlags {
   std::string dtype = "f32";
   std::string format = "both";
   std::string out;
+  std::string dequantized_twin;
 };
 
-absl::StatusOr<DType> ParseWeightDType(const std::string& name) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    if (name == DTypeName(d)) return d;
+constexpr char kDTypeChoices[] =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m";
+
+// Sets the weight dtype and mix of `model` from a --dtype name.
+absl::Status ParseWeightDType(const std::string& name, SyntheticModelOptions* model) {
+  model->mix = WeightMix::kUniform;
+  if (name == "q4_k_m" || name == "q5_k_m") {
+    model->dtype = name == "q4_k_m" ? DType::kQ4_K : DType::kQ5_K;
+    model->mix = WeightMix::kKQuantMedium;
+    return absl::OkStatus();
+  }
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    if (name == DTypeName(d)) {
+      model->dtype = d;
+      return absl::OkStatus();
+    }
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--dtype '", name, "' is not one of f32, f16, bf16, q8_0"));
+      absl::StrCat("--dtype '", name, "' is not one of ", kDTypeChoices));
 }
 
 int RunSynth(const SynthFlags& flags) {
   SynthWriteOptions options;
   options.model = flags.model;
   options.out_dir = flags.out;
-  absl::StatusOr<DType> dtype = ParseWeightDType(flags.dtype);
-  if (!dtype.ok()) return ReportError("synth", dtype.status());
-  options.model.dtype = *dtype;
+  options.dequantized_twin_path = flags.dequantized_twin;
+  if (absl::Status s = ParseWeightDType(flags.dtype, &options.model); !s.ok()) {
+    return ReportError("synth", s);
+  }
   absl::StatusOr<SynthFormat> format = ParseSynthFormat(flags.format);
   if (!format.ok()) return ReportError("synth", format.status());
   options.format = *format;
@@ -43,6 +59,10 @@ int RunSynth(const SynthFlags& flags) {
               options.model.vocab_size, out->num_real_tokens);
   if (!out->gguf_path.empty()) std::printf("kvserve synth: wrote %s\n", out->gguf_path.c_str());
   if (!out->hf_dir.empty()) std::printf("kvserve synth: wrote %s/\n", out->hf_dir.c_str());
+  if (!out->dequantized_twin_path.empty()) {
+    std::printf("kvserve synth: wrote %s (dequantized f32 twin)\n",
+                out->dequantized_twin_path.c_str());
+  }
   return 0;
 }
 
@@ -65,7 +85,11 @@ Command AddSynthCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--max-position", m.max_position_embeddings, "Context length")
       ->capture_default_str();
-  sub->add_option("--dtype", f->dtype, "Weight dtype: f32, f16, bf16, q8_0 (GGUF only)")
+  sub->add_option("--dtype", f->dtype,
+                  absl::StrCat("Weight dtype: ", kDTypeChoices,
+                               " (quantized: GGUF only; _m = llama.cpp-style mix with q6_k for "
+                               "output and some attn_v/ffn_down; K-quant rows that are not "
+                               "multiples of 256 are stored as q8_0)"))
       ->capture_default_str();
   sub->add_option("--seed", m.seed, "Random seed of the weights")->capture_default_str();
   sub->add_flag("--tie-embeddings", m.tie_word_embeddings,
@@ -73,6 +97,9 @@ Command AddSynthCommand(CLI::App& app) {
   sub->add_option("--format", f->format, "gguf (OUT/model.gguf), hf (OUT/hf/) or both")
       ->capture_default_str();
   sub->add_option("--out", f->out, "Output directory")->required();
+  sub->add_option("--dequantized-twin", f->dequantized_twin,
+                  "Also write this GGUF file: the same model with every matrix stored as f32 "
+                  "holding exactly the values the quantized weights decode to");
   return {sub, [f] { return RunSynth(*f); }};
 }
 

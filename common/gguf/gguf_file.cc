@@ -96,32 +96,59 @@ std::string GgmlTypeName(GgmlType type) {
       return "F16";
     case GgmlType::kQ4_0:
       return "Q4_0";
+    case GgmlType::kQ4_1:
+      return "Q4_1";
+    case GgmlType::kQ5_0:
+      return "Q5_0";
+    case GgmlType::kQ5_1:
+      return "Q5_1";
     case GgmlType::kQ8_0:
       return "Q8_0";
+    case GgmlType::kQ4_K:
+      return "Q4_K";
+    case GgmlType::kQ5_K:
+      return "Q5_K";
+    case GgmlType::kQ6_K:
+      return "Q6_K";
     case GgmlType::kBF16:
       return "BF16";
   }
   return absl::StrCat("type ", static_cast<uint32_t>(type));
 }
 
-std::optional<uint64_t> GgmlRowBytes(GgmlType type, int64_t row_elems) {
-  if (row_elems < 0) return std::nullopt;
-  const uint64_t n = static_cast<uint64_t>(row_elems);
+std::pair<uint64_t, uint64_t> GgmlBlock(GgmlType type) {
   switch (type) {
     case GgmlType::kF32:
-      if (n > UINT64_MAX / 4) return std::nullopt;
-      return n * 4;
+      return {1, 4};
     case GgmlType::kF16:
     case GgmlType::kBF16:
-      return n * 2;
-    case GgmlType::kQ8_0:
-      if (n % 32 != 0) return std::nullopt;
-      return n / 32 * 34;
+      return {1, 2};
     case GgmlType::kQ4_0:
-      if (n % 32 != 0) return std::nullopt;
-      return n / 32 * 18;
+      return {32, 18};
+    case GgmlType::kQ4_1:
+      return {32, 20};
+    case GgmlType::kQ5_0:
+      return {32, 22};
+    case GgmlType::kQ5_1:
+      return {32, 24};
+    case GgmlType::kQ8_0:
+      return {32, 34};
+    case GgmlType::kQ4_K:
+      return {256, 144};
+    case GgmlType::kQ5_K:
+      return {256, 176};
+    case GgmlType::kQ6_K:
+      return {256, 210};
   }
-  return std::nullopt;
+  return {0, 0};
+}
+
+std::optional<uint64_t> GgmlRowBytes(GgmlType type, int64_t row_elems) {
+  const auto [elems, bytes] = GgmlBlock(type);
+  if (row_elems < 0 || elems == 0) return std::nullopt;
+  const uint64_t n = static_cast<uint64_t>(row_elems);
+  if (n % elems != 0 || n / elems > UINT64_MAX / bytes) return std::nullopt;
+  return n / elems * bytes;
 }
 
 int64_t GgufTensorInfo::numel() const {
@@ -402,15 +429,17 @@ class GgufParser {
       info.type = static_cast<GgmlType>(type);
       if (GgmlTypeName(info.type).starts_with("type ")) {
         return Error(absl::StrCat(tname, " has unsupported ggml type ", type,
-                                  " (supported: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30)"));
+                                  " (supported: F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, "
+                                  "Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, BF16=30)"));
       }
       std::optional<uint64_t> row = GgmlRowBytes(info.type, info.dims[0]);
-      if (!row.has_value() && info.dims[0] % 32 == 0) {
+      const uint64_t block = GgmlBlock(info.type).first;
+      if (!row.has_value() && static_cast<uint64_t>(info.dims[0]) % block == 0) {
         return Error(absl::StrCat(tname, " is too large (row byte size overflows)"));
       }
       if (!row.has_value()) {
         return Error(absl::StrCat(tname, " of type ", GgmlTypeName(info.type), " has row length ",
-                                  info.dims[0], ", not a multiple of the block size 32"));
+                                  info.dims[0], ", not a multiple of the block size ", block));
       }
       const uint64_t rows = static_cast<uint64_t>(numel / info.dims[0]);
       if (__builtin_mul_overflow(*row, rows, &info.nbytes)) {

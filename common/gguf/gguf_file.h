@@ -40,7 +40,13 @@ enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
   kBF16 = 30,
 };
 
@@ -182,6 +188,10 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;
 };
+
+/// Elements and bytes per storage block of `type` ({1, 4} for F32, {256, 144} for Q4_K, ...);
+/// {0, 0} for unsupported numbers.
+std::pair<uint64_t, uint64_t> GgmlBlock(GgmlType type);
 
 /// Bytes of one row of `row_elems` elements of `type`; nullopt when the type is unsupported or
 /// the row length is not a multiple of the type's block size.

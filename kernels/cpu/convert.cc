@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "kernels/cpu/block_quant.h"
+
 namespace kvserve::cpu {
 namespace {
 
@@ -10,6 +12,8 @@ uint16_t LoadU16(const uint8_t* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+
+void StoreU16(uint16_t v, uint8_t* p) { std::memcpy(p, &v, sizeof(v)); }
 
 }  // namespace
 
@@ -26,23 +30,39 @@ void ConvertRowToF32(const void* src, DType dtype, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(LoadU16(bytes + 2 * i));
       return;
     case DType::kQ8_0:
-      for (int64_t b = 0; b < n / 32; ++b) {
-        const uint8_t* block = bytes + b * 34;
-        const float d = HalfToFloat(LoadU16(block));
-        const auto* q = reinterpret_cast<const int8_t*>(block + 2);
-        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(q[j]) * d;
-      }
-      return;
     case DType::kQ4_0:
-      for (int64_t b = 0; b < n / 32; ++b) {
-        const uint8_t* block = bytes + b * 18;
-        const float d = HalfToFloat(LoadU16(block));
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t q = block[2 + j];
-          dst[b * 32 + j] = static_cast<float>((q & 15) - 8) * d;
-          dst[b * 32 + j + 16] = static_cast<float>((q >> 4) - 8) * d;
-        }
-      }
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      DequantizeRow(src, dtype, n, dst);
+      return;
+  }
+}
+
+void ConvertRowFromF32(const float* src, int64_t n, DType dtype, void* dst) {
+  auto* bytes = static_cast<uint8_t*>(dst);
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) StoreU16(FloatToHalf(src[i]), bytes + 2 * i);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) StoreU16(FloatToBF16(src[i]), bytes + 2 * i);
+      return;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      QuantizeRow(src, dtype, n, dst);
       return;
   }
 }

@@ -95,7 +95,49 @@ __device__ __forceinline__ float KvScale(const float* scales, int64_t row) {
   }
 }
 
-// Element c of a weight row stored in `dtype` (GGUF block layouts for q8_0 / q4_0).
+__device__ __forceinline__ float LoadHalfAt(const uint8_t* p) {
+  return HalfBitsToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+}
+
+// The 5-bit value of element j (< 32) of a q5_0 / q5_1 block: nibble from qs, 5th bit bit j of
+// the little-endian uint32 at qh.
+__device__ __forceinline__ int LoadQ5(const uint8_t* qh, const uint8_t* qs, int j) {
+  const int nibble = j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4);
+  return nibble | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+}
+
+// Element e (< 256) of a q4_k block (qh == nullptr) or q5_k block; cpu::DequantizeRow's order.
+__device__ __forceinline__ float LoadQ45K(const uint8_t* block, const uint8_t* qh,
+                                          const uint8_t* qs, int e) {
+  const uint8_t* s = block + 4;
+  const int c = e / 64;
+  const int half = (e % 64) / 32;
+  const int l = e % 32;
+  const int j = 2 * c + half;
+  const int sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+  const int m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  int q = (qs[32 * c + l] >> (4 * half)) & 0xf;
+  if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+  const float ds = LoadHalfAt(block) * static_cast<float>(sc);
+  const float dm = LoadHalfAt(block + 2) * static_cast<float>(m);
+  return ds * static_cast<float>(q) - dm;
+}
+
+// Element e (< 256) of a q6_k block.
+__device__ __forceinline__ float LoadQ6K(const uint8_t* block, int e) {
+  const int h = e / 128;
+  const int g = (e % 128) / 32;
+  const int l = e % 32;
+  const uint8_t low = block[64 * h + 32 * (g & 1) + l];
+  const int nibble = g < 2 ? (low & 0xf) : (low >> 4);
+  const int q = (nibble | (((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4)) - 32;
+  const float ds =
+      LoadHalfAt(block + 208) * static_cast<float>(static_cast<int8_t>(block[192 + e / 16]));
+  return ds * static_cast<float>(q);
+}
+
+// Element c of a weight row stored in `dtype` (GGUF block layouts, kernels/dtype.h), decoded in
+// cpu::DequantizeRow's order so both give the same floats.
 __device__ __forceinline__ float LoadWeight(const uint8_t* row, DType dtype, int64_t c) {
   switch (dtype) {
     case DType::kF32:
@@ -106,17 +148,42 @@ __device__ __forceinline__ float LoadWeight(const uint8_t* row, DType dtype, int
       return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
     case DType::kQ8_0: {
       const uint8_t* block = row + (c / 32) * 34;
-      const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
-      return d * static_cast<float>(static_cast<int8_t>(block[2 + c % 32]));
+      return LoadHalfAt(block) * static_cast<float>(static_cast<int8_t>(block[2 + c % 32]));
     }
     case DType::kQ4_0: {
       const uint8_t* block = row + (c / 32) * 18;
-      const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
       const int j = static_cast<int>(c % 32);
       const uint8_t byte = block[2 + (j & 15)];
       const int nibble = j < 16 ? (byte & 0xf) : (byte >> 4);
-      return d * static_cast<float>(nibble - 8);
+      return LoadHalfAt(block) * static_cast<float>(nibble - 8);
     }
+    case DType::kQ4_1: {
+      const uint8_t* block = row + (c / 32) * 20;
+      const int j = static_cast<int>(c % 32);
+      const uint8_t byte = block[4 + (j & 15)];
+      const int nibble = j < 16 ? (byte & 0xf) : (byte >> 4);
+      return LoadHalfAt(block) * static_cast<float>(nibble) + LoadHalfAt(block + 2);
+    }
+    case DType::kQ5_0: {
+      const uint8_t* block = row + (c / 32) * 22;
+      const int q = LoadQ5(block + 2, block + 6, static_cast<int>(c % 32));
+      return LoadHalfAt(block) * static_cast<float>(q - 16);
+    }
+    case DType::kQ5_1: {
+      const uint8_t* block = row + (c / 32) * 24;
+      const int q = LoadQ5(block + 4, block + 8, static_cast<int>(c % 32));
+      return LoadHalfAt(block) * static_cast<float>(q) + LoadHalfAt(block + 2);
+    }
+    case DType::kQ4_K: {
+      const uint8_t* block = row + (c / 256) * 144;
+      return LoadQ45K(block, nullptr, block + 16, static_cast<int>(c % 256));
+    }
+    case DType::kQ5_K: {
+      const uint8_t* block = row + (c / 256) * 176;
+      return LoadQ45K(block, block + 16, block + 48, static_cast<int>(c % 256));
+    }
+    case DType::kQ6_K:
+      return LoadQ6K(row + (c / 256) * 210, static_cast<int>(c % 256));
   }
   return 0.0f;
 }

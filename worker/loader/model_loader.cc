@@ -132,12 +132,14 @@ class Binder {
     absl::StatusOr<const RawTensor*> t = Lookup(name, expected);
     if (!t.ok()) return t.status();
     const RawTensor& r = **t;
-    if (DTypeBlockElems(r.dtype) > 1 && (r.shape.size() != 2 || r.shape[1] % 32 != 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
-                       " must be 2-D with a row length that is a multiple of 32"));
+    const int64_t block = DTypeBlockElems(r.dtype);
+    if (DTypeIsQuantized(r.dtype) && (r.shape.size() != 2 || r.shape[1] % block != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
+          " must be 2-D with a row length that is a multiple of its ", block, "-element block"));
     }
-    const uintptr_t need = DTypeBlockElems(r.dtype) > 1 ? 2 : DTypeBlockBytes(r.dtype);
+    // Quantized blocks hold fp16 fields at even offsets (read with memcpy): 2-byte alignment.
+    const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
     const void* data = r.data;
     if (reinterpret_cast<uintptr_t>(r.data) % need != 0) {  // safetensors offsets need not align
       auto copy = std::make_unique<uint8_t[]>(r.nbytes);
@@ -154,7 +156,7 @@ class Binder {
     absl::StatusOr<const RawTensor*> t = Lookup(name, expected);
     if (!t.ok()) return t.status();
     const RawTensor& r = **t;
-    if (DTypeBlockElems(r.dtype) > 1) {
+    if (DTypeIsQuantized(r.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(r.file, ": tensor '", name, "' has type ",
                                                      std::string(DTypeName(r.dtype)),
                                                      "; expected f32, f16 or bf16"));
@@ -271,6 +273,18 @@ std::optional<DType> FromGgml(GgmlType t) {
       return DType::kQ8_0;
     case GgmlType::kQ4_0:
       return DType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return DType::kQ4_1;
+    case GgmlType::kQ5_0:
+      return DType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return DType::kQ5_1;
+    case GgmlType::kQ4_K:
+      return DType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return DType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return DType::kQ6_K;
   }
   return std::nullopt;
 }

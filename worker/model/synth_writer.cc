@@ -177,12 +177,25 @@ GgmlType ToGgml(DType d) {
       return GgmlType::kQ8_0;
     case DType::kQ4_0:
       return GgmlType::kQ4_0;
+    case DType::kQ4_1:
+      return GgmlType::kQ4_1;
+    case DType::kQ5_0:
+      return GgmlType::kQ5_0;
+    case DType::kQ5_1:
+      return GgmlType::kQ5_1;
+    case DType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case DType::kQ5_K:
+      return GgmlType::kQ5_K;
+    case DType::kQ6_K:
+      return GgmlType::kQ6_K;
   }
   return GgmlType::kF32;
 }
 
-// llama.cpp's LLAMA_FTYPE numbers for general.file_type.
-uint32_t GgufFileType(DType d) {
+// llama.cpp's LLAMA_FTYPE numbers for general.file_type (a uniform K-quant is its "_S" type).
+uint32_t GgufFileType(DType d, WeightMix mix) {
+  const bool medium = mix == WeightMix::kKQuantMedium;
   switch (d) {
     case DType::kF32:
       return 0;
@@ -190,8 +203,20 @@ uint32_t GgufFileType(DType d) {
       return 1;
     case DType::kQ4_0:
       return 2;
+    case DType::kQ4_1:
+      return 3;
     case DType::kQ8_0:
       return 7;
+    case DType::kQ5_0:
+      return 8;
+    case DType::kQ5_1:
+      return 9;
+    case DType::kQ4_K:
+      return medium ? 15 : 14;
+    case DType::kQ5_K:
+      return medium ? 17 : 16;
+    case DType::kQ6_K:
+      return 18;
     case DType::kBF16:
       return 32;
   }
@@ -234,13 +259,13 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
   return out;
 }
 
-absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, DType dtype,
+absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, uint32_t file_type,
                        const std::string& path) {
   const ModelConfig& c = w.config;
   GgufWriter g;
   g.SetString("general.architecture", "llama");
   g.SetString("general.name", "kvserve-synth");
-  g.SetU32("general.file_type", GgufFileType(dtype));
+  g.SetU32("general.file_type", file_type);
   g.SetU32("general.quantization_version", 2);
   g.SetU32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
   g.SetU32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
@@ -482,7 +507,9 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
                SynthMinVocabSize(), " (3 special + 256 byte tokens + ", Alphabet().size(),
                " characters)");
   }
-  const int64_t block = DTypeBlockElems(m.dtype);
+  // K-quant rows that are not whole 256-element super-blocks are stored as q8_0, so every
+  // quantized dtype needs multiples of 32 only.
+  const int64_t block = std::min<int64_t>(DTypeBlockElems(m.dtype), 32);
   if (block > 1 && (m.hidden_size % block != 0 || m.intermediate_size % block != 0)) {
     return bad("--dtype ", std::string(DTypeName(m.dtype)),
                " needs --hidden and --ffn to be multiples of ", block, ", got ", m.hidden_size,
@@ -491,6 +518,10 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
   if (block > 1 && options.format != SynthFormat::kGguf) {
     return bad("--dtype ", std::string(DTypeName(m.dtype)),
                " exists only in GGUF; use --format gguf (safetensors has no such dtype)");
+  }
+  if (m.mix == WeightMix::kKQuantMedium && m.dtype != DType::kQ4_K && m.dtype != DType::kQ5_K) {
+    return bad("the _m K-quant mix needs q4_k or q5_k weights, got ",
+               std::string(DTypeName(m.dtype)));
   }
   if (options.out_dir.empty()) return bad("--out is required");
   return absl::OkStatus();
@@ -507,7 +538,18 @@ absl::StatusOr<SynthOutputs> WriteSynthModel(const SynthWriteOptions& options) {
   if (absl::Status s = MakeDir(dir); !s.ok()) return s;
   if (options.format != SynthFormat::kHf) {
     out.gguf_path = (dir / "model.gguf").string();
-    if (absl::Status s = WriteGguf(**weights, vocab, options.model.dtype, out.gguf_path); !s.ok()) {
+    const uint32_t file_type = GgufFileType(options.model.dtype, options.model.mix);
+    if (absl::Status s = WriteGguf(**weights, vocab, file_type, out.gguf_path); !s.ok()) {
+      return s;
+    }
+  }
+  if (!options.dequantized_twin_path.empty()) {
+    absl::StatusOr<std::unique_ptr<ModelWeights>> twin = DequantizedTwin(**weights);
+    if (!twin.ok()) return twin.status();
+    out.dequantized_twin_path = options.dequantized_twin_path;
+    if (absl::Status s = WriteGguf(**twin, vocab, GgufFileType(DType::kF32, WeightMix::kUniform),
+                                   out.dequantized_twin_path);
+        !s.ok()) {
       return s;
     }
   }

@@ -39,12 +39,17 @@ struct SynthWriteOptions {
   /// Hugging Face directory to `out_dir`/hf.
   std::string out_dir;
   SynthFormat format = SynthFormat::kBoth;
+  /// When set, also writes the model's dequantized twin to this GGUF path: the same model with
+  /// every matrix stored as f32 holding exactly the values the quantized blocks decode to
+  /// (DequantizedTwin), so its logits are the reference for the quantized file's.
+  std::string dequantized_twin_path;
 };
 
 /// The paths written (empty when that format was not asked for).
 struct SynthOutputs {
   std::string gguf_path;
   std::string hf_dir;
+  std::string dequantized_twin_path;
   /// Parameters of the model (tied output counted once).
   int64_t num_params = 0;
   /// Number of real (non-padding) pieces of the tokenizer.
@@ -58,8 +63,9 @@ int SynthMinVocabSize();
 /// (e.g. "--kv-heads 3 must divide --heads 8").
 absl::Status ValidateSynthOptions(const SynthWriteOptions& options);
 
-/// Builds the model with MakeSyntheticModel and writes it. Q8_0 (and Q4_0) weights exist in
-/// GGUF only: asking for a Hugging Face copy of them is an INVALID_ARGUMENT error.
+/// Builds the model with MakeSyntheticModel and writes it. Quantized weights (q8_0, q4_0, the
+/// K-quants, ...) exist in GGUF only: asking for a Hugging Face copy of them is an
+/// INVALID_ARGUMENT error.
 absl::StatusOr<SynthOutputs> WriteSynthModel(const SynthWriteOptions& options);
 
 }  // namespace kvserve

@@ -6,48 +6,41 @@
 #include <new>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/convert.h"
 
 namespace kvserve {
 namespace {
 
-// Splits quantized rows into 32-element blocks: fp16 scale then the packed values.
-void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* out) {
-  for (int64_t b = 0; b < n / 32; ++b) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
-    const float d = amax / 127.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = FloatToHalf(d);
-    std::memcpy(out, &dh, 2);
-    for (int j = 0; j < 32; ++j) {
-      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[b * 32 + j] * inv)));
-    }
-    out += 34;
-  }
+// llama.cpp's use_more_bits rule: the first and last eighth of the layers, and every third
+// layer between, get more bits in the _M mixes.
+bool UseMoreBits(int layer, int num_layers) {
+  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 || (layer - num_layers / 8) % 3 == 2;
 }
 
-void QuantizeRowQ4_0(const float* x, int64_t n, uint8_t* out) {
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const float* v = x + b * 32;
-    float max = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      if (std::fabs(v[j]) > std::fabs(max)) max = v[j];
-    }
-    const float d = max / -8.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = FloatToHalf(d);
-    std::memcpy(out, &dh, 2);
-    for (int j = 0; j < 16; ++j) {
-      const int lo = std::min(15, static_cast<int>(v[j] * inv + 8.5f));
-      const int hi = std::min(15, static_cast<int>(v[j + 16] * inv + 8.5f));
-      out[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-    out += 18;
+// The stored dtype of a matrix with rows of `cols` elements; `role` is its GGUF name suffix.
+DType MatrixDType(const SyntheticModelOptions& o, const std::string& role, int layer,
+                  int64_t cols) {
+  DType t = o.dtype;
+  if (o.mix == WeightMix::kKQuantMedium) {
+    const bool more = UseMoreBits(layer, o.num_layers);
+    if (role == "output" || (more && (role == "attn_v" || role == "ffn_down"))) t = DType::kQ6_K;
   }
+  // Rows that are not whole blocks (a 256-element super-block) fall back to q8_0.
+  if (cols % DTypeBlockElems(t) != 0) t = DType::kQ8_0;
+  return t;
+}
+
+// A buffer of `bytes` owned by `weights`; nullptr when out of memory.
+uint8_t* AllocateIn(ModelWeights* weights, int64_t bytes) {
+  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[bytes]);
+  uint8_t* p = buf.get();
+  if (p != nullptr) weights->owned_buffers.push_back(std::move(buf));
+  return p;
 }
 
 class Builder {
@@ -64,7 +57,7 @@ class Builder {
     const int64_t row_bytes = t.row_bytes();
     for (int64_t r = 0; r < rows; ++r) {
       for (float& x : row) x = dist(rng_);
-      Store(row.data(), cols, dtype, data + r * row_bytes);
+      cpu::ConvertRowFromF32(row.data(), cols, dtype, data + r * row_bytes);
     }
     t.data = data;
     return t;
@@ -80,32 +73,7 @@ class Builder {
   }
 
  private:
-  uint8_t* Allocate(int64_t bytes) {
-    std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[bytes]);
-    uint8_t* p = buf.get();
-    if (p != nullptr) weights_->owned_buffers.push_back(std::move(buf));
-    return p;
-  }
-
-  static void Store(const float* x, int64_t n, DType dtype, uint8_t* out) {
-    switch (dtype) {
-      case DType::kF32: std::memcpy(out, x, n * 4); break;
-      case DType::kF16:
-        for (int64_t i = 0; i < n; ++i) {
-          const uint16_t h = FloatToHalf(x[i]);
-          std::memcpy(out + 2 * i, &h, 2);
-        }
-        break;
-      case DType::kBF16:
-        for (int64_t i = 0; i < n; ++i) {
-          const uint16_t h = FloatToBF16(x[i]);
-          std::memcpy(out + 2 * i, &h, 2);
-        }
-        break;
-      case DType::kQ8_0: QuantizeRowQ8_0(x, n, out); break;
-      case DType::kQ4_0: QuantizeRowQ4_0(x, n, out); break;
-    }
-  }
+  uint8_t* Allocate(int64_t bytes) { return AllocateIn(weights_, bytes); }
 
   ModelWeights* weights_;
   std::mt19937_64 rng_;
@@ -129,7 +97,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
   if (absl::Status s = c.Validate(); !s.ok()) return s;
-  const int64_t block = DTypeBlockElems(o.dtype);
+  // Quantized rows that are not whole K-quant super-blocks fall back to q8_0 (MatrixDType).
+  const int64_t block = std::min<int64_t>(DTypeBlockElems(o.dtype), 32);
+  if (o.mix == WeightMix::kKQuantMedium && o.dtype != DType::kQ4_K && o.dtype != DType::kQ5_K) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: the K-quant mix needs q4_k or q5_k, got ",
+                     std::string(DTypeName(o.dtype))));
+  }
   if (o.hidden_size % block != 0 || o.intermediate_size % block != 0 ||
       (c.num_heads * c.head_dim) % block != 0) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic model: sizes must be multiples of ",
@@ -137,6 +111,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
   }
   weights->format = "synthetic";
   Builder b(weights.get(), o.seed);
+  auto dt = [&o](const char* role, int layer, int64_t cols) {
+    return MatrixDType(o, role, layer, cols);
+  };
   const int64_t h = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
@@ -146,29 +123,90 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
     if (!t_.ok()) return t_.status();        \
     lhs = std::move(*t_);                    \
   } while (0)
-  KVSERVE_ASSIGN(weights->token_embedding, b.Random("token_embd", o.dtype, c.vocab_size, h));
+  KVSERVE_ASSIGN(weights->token_embedding,
+                 b.Random("token_embd", dt("token_embd", 0, h), c.vocab_size, h));
   weights->layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = weights->layers[l];
     const std::string p = absl::StrCat("blk.", l, ".");
     KVSERVE_ASSIGN(w.attn_norm, b.Ones(p + "attn_norm", h));
-    KVSERVE_ASSIGN(w.wq, b.Random(p + "attn_q", o.dtype, q_dim, h));
-    KVSERVE_ASSIGN(w.wk, b.Random(p + "attn_k", o.dtype, kv_dim, h));
-    KVSERVE_ASSIGN(w.wv, b.Random(p + "attn_v", o.dtype, kv_dim, h));
-    KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", o.dtype, h, q_dim));
+    KVSERVE_ASSIGN(w.wq, b.Random(p + "attn_q", dt("attn_q", l, h), q_dim, h));
+    KVSERVE_ASSIGN(w.wk, b.Random(p + "attn_k", dt("attn_k", l, h), kv_dim, h));
+    KVSERVE_ASSIGN(w.wv, b.Random(p + "attn_v", dt("attn_v", l, h), kv_dim, h));
+    KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", dt("attn_output", l, q_dim), h, q_dim));
     KVSERVE_ASSIGN(w.ffn_norm, b.Ones(p + "ffn_norm", h));
-    KVSERVE_ASSIGN(w.w_gate, b.Random(p + "ffn_gate", o.dtype, c.intermediate_size, h));
-    KVSERVE_ASSIGN(w.w_up, b.Random(p + "ffn_up", o.dtype, c.intermediate_size, h));
-    KVSERVE_ASSIGN(w.w_down, b.Random(p + "ffn_down", o.dtype, h, c.intermediate_size));
+    KVSERVE_ASSIGN(w.w_gate,
+                   b.Random(p + "ffn_gate", dt("ffn_gate", l, h), c.intermediate_size, h));
+    KVSERVE_ASSIGN(w.w_up, b.Random(p + "ffn_up", dt("ffn_up", l, h), c.intermediate_size, h));
+    KVSERVE_ASSIGN(w.w_down, b.Random(p + "ffn_down", dt("ffn_down", l, c.intermediate_size), h,
+                                      c.intermediate_size));
   }
   KVSERVE_ASSIGN(weights->final_norm, b.Ones("output_norm", h));
   if (o.tie_word_embeddings) {
     weights->output = weights->token_embedding;
   } else {
-    KVSERVE_ASSIGN(weights->output, b.Random("output", o.dtype, c.vocab_size, h));
+    KVSERVE_ASSIGN(weights->output, b.Random("output", dt("output", 0, h), c.vocab_size, h));
   }
 #undef KVSERVE_ASSIGN
   return weights;
+}
+
+namespace {
+
+// `t` as an F32 tensor in a buffer owned by `twin` (absent views stay absent).
+absl::StatusOr<TensorView> ToF32(const TensorView& t, ModelWeights* twin) {
+  if (!t.present()) return t;
+  const int64_t cols = t.shape.back();
+  const int64_t rows = t.numel() / cols;
+  auto* data = reinterpret_cast<float*>(AllocateIn(twin, rows * cols * 4));
+  if (data == nullptr) return absl::ResourceExhaustedError("dequantized twin: out of memory");
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::ConvertRowToF32(src + r * t.row_bytes(), t.dtype, cols, data + r * cols);
+  }
+  TensorView v = t;
+  v.dtype = DType::kF32;
+  v.data = data;
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> DequantizedTwin(const ModelWeights& w) {
+  auto twin = std::make_unique<ModelWeights>();
+  twin->config = w.config;
+  twin->format = w.format;
+  twin->source_path = w.source_path;
+  twin->layers.resize(w.layers.size());
+  std::vector<std::pair<const TensorView*, TensorView*>> views = {
+      {&w.token_embedding, &twin->token_embedding},
+      {&w.final_norm, &twin->final_norm},
+      {&w.rope_freqs, &twin->rope_freqs}};
+  const bool tied = w.output.data == w.token_embedding.data;
+  if (!tied) views.emplace_back(&w.output, &twin->output);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& s = w.layers[l];
+    LayerWeights& d = twin->layers[l];
+    views.insert(views.end(), {{&s.attn_norm, &d.attn_norm},
+                               {&s.wq, &d.wq},
+                               {&s.wk, &d.wk},
+                               {&s.wv, &d.wv},
+                               {&s.bq, &d.bq},
+                               {&s.bk, &d.bk},
+                               {&s.bv, &d.bv},
+                               {&s.wo, &d.wo},
+                               {&s.ffn_norm, &d.ffn_norm},
+                               {&s.w_gate, &d.w_gate},
+                               {&s.w_up, &d.w_up},
+                               {&s.w_down, &d.w_down}});
+  }
+  for (auto [from, to] : views) {
+    absl::StatusOr<TensorView> v = ToF32(*from, twin.get());
+    if (!v.ok()) return v.status();
+    *to = *std::move(v);
+  }
+  if (tied) twin->output = twin->token_embedding;
+  return twin;
 }
 
 }  // namespace kvserve

@@ -10,7 +10,20 @@
 
 namespace kvserve {
 
+/// How the matrices' dtypes are chosen from SyntheticModelOptions::dtype.
+enum class WeightMix {
+  /// Every matrix and the embedding in `dtype`.
+  kUniform,
+  /// llama.cpp's "_M" K-quant mixes in spirit (q4_k_m, q5_k_m; `dtype` is kQ4_K or kQ5_K): `dtype`
+  /// for most matrices, kQ6_K for the output projection and for attn_v and ffn_down in the first
+  /// and last eighth of the layers and every third layer between.
+  kKQuantMedium,
+};
+
 /// Shape and storage of a random-weight Llama model, for benchmarks and tests at realistic sizes.
+/// A matrix whose row length is not a multiple of its dtype's block (a K-quant's 256-element
+/// super-block) is stored as kQ8_0 instead, so quantized dtypes need sizes that are multiples of
+/// 32 only.
 struct SyntheticModelOptions {
   int num_layers = 2;
   int hidden_size = 256;
@@ -21,6 +34,7 @@ struct SyntheticModelOptions {
   int max_position_embeddings = 2048;
   /// dtype of the matmul weights and the embedding (norms are always F32).
   DType dtype = DType::kF32;
+  WeightMix mix = WeightMix::kUniform;
   bool tie_word_embeddings = false;
   uint64_t seed = 1;
 };
@@ -28,6 +42,11 @@ struct SyntheticModelOptions {
 /// Builds a model in memory with weights drawn uniformly from [-a, a], a = 1/sqrt(fan_in) (so
 /// activations stay O(1) through the layers), norm weights 1. Deterministic for a given seed.
 absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const SyntheticModelOptions& options);
+
+/// A copy of `weights` with every matrix and the embedding converted to F32 (quantized blocks
+/// decoded with cpu::ConvertRowToF32, so the values are exactly those the quantized model
+/// computes with); norms and config shared by value. Its buffers are owned by the copy.
+absl::StatusOr<std::unique_ptr<ModelWeights>> DequantizedTwin(const ModelWeights& weights);
 
 }  // namespace kvserve
 

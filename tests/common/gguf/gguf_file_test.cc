@@ -282,9 +282,9 @@ TEST(GgufFileTest, RejectsHugeCountsAndLengths) {
 TEST(GgufFileTest, RejectsBadTensorInfos) {
   {
     GgufWriter w;
-    w.AddTensor("blk.0.attn_q.weight", static_cast<GgmlType>(12), {32}, std::string(32, 'x'));
+    w.AddTensor("blk.0.attn_q.weight", static_cast<GgmlType>(10), {32}, std::string(32, 'x'));
     ExpectError(ParseBytes("type.gguf", w.Serialize()), "type.gguf",
-                "tensor 'blk.0.attn_q.weight' has unsupported ggml type 12");
+                "tensor 'blk.0.attn_q.weight' has unsupported ggml type 10");
   }
   {
     GgufWriter w;
@@ -317,9 +317,46 @@ TEST(GgufFileTest, RejectsBadTensorInfos) {
   }
   {
     GgufWriter w;
+    w.AddTensor("k", GgmlType::kQ5_K, {128, 2}, std::string(176, 'x'));
+    ExpectError(ParseBytes("q5krow.gguf", w.Serialize()), "q5krow.gguf",
+                "tensor 'k' of type Q5_K has row length 128, not a multiple of the block size 256");
+  }
+  {
+    GgufWriter w;
     w.AddTensor("short", GgmlType::kF32, {16}, Floats({1, 2}));  // data shorter than 16 floats
     ExpectError(ParseBytes("short.gguf", w.Serialize()), "short.gguf",
                 "tensor 'short' data (offset 0, 64 bytes) extends past the end of the file");
+  }
+}
+
+// The block formats' ggml numbers, names and sizes (256-element super-blocks for the K-quants).
+TEST(GgufFileTest, BlockTypesHaveTheirSizes) {
+  struct Case {
+    GgmlType type;
+    uint32_t number;
+    const char* name;
+    int64_t row;
+    uint64_t bytes;
+  };
+  const Case cases[] = {
+      {GgmlType::kQ4_1, 3, "Q4_1", 64, 40},    {GgmlType::kQ5_0, 6, "Q5_0", 64, 44},
+      {GgmlType::kQ5_1, 7, "Q5_1", 64, 48},    {GgmlType::kQ4_K, 12, "Q4_K", 512, 288},
+      {GgmlType::kQ5_K, 13, "Q5_K", 512, 352}, {GgmlType::kQ6_K, 14, "Q6_K", 512, 420}};
+  GgufWriter w;
+  for (const Case& c : cases) {
+    EXPECT_EQ(static_cast<uint32_t>(c.type), c.number);
+    EXPECT_EQ(GgmlTypeName(c.type), c.name);
+    EXPECT_EQ(GgmlRowBytes(c.type, c.row), c.bytes) << c.name;
+    EXPECT_EQ(GgmlRowBytes(c.type, c.row + 16), std::nullopt) << c.name;  // partial block
+    w.AddTensor(c.name, c.type, {c.row, 3}, std::string(3 * c.bytes, '\x5a'));
+  }
+  absl::StatusOr<GgufFile> f = ParseBytes("blocks.gguf", w.Serialize());
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const Case& c : cases) {
+    const GgufTensorInfo* t = f->FindTensor(c.name);
+    ASSERT_NE(t, nullptr) << c.name;
+    EXPECT_EQ(t->type, c.type);
+    EXPECT_EQ(t->nbytes, 3 * c.bytes) << c.name;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,8 +19,11 @@ using testing::RandomFloats;
 TEST(EmbeddingGatherTest, EveryDTypeDecodesExactly) {
   std::mt19937 rng(6);
   const int64_t vocab = 11;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
-    for (int64_t dim : {32, 96}) {
+  for (DType dtype :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+        DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (int64_t blocks : {1, 3}) {
+      const int64_t dim = blocks * std::max<int64_t>(32, DTypeBlockElems(dtype));
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " dim " + std::to_string(dim));
       const std::vector<uint8_t> table =
           EncodeRows(dtype, RandomFloats(vocab * dim, rng), vocab, dim);

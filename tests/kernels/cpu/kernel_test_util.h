@@ -12,8 +12,10 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/block_quant.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/dtype.h"
+#include "tests/kernels/cpu/block_quant_reference.h"
 
 namespace kvserve::cpu::testing {
 
@@ -26,8 +28,9 @@ inline std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo = -
   return v;
 }
 
-/// Encodes a row-major [rows, k] float matrix in `dtype` (round to nearest; quantized types use
-/// one scale per 32-element block: Q8_0 d = amax/127, Q4_0 d = amax/7).
+/// Encodes a row-major [rows, k] float matrix in `dtype` (round to nearest; Q8_0 and Q4_0 use
+/// one scale per 32-element block: Q8_0 d = amax/127, Q4_0 d = amax/7; the other quantized
+/// types go through cpu::QuantizeRow).
 inline std::vector<uint8_t> EncodeRows(DType dtype, const std::vector<float>& v, int64_t rows,
                                        int64_t k) {
   const int64_t row_bytes = DTypeRowBytes(dtype, k);
@@ -41,6 +44,9 @@ inline std::vector<uint8_t> EncodeRows(DType dtype, const std::vector<float>& v,
       } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
         const uint16_t h = dtype == DType::kF16 ? FloatToHalf(src[b]) : FloatToBF16(src[b]);
         std::memcpy(dst + 2 * b, &h, 2);
+      } else if (dtype != DType::kQ8_0 && dtype != DType::kQ4_0) {
+        QuantizeRow(src, dtype, k, dst);  // the other block formats: kernels/cpu/block_quant.h
+        break;
       } else {
         const float* x = src + 32 * b;
         float amax = 0.0f;
@@ -106,6 +112,14 @@ inline std::vector<double> DecodeRows(DType dtype, const std::vector<uint8_t>& b
           value = HalfToFloat(h) * static_cast<double>(nib - 8);
           break;
         }
+        case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+          value = RefDecodeElement(dtype, row, e);
+          break;
       }
       out[r * k + e] = value;
     }

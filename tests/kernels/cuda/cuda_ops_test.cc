@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/block_quant.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
@@ -20,13 +21,18 @@ using testing_cuda::MaxAbsDiff;
 using testing_cuda::Random;
 using testing_cuda::Upload;
 
-// Rows of `cols` random weights stored as `dtype` (GGUF block layouts for q8_0 / q4_0).
+// Rows of `cols` random weights stored as `dtype` (GGUF block layouts: random q8_0 / q4_0
+// blocks; the other block formats through cpu::QuantizeRow).
 std::vector<uint8_t> MakeWeights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
   const std::vector<float> f = Random(rows * cols, seed);
   std::vector<uint8_t> out(DTypeRowBytes(dtype, cols) * rows);
   std::mt19937 rng(seed + 1);
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = out.data() + r * DTypeRowBytes(dtype, cols);
+    if (DTypeIsQuantized(dtype) && dtype != DType::kQ8_0 && dtype != DType::kQ4_0) {
+      cpu::QuantizeRow(f.data() + r * cols, dtype, cols, row);
+      continue;
+    }
     for (int64_t c = 0; c < cols; ++c) {
       const float x = f[r * cols + c];
       switch (dtype) {
@@ -62,20 +68,35 @@ std::vector<uint8_t> MakeWeights(DType dtype, int64_t rows, int64_t cols, uint32
           }
           break;
         }
+        case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+          break;  // quantized per row above
       }
     }
   }
   return out;
 }
 
-constexpr DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                                  DType::kQ4_0};
+constexpr DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                                  DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+// Row lengths of whole blocks: 32-element blocks as before, K-quants in 256-element ones.
+int64_t Whole(DType dtype, int64_t n) {
+  const int64_t b = DTypeBlockElems(dtype);
+  return b > 32 ? (n + b - 1) / b * b : n;
+}
 
 TEST(CudaOpsTest, EmbeddingEveryWeightDType) {
   KVSERVE_REQUIRE_CUDA(gpu);
   cpu::CpuBackend cpu(nullptr);
   for (DType dtype : kWeightTypes) {
-    for (int64_t dim : {64, 160}) {
+    for (int64_t dim_in : {64, 160, 512}) {
+      const int64_t dim = Whole(dtype, dim_in);
       const int64_t vocab = 37;
       const std::vector<uint8_t> table = MakeWeights(dtype, vocab, dim, 7);
       const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1, 30};
@@ -149,7 +170,7 @@ TEST(CudaOpsTest, MatmulEveryWeightDType) {
   for (DType dtype : kWeightTypes) {
     for (int64_t m : {1, 3, 17}) {
       const int64_t n = 67;
-      const int64_t k = 96;
+      const int64_t k = Whole(dtype, 96);
       const std::vector<uint8_t> w = MakeWeights(dtype, n, k, 11);
       const std::vector<float> x = Random(m * k, 12);
       const std::vector<float> bias = Random(n, 13);

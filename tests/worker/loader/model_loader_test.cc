@@ -211,6 +211,18 @@ GgmlType ToGgml(DType t) {
       return GgmlType::kQ8_0;
     case DType::kQ4_0:
       return GgmlType::kQ4_0;
+    case DType::kQ4_1:
+      return GgmlType::kQ4_1;
+    case DType::kQ5_0:
+      return GgmlType::kQ5_0;
+    case DType::kQ5_1:
+      return GgmlType::kQ5_1;
+    case DType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case DType::kQ5_K:
+      return GgmlType::kQ5_K;
+    case DType::kQ6_K:
+      return GgmlType::kQ6_K;
   }
   return GgmlType::kF32;
 }
@@ -344,6 +356,16 @@ TEST(ModelLoaderTest, GgufErrors) {
     w.SetString("general.architecture", "gemma");
     ExpectError(LoadGgufBytes(w, "gemma.gguf").status(),
                 dir + "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama)");
+  }
+  {
+    // A K-quant row must be whole 256-element super-blocks: hidden 32 is not.
+    GgufWriter w = TinyGguf(DType::kF32, "blk.0.attn_q.weight");
+    w.AddTensor("blk.0.attn_q.weight", GgmlType::kQ4_K, {kHidden, kHeads * kHd},
+                std::string(144 * kHeads * kHd / 8, 0));
+    ExpectError(LoadGgufBytes(w, "q4k_row.gguf").status(),
+                dir +
+                    "q4k_row.gguf: tensor 'blk.0.attn_q.weight' of type Q4_K has row length 32, "
+                    "not a multiple of the block size 256");
   }
   ExpectError(LoadModelWeights(dir + "does_not_exist.gguf").status(),
               dir + "does_not_exist.gguf: no such file or directory");
