@@ -259,5 +259,56 @@ TEST(SyntheticShardTest, QuantizedWeightsSplitOnBlockBoundaries) {
       << p4.status();
 }
 
+// K-quant super-blocks are 256 elements: a shard keeps whole ones, and a cut inside one (wo
+// columns or MLP rows) is refused naming the tensor and the block size.
+TEST(SyntheticShardTest, KQuantWeightsSplitOnSuperBlockBoundaries) {
+  SyntheticModelOptions o;
+  o.num_layers = 2;
+  o.hidden_size = 512;
+  o.num_heads = 4;  // head_dim 128: two heads per 256-element super-block of wo's rows
+  o.num_kv_heads = 4;
+  o.intermediate_size = 768;  // three super-blocks of w_down's rows
+  o.vocab_size = 64;
+  o.dtype = DType::kQ4_K;
+  o.mix = WeightMix::kKQuantMedium;  // layer 1's w_down (and output) in q6_k
+  auto w = *MakeSyntheticModel(o);
+  ASSERT_EQ(w->layers[0].w_down.dtype, DType::kQ4_K);
+  ASSERT_EQ(w->layers[1].w_down.dtype, DType::kQ6_K);
+
+  // tp 2: wo cut at column 256, MLP super-blocks split 1 + 2.
+  ShardPlan p1 = *PlanShard(*w, 1, 2);
+  EXPECT_EQ(p1.ffn_begin, 256);
+  EXPECT_EQ(p1.ffn_end, 768);
+  auto s1 = *ShardWeights(*w, 1, 2);
+  for (int l = 0; l < 2; ++l) {
+    const TensorView& full = w->layers[l].w_down;
+    const TensorView& part = s1->layers[l].w_down;
+    const int64_t block = DTypeBlockBytes(full.dtype);
+    ASSERT_EQ(part.shape, (std::vector<int64_t>{512, 512}));
+    ASSERT_EQ(part.row_bytes(), 2 * block);
+    for (int64_t row = 0; row < 512; ++row) {
+      ASSERT_EQ(0, std::memcmp(Bytes(part) + row * 2 * block, Bytes(full) + row * 3 * block + block,
+                               2 * block));
+    }
+  }
+
+  // tp 4: three MLP super-blocks for four ranks.
+  absl::StatusOr<ShardPlan> p3 = PlanShard(*w, 0, 4);
+  ASSERT_FALSE(p3.ok());
+  EXPECT_NE(p3.status().message().find("exceeds the 3 splittable MLP blocks of 256 rows"),
+            std::string::npos)
+      << p3.status();
+  // With four MLP super-blocks, one 128-column head per rank still cuts wo inside one.
+  o.intermediate_size = 1024;
+  o.num_layers = 1;
+  auto w4 = *MakeSyntheticModel(o);
+  absl::StatusOr<ShardPlan> p4 = PlanShard(*w4, 0, 4);
+  ASSERT_FALSE(p4.ok());
+  EXPECT_NE(p4.status().message().find("blk.0.attn_output (q4_k) would be split at column 128, "
+                                       "inside a 256-element quantization block"),
+            std::string::npos)
+      << p4.status();
+}
+
 }  // namespace
 }  // namespace kvserve
