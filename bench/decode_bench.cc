@@ -14,15 +14,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/membw.h"
-#include "kernels/cpu/thread_pool.h"
 #include "bench/decode_harness.h"
 #include "bench/peak_fma.h"
+#include "kernels/cpu/membw.h"
+#include "kernels/cpu/thread_pool.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/loaded_model.h"
 #include "worker/model/synthetic_model.h"
@@ -30,30 +31,33 @@
 namespace kvserve {
 namespace {
 
-cpu::ThreadPool& Pool() {
-  static cpu::ThreadPool pool(0);
-  return pool;
+// All hardware threads (threads = 0) or exactly `threads`.
+cpu::ThreadPool& Pool(int threads = 0) {
+  static cpu::ThreadPool all(0);
+  static cpu::ThreadPool one(1);
+  static cpu::ThreadPool two(2);
+  return threads == 1 ? one : (threads == 2 ? two : all);
 }
 
-double TriadBytesPerSecond() {
-  static const double bw = cpu::MeasureTriadBandwidth(&Pool(), size_t{256} << 20, 5);
-  return bw;
+// The STREAM triad of the same threads, measured right after the benchmark it scales (the same
+// machine load), best of 3 passes over 3 x 256 MiB.
+double TriadBytesPerSecond(cpu::ThreadPool* pool) {
+  return cpu::MeasureTriadBandwidth(pool, size_t{256} << 20, 3);
 }
 
 // Bytes a decode step streams from memory: every matmul weight once (the embedding row gather is
 // negligible) plus the K/V of the attended context.
 double BytesPerDecodeStep(const ModelWeights& w, int batch, int context) {
-  const double weights = static_cast<double>(w.TotalBytes() - w.token_embedding.nbytes() +
-                                             (w.output.data == w.token_embedding.data
-                                                  ? w.token_embedding.nbytes()
-                                                  : 0));
+  const double weights = static_cast<double>(
+      w.TotalBytes() - w.token_embedding.nbytes() +
+      (w.output.data == w.token_embedding.data ? w.token_embedding.nbytes() : 0));
   const double kv = static_cast<double>(KvCache::BytesPerToken(w.config)) * context * batch;
   return weights + kv;
 }
 
 const ModelWeights* SyntheticModel(DType dtype) {
-  static std::unique_ptr<ModelWeights> models[5];
-  auto& m = models[static_cast<int>(dtype)];
+  static std::map<DType, std::unique_ptr<ModelWeights>> models;
+  std::unique_ptr<ModelWeights>& m = models[dtype];
   if (m == nullptr) {
     SyntheticModelOptions o;
     o.num_layers = 8;
@@ -73,19 +77,20 @@ const ModelWeights* Stories260K() {
   return model.weights.get();
 }
 
-void RunDecode(benchmark::State& state, const ModelWeights* w, int batch) {
+void RunDecode(benchmark::State& state, const ModelWeights* w, int batch, int threads = 0) {
   const int max_len = 512;
-  DecodeHarness h(w, &Pool(), batch, max_len);
+  cpu::ThreadPool* pool = &Pool(threads);
+  DecodeHarness h(w, pool, batch, max_len);
   h.Prefill(64);
   double bytes = 0;
   for (auto _ : state) {
     bytes += BytesPerDecodeStep(*w, batch, h.pos() + 1);
     h.Decode();
   }
-  const double triad = TriadBytesPerSecond();
-  state.counters["tok/s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()) * batch,
-                         benchmark::Counter::kIsRate);
+  const double triad = TriadBytesPerSecond(pool);
+  state.counters["threads"] = pool->num_threads();
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch,
+                                               benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["triad_GB/s"] = triad / 1e9;
   state.counters["bw_ratio"] = benchmark::Counter(bytes / triad, benchmark::Counter::kIsRate);
@@ -100,17 +105,16 @@ void RunPrefill(benchmark::State& state, const ModelWeights* w, int len) {
           (int64_t{c.hidden_size} * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) +
            3 * int64_t{c.hidden_size} * c.intermediate_size) +
       int64_t{c.vocab_size} * c.hidden_size / len);  // logits only for the last token
-  const double attn =
-      2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (len * (len + 1) / 2.0);
+  const double attn = 2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (len * (len + 1) / 2.0);
   const double flops = 2.0 * matmul_params * len + attn;
   DecodeHarness h(w, &Pool(), 1, len);
   for (auto _ : state) h.Prefill(len);
   // The register-only FMA peak of the same threads, measured right after (same machine load).
   const double peak = bench::PeakFlopsPerSecond(&Pool());
   state.counters["peak_GFLOP/s"] = peak / 1e9;
-  state.counters["peak_ratio"] = benchmark::Counter(
-      flops * static_cast<double>(state.iterations()) / std::max(peak, 1.0),
-      benchmark::Counter::kIsRate);
+  state.counters["peak_ratio"] =
+      benchmark::Counter(flops * static_cast<double>(state.iterations()) / std::max(peak, 1.0),
+                         benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] = benchmark::Counter(
       flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * len,
@@ -122,15 +126,19 @@ void BM_DecodeStories260K(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeStories260K)->Arg(1)->Arg(32)->UseRealTime();
 
+// Args: dtype, batch, threads (0 = all).
 void BM_DecodeSynthetic(benchmark::State& state) {
   RunDecode(state, SyntheticModel(static_cast<DType>(state.range(0))),
-            static_cast<int>(state.range(1)));
+            static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
   state.SetLabel(std::string(DTypeName(static_cast<DType>(state.range(0)))));
 }
 BENCHMARK(BM_DecodeSynthetic)
     ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16),
-                    static_cast<int>(DType::kF16), static_cast<int>(DType::kQ8_0)},
-                   {1, 32}})
+                    static_cast<int>(DType::kF16), static_cast<int>(DType::kQ8_0),
+                    static_cast<int>(DType::kQ4_0), static_cast<int>(DType::kQ4_K),
+                    static_cast<int>(DType::kQ5_K), static_cast<int>(DType::kQ6_K)},
+                   {1, 32},
+                   {1, 0}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

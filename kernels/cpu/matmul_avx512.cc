@@ -8,6 +8,7 @@
 #include "kernels/cpu/avx512_intrinsics.h"
 
 #include <cstring>
+#include <type_traits>
 #include <new>
 
 namespace kvserve::cpu::internal {

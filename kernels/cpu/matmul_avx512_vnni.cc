@@ -7,6 +7,7 @@
 #if defined(__AVX512VNNI__)
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/avx512_intrinsics.h"
 

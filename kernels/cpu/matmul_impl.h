@@ -33,7 +33,8 @@ namespace kvserve::cpu::internal {
 
 /// Whether `w_dtype` runs as integer dot products against int8-quantized activations.
 constexpr bool UsesInt8Activations(DType w_dtype) {
-  return w_dtype == DType::kQ8_0 || w_dtype == DType::kQ4_0;
+  return w_dtype == DType::kQ8_0 || w_dtype == DType::kQ4_0 || w_dtype == DType::kQ4_K ||
+         w_dtype == DType::kQ5_K || w_dtype == DType::kQ6_K;
 }
 
 /// Elements per activation block of the int8 form.

@@ -44,6 +44,31 @@ void WeightBlock(DType dtype, const uint8_t* row, int64_t b, int32_t* q, float* 
   }
 }
 
+// K-quants: each weight row decoded to fp32 (the values every path uses), then per activation
+// block d_x * sum(w * q_x), added in block order.
+void KQuantColumns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
+  thread_local std::vector<float> w_row;
+  w_row.resize(static_cast<size_t>(args.k));
+  const auto* w = static_cast<const uint8_t*>(args.w);
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    ConvertRowToF32(w + j * plan.w_row_bytes, args.w_dtype, args.k, w_row.data());
+    for (int64_t i = 0; i < args.m; ++i) {
+      const int8_t* xq = plan.xq + i * plan.xq_stride;
+      const float* xd = plan.xd + i * plan.xd_stride;
+      float s = 0.0f;
+      for (int64_t b = 0; b < args.k / kActBlock; ++b) {
+        float block = 0.0f;
+        for (int e = 0; e < kActBlock; ++e) {
+          block += w_row[b * kActBlock + e] * static_cast<float>(xq[b * kActBlock + e]);
+        }
+        s += block * xd[b];
+      }
+      if (args.bias != nullptr) s += args.bias[j];
+      args.y[i * args.y_stride + j] = s;
+    }
+  }
+}
+
 // Integer dot products against the int8 activations (matmul_impl.h).
 void Int8Columns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   const int64_t blocks = args.k / kActBlock;
@@ -52,6 +77,10 @@ void Int8Columns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin
   wq.resize(static_cast<size_t>(args.k));
   wd.resize(static_cast<size_t>(blocks));
   const auto* w = static_cast<const uint8_t*>(args.w);
+  if (args.w_dtype != DType::kQ8_0 && args.w_dtype != DType::kQ4_0) {
+    KQuantColumns(args, plan, n_begin, n_end);
+    return;
+  }
   for (int64_t j = n_begin; j < n_end; ++j) {
     for (int64_t b = 0; b < blocks; ++b) {
       WeightBlock(args.w_dtype, w + j * plan.w_row_bytes, b, wq.data() + b * kActBlock, &wd[b]);

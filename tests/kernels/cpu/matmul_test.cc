@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/matmul_impl.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
@@ -22,11 +23,14 @@ using testing::RandomFloats;
 using testing::ScopedIsa;
 using testing::SupportedIsas;
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                                DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                                DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
 
 bool IsQuantized(DType t) { return DTypeBlockElems(t) > 1; }
 
-// Quantized weights run against int8 activations: each 32-element block of an x row becomes
+// Quantized weights (but q4_1, q5_0, q5_1: internal::UsesInt8Activations) run against int8
+// activations: each 32-element block of an x row becomes
 // d * q with d = max|x| / 127 and q = x * (127 / max|x|) rounded to nearest, ties to even (fp32
 // arithmetic, as kernels/cpu/matmul_impl.h specifies). Written here from that description.
 std::vector<double> Int8Activations(const float* x, int64_t k) {
@@ -87,8 +91,9 @@ struct Problem {
 void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
   for (int64_t i = 0; i < p.m; ++i) {
     const float* x = &p.x[i * p.x_stride()];
-    const std::vector<double> xr =
-        IsQuantized(p.dtype) ? Int8Activations(x, p.k) : std::vector<double>(x, x + p.k);
+    const std::vector<double> xr = internal::UsesInt8Activations(p.dtype)
+                                       ? Int8Activations(x, p.k)
+                                       : std::vector<double>(x, x + p.k);
     for (int64_t j = 0; j < p.n; ++j) {
       double ref = p.with_bias ? p.bias[j] : 0.0;
       double sum_abs = p.with_bias ? std::fabs(p.bias[j]) : 0.0;
@@ -110,9 +115,10 @@ void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
 TEST(MatmulTest, EveryIsaAndDTypeMatchesDoubleReference) {
   uint32_t seed = 1;
   for (DType dtype : kAllDTypes) {
-    const std::vector<int64_t> ks = IsQuantized(dtype)
-                                        ? std::vector<int64_t>{32, 64, 96, 4096}
-                                        : std::vector<int64_t>{1, 7, 16, 33, 96, 4096};
+    const std::vector<int64_t> ks =
+        DTypeBlockElems(dtype) == 256 ? std::vector<int64_t>{256, 768, 4096}
+        : IsQuantized(dtype)          ? std::vector<int64_t>{32, 64, 96, 4096}
+                                      : std::vector<int64_t>{1, 7, 16, 33, 96, 4096};
     for (int64_t k : ks) {
       for (int64_t n : {1, 7, 33, 100}) {
         for (int64_t m : {1, 3, 17}) {
@@ -158,7 +164,7 @@ TEST(MatmulTest, SimdPathsAgreeWithScalar) {
 TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (DType dtype : kAllDTypes) {
-    for (int64_t k : {96, 4096}) {
+    for (int64_t k : {DTypeBlockElems(dtype) == 256 ? int64_t{256} : int64_t{96}, int64_t{4096}}) {
       const int64_t m = 17;
       const Problem p(m, 37, k, dtype, true, 7);
       for (CpuIsa isa : SupportedIsas()) {
@@ -212,7 +218,7 @@ TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
 // The int8 activations cost accuracy against the unquantized product only within their rounding:
 // |x - d q| <= d / 2 per element, so |error| <= sum_e |w_e| d_block(e) / 2 (+ fp32 summation).
 TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const Problem p(3, 33, 4096, dtype, false, 21);
     for (CpuIsa isa : SupportedIsas()) {
       const ScopedIsa scoped(isa);
@@ -248,7 +254,7 @@ TEST(MatmulTest, Avx512VnniAndNonVnniGiveIdenticalBits) {
     GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   }
   const ScopedIsa scoped(CpuIsa::kAvx512);
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (int64_t m : {1, 5, 70}) {
       const Problem p(m, 37, 1024, dtype, true, 5);
       SetAvx512VnniOverride(true);
