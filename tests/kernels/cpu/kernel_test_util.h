@@ -4,12 +4,16 @@
 // Test-only helpers: deterministic random data, a simple quantizer for building weights, an
 // independent decoder of the dtype layouts (kernels/dtype.h) into doubles, and ISA iteration.
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/block_quant.h"
@@ -145,6 +149,25 @@ inline std::vector<CpuIsa> SupportedIsas() {
   }
   return isas;
 }
+
+/// Prints, once per test binary, which ISA paths its tests exercise (SupportedIsas(): on an
+/// AVX-512 machine the AVX2 and scalar paths are forced too) and which this CPU cannot run, so a
+/// CI log says what was covered. scripts/test.sh collects these lines after ctest.
+class IsaReport : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::string ran, skipped;
+    for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      std::string& list = CpuSupportsIsa(isa) ? ran : skipped;
+      list += (list.empty() ? "" : ", ") + std::string(CpuIsaName(isa));
+    }
+    std::printf("[ISA paths] exercised: %s; skipped (not on this CPU): %s; avx512 int8 VNNI: %s\n",
+                ran.c_str(), skipped.empty() ? "none" : skipped.c_str(),
+                CpuAvx512VnniEnabled() ? "on" : "off or absent");
+  }
+};
+inline ::testing::Environment* const kIsaReport =
+    ::testing::AddGlobalTestEnvironment(new IsaReport);
 
 /// Forces an ISA for the scope.
 class ScopedIsa {

@@ -30,19 +30,23 @@ constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType:
 bool IsQuantized(DType t) { return DTypeBlockElems(t) > 1; }
 
 // Quantized weights (but q4_1, q5_0, q5_1: internal::UsesInt8Activations) run against int8
-// activations: each 32-element block of an x row becomes
-// d * q with d = max|x| / 127 and q = x * (127 / max|x|) rounded to nearest, ties to even (fp32
-// arithmetic, as kernels/cpu/matmul_impl.h specifies). Written here from that description.
-std::vector<double> Int8Activations(const float* x, int64_t k) {
+// activations: each block of `scale_block` elements of an x row (32; 256 for the K-quants)
+// becomes d * q with d = max|x| / 127 and q = x * (127 / max|x|) rounded to nearest, ties to even
+// (fp32 arithmetic, as kernels/cpu/matmul_impl.h specifies). Written here from that description.
+int64_t ScaleBlock(DType dtype) { return DTypeBlockElems(dtype) == 256 ? 256 : 32; }
+
+std::vector<double> Int8Activations(const float* x, int64_t k, int64_t scale_block) {
   std::vector<double> out(static_cast<size_t>(k));
-  for (int64_t b = 0; b < k / 32; ++b) {
+  for (int64_t b = 0; b < k / scale_block; ++b) {
     float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    for (int64_t j = 0; j < scale_block; ++j) {
+      amax = std::max(amax, std::fabs(x[b * scale_block + j]));
+    }
     const float d = amax / 127.0f;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float q = std::nearbyint(x[b * 32 + j] * inv);
-      out[b * 32 + j] = static_cast<double>(q) * d;
+    for (int64_t j = 0; j < scale_block; ++j) {
+      const float q = std::nearbyint(x[b * scale_block + j] * inv);
+      out[b * scale_block + j] = static_cast<double>(q) * d;
     }
   }
   return out;
@@ -92,7 +96,7 @@ void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
   for (int64_t i = 0; i < p.m; ++i) {
     const float* x = &p.x[i * p.x_stride()];
     const std::vector<double> xr = internal::UsesInt8Activations(p.dtype)
-                                       ? Int8Activations(x, p.k)
+                                       ? Int8Activations(x, p.k, ScaleBlock(p.dtype))
                                        : std::vector<double>(x, x + p.k);
     for (int64_t j = 0; j < p.n; ++j) {
       double ref = p.with_bias ? p.bias[j] : 0.0;
@@ -220,6 +224,7 @@ TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
 TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const Problem p(3, 33, 4096, dtype, false, 21);
+    const int64_t block = ScaleBlock(dtype);
     for (CpuIsa isa : SupportedIsas()) {
       const ScopedIsa scoped(isa);
       const std::vector<float> y = p.Run(nullptr);
@@ -227,14 +232,14 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
         const float* x = &p.x[i * p.x_stride()];
         for (int64_t j = 0; j < p.n; ++j) {
           double exact = 0.0, bound = 0.0, sum_abs = 0.0;
-          for (int64_t b = 0; b < p.k / 32; ++b) {
+          for (int64_t b = 0; b < p.k / block; ++b) {
             float amax = 0.0f;
-            for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[b * 32 + e]));
-            for (int e = 0; e < 32; ++e) {
-              const double w = p.w_ref[j * p.k + b * 32 + e];
-              exact += x[b * 32 + e] * w;
+            for (int64_t e = 0; e < block; ++e) amax = std::max(amax, std::fabs(x[b * block + e]));
+            for (int64_t e = 0; e < block; ++e) {
+              const double w = p.w_ref[j * p.k + b * block + e];
+              exact += x[b * block + e] * w;
               bound += std::fabs(w) * amax / 127.0 / 2.0;
-              sum_abs += std::fabs(x[b * 32 + e] * w);
+              sum_abs += std::fabs(x[b * block + e] * w);
             }
           }
           ASSERT_NEAR(y[i * p.y_stride() + j], exact, bound + 2e-5 * sum_abs)

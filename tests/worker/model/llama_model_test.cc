@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "tests/worker/model/golden.h"
 #include "worker/model/batch_builder.h"
 #include "worker/model/loaded_model.h"
@@ -24,6 +27,17 @@ using testing_golden::kStoriesHf;
 using testing_golden::LoadStoriesGolden;
 
 constexpr int kBlockSize = 16;
+
+// Says which CPU kernel path the golden comparisons ran on (llama_model_test_avx2 forces AVX2).
+class ActiveIsaReport : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::printf("[ISA paths] golden model tests on: %s\n",
+                std::string(cpu::CpuIsaName(cpu::ActiveCpuIsa())).c_str());
+  }
+};
+::testing::Environment* const kActiveIsaReport =
+    ::testing::AddGlobalTestEnvironment(new ActiveIsaReport);
 
 // One sequence in a private cache, fed through the model chunk by chunk.
 class SequenceRunner {

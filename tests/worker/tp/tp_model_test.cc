@@ -257,7 +257,12 @@ TEST_P(TpSyntheticTest, GreedyTokensEqualTpOne) {
     const std::vector<TokenId> got = TpRunner(weights.get(), tp).Greedy(prompt, kTokens, &logits);
     EXPECT_EQ(got, base) << "tp " << tp;
     for (size_t i = 0; i < logits.size() && i < base_logits.size(); ++i) {
-      const float tol = 1e-4f * std::max(1.0f, MaxAbs(base_logits[i]));
+      // Quantized weights multiply int8-quantized activations (kernels/cpu/matmul_impl.h): the
+      // float-order differences of tp's partial sums can flip an activation's rounding, which
+      // moves that product by up to a quantization step (1/254 of its block's largest value), so
+      // logits agree to ~1e-3 there rather than to float rounding; the tokens stay equal.
+      const float rel = DTypeIsQuantized(param.options.dtype) ? 1e-2f : 1e-4f;
+      const float tol = rel * std::max(1.0f, MaxAbs(base_logits[i]));
       ASSERT_LT(MaxAbsDiff(logits[i], base_logits[i]), tol) << "tp " << tp << " step " << i;
     }
   }
