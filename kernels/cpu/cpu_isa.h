@@ -33,8 +33,9 @@ CpuIsa ActiveCpuIsa();
 void SetCpuIsaOverride(std::optional<CpuIsa> isa);
 
 /// Whether the avx512 path's int8 kernels use AVX-512 VNNI (vpdpbusd): the CPU has it (with
-/// AVX-512 VL) and neither KVSERVE_CPU_VNNI=0 nor SetAvx512VnniOverride(false) turned it off. The
-/// VNNI and non-VNNI kernels give identical bits; the switch exists to test and measure both.
+/// AVX-512 VL) and neither KVSERVE_CPU_VNNI=0 nor SetAvx512VnniOverride(false) turned it off. Like
+/// the ISA choice it selects kernels with their own (deterministic) summation order for q8_0 and
+/// q4_0; the switch exists to test and measure both.
 bool CpuAvx512VnniEnabled();
 
 /// Forces VNNI off (false) or back on where supported (true); nullopt restores the default.

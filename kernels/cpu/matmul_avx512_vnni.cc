@@ -1,6 +1,6 @@
-// The AVX-512 path's int8 dot-product matmul with VNNI (vpdpbusd): matmul_int8.inc compiled with
-// -mavx512vnni. Selected by Matmul() when CpuAvx512VnniEnabled(); gives the same bits as the
-// vpmaddubsw + vpmaddwd form in matmul_avx512.cc.
+// The AVX-512 path's int8 dot-product matmul with VNNI: matmul_int8.inc compiled with
+// -mavx512vnni (q8_0/q4_0 in 512-bit vpdpbusd block pairs, BlockTileZmm). Selected by Matmul()
+// when CpuAvx512VnniEnabled().
 
 #include "kernels/cpu/matmul_impl.h"
 

@@ -21,8 +21,9 @@
 //   scalar: per block, float(isum) * (d_w * d_x) added to one running sum in block order.
 //   avx2/avx512: 8 int32 lanes per block (pairs of products summed, then pairs of pairs), each
 //           lane converted and FMA'd into an 8-lane accumulator with d_w * d_x; fixed horizontal
-//           sum. With AVX-512 VNNI, vpdpbusd forms the same 8 lane sums (exact integers), so
-//           the VNNI and non-VNNI variants give identical bits.
+//           sum. avx512 with VNNI (its own path): q8_0/q4_0 take two blocks per 16-lane
+//           vpdpbusd step (lanes 0..7 the even block, 8..15 the odd one) into a 16-lane
+//           accumulator, summed lane i + lane i + 8 and then as above.
 // The avx512 path for m >= 4 converts weight panels to fp32 once into a per-thread buffer and
 // walks k in slices, storing the 16-lane accumulators between slices: the same FMA sequence per
 // element as m < 4, so results stay bit-identical (matmul_avx512.cc).
@@ -86,8 +87,9 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
 /// AVX-512 F/BW/VL path (matmul_avx512.cc).
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end);
-/// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc: the same bits as
-/// MatmulColumnsAvx512, which handles them without VNNI.
+/// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc. A path of its own
+/// for q8_0/q4_0 (a different summation order from MatmulColumnsAvx512's 256-bit kernels); the
+/// K-quants give the same bits either way.
 void MatmulColumnsAvx512Vnni(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                              int64_t n_end);
 

@@ -250,8 +250,10 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
   }
 }
 
-// AVX-512 VNNI (vpdpbusd) forms the same exact lane sums as vpmaddubsw + vpmaddwd.
-TEST(MatmulTest, Avx512VnniAndNonVnniGiveIdenticalBits) {
+// The AVX-512 path with and without VNNI: q8_0/q4_0 take different kernels (512-bit vpdpbusd on
+// block pairs, or 256-bit vpmaddubsw), each matching the reference and each batch-invariant; the
+// K-quants apply their scales in vpmaddwd either way, so they give identical bits.
+TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   if (!CpuSupportsIsa(CpuIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   SetAvx512VnniOverride(true);
   if (!CpuAvx512VnniEnabled()) {
@@ -260,14 +262,25 @@ TEST(MatmulTest, Avx512VnniAndNonVnniGiveIdenticalBits) {
   }
   const ScopedIsa scoped(CpuIsa::kAvx512);
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    for (int64_t m : {1, 5, 70}) {
-      const Problem p(m, 37, 1024, dtype, true, 5);
-      SetAvx512VnniOverride(true);
-      const std::vector<float> vnni = p.Run(nullptr);
-      SetAvx512VnniOverride(false);
-      const std::vector<float> plain = p.Run(nullptr);
-      EXPECT_EQ(0, std::memcmp(vnni.data(), plain.data(), vnni.size() * sizeof(float)))
-          << DTypeName(dtype) << " m=" << m;
+    // k = 1024 and an odd block count (k = 288: 9 blocks of 32) for the paired VNNI kernel.
+    for (int64_t k : {int64_t{1024}, DTypeBlockElems(dtype) == 256 ? int64_t{768} : int64_t{288}}) {
+      for (int64_t m : {1, 5, 70}) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " m=" + std::to_string(m) +
+                     " k=" + std::to_string(k));
+        const Problem p(m, 37, k, dtype, true, 5);
+        SetAvx512VnniOverride(true);
+        const std::vector<float> vnni = p.Run(nullptr);
+        ExpectMatchesReference(p, vnni);
+        std::vector<float> alone(static_cast<size_t>(p.n));
+        Matmul(p.Args(&p.x[(m - 1) * p.x_stride()], 1, alone.data()), nullptr);
+        EXPECT_EQ(0, std::memcmp(alone.data(), &vnni[(m - 1) * p.y_stride()], p.n * sizeof(float)));
+        SetAvx512VnniOverride(false);
+        const std::vector<float> plain = p.Run(nullptr);
+        ExpectMatchesReference(p, plain);
+        if (DTypeBlockElems(dtype) == 256) {
+          EXPECT_EQ(0, std::memcmp(vnni.data(), plain.data(), vnni.size() * sizeof(float)));
+        }
+      }
     }
   }
   SetAvx512VnniOverride(std::nullopt);
