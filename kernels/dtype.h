@@ -11,15 +11,16 @@ namespace kvserve {
 /// Element types of weight tensors as stored in model files and kept in memory.
 /// Quantized types are stored in blocks along the innermost (row) dimension (the GGUF/ggml block
 /// layouts; fp16 fields and the uint32 are little-endian and need not be aligned):
-///   kQ8_0: 32 elements per block = fp16 scale d, then 32 int8 q; x = d * q.          34 bytes
+///   kQ8_0: 32 elements per block = fp16 scale d, then 32 int8 q; x = d * q.           34 bytes
 ///   kQ4_0: 32 elements per block = fp16 scale d, then 16 bytes of nibbles; element j < 16 is
-///          the low nibble of byte j, element j + 16 its high nibble; x = d * (nibble - 8).   18
-///          bytes
-///   kQ4_1: 32 elements = fp16 d, fp16 m, 16 bytes of nibbles as kQ4_0; x = d * nibble + m.  20
-///   bytes kQ5_0: 32 elements = fp16 d, uint32 qh, 16 bytes of nibbles as kQ4_0; element j takes
-///   bit j
-///          of qh as its 5th bit; x = d * (q5 - 16).                                       22 bytes
-///   kQ5_1: 32 elements = fp16 d, fp16 m, uint32 qh, 16 bytes of nibbles; x = d * q5 + m.  24 bytes
+///          the low nibble of byte j, element j + 16 its high nibble; x = d * (nibble - 8).
+///                                                                                     18 bytes
+///   kQ4_1: 32 elements = fp16 d, fp16 m, 16 bytes of nibbles as kQ4_0; x = d * nibble + m.
+///                                                                                     20 bytes
+///   kQ5_0: 32 elements = fp16 d, uint32 qh, 16 bytes of nibbles as kQ4_0; element j takes bit j
+///          of qh as its 5th bit; x = d * (q5 - 16).                                   22 bytes
+///   kQ5_1: 32 elements = fp16 d, fp16 m, uint32 qh, 16 bytes of nibbles; x = d * q5 + m.
+///                                                                                     24 bytes
 ///   K-quants: 256-element super-blocks (DTypeBlockElems), sub-block scales packed inside:
 ///   kQ4_K: fp16 d, fp16 dmin, scales[12], qs[128]. Eight 32-element sub-blocks j with 6-bit scale
 ///          sc_j and min m_j: j < 4: sc = scales[j] & 63, m = scales[j + 4] & 63; j >= 4:
