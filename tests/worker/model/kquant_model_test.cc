@@ -18,14 +18,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/convert.h"
-#include "worker/model/batch_builder.h"
-#include "worker/model/llama_model.h"
+#include "tests/worker/model/model_test_util.h"
 #include "worker/model/loaded_model.h"
 #include "worker/model/synth_writer.h"
 
@@ -60,22 +58,7 @@ SynthWriteOptions Model(const std::string& name, DType dtype, WeightMix mix) {
   return o;
 }
 
-// Logits of the last prompt token, one sequence in a private cache.
-std::vector<float> LastLogits(const LoadedModel& m, const std::vector<TokenId>& prompt) {
-  cpu::ThreadPool pool(2);
-  std::unique_ptr<LlamaModel> model = *LlamaModel::Create(m.weights.get(), &pool);
-  const int block_size = 16;
-  const int blocks = (m.config().max_position_embeddings + block_size - 1) / block_size;
-  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, block_size);
-  std::vector<int32_t> table(blocks);
-  std::iota(table.begin(), table.end(), 0);
-  BatchBuilder builder;
-  builder.AddSequence(prompt, 0, table, block_size, true);
-  std::vector<float> logits(m.config().vocab_size);
-  absl::Status s = model->Forward(builder.Build(), *cache, logits.data());
-  EXPECT_TRUE(s.ok()) << s;
-  return logits;
-}
+using testing_model::LastLogits;
 
 double MaxAbs(const std::vector<float>& v) {
   double m = 0;
@@ -158,9 +141,9 @@ TEST_P(KQuantModelTest, LogitsMatchTheDequantizedTwin) {
   for (const std::string& text : prompts) {
     absl::StatusOr<std::vector<TokenId>> ids = quant->tokenizer->Encode(text);
     ASSERT_TRUE(ids.ok());
-    const std::vector<float> lq = LastLogits(*quant, *ids);
-    const std::vector<float> lt = LastLogits(*twin, *ids);
-    const std::vector<float> lf = LastLogits(*original, *ids);
+    const std::vector<float> lq = LastLogits(*quant, *ids, 2);
+    const std::vector<float> lt = LastLogits(*twin, *ids, 2);
+    const std::vector<float> lf = LastLogits(*original, *ids, 2);
     const double scale = MaxAbs(lt);
     const double twin_diff = MaxDiff(lq, lt);
     const double original_diff = MaxDiff(lq, lf);
@@ -208,7 +191,7 @@ TEST(KQuantModelTest, RowsShorterThanASuperBlockFallBackToQ8_0) {
   }
   absl::StatusOr<std::vector<TokenId>> ids = m->tokenizer->Encode("The keeper");
   ASSERT_TRUE(ids.ok());
-  EXPECT_GT(MaxAbs(LastLogits(*m, *ids)), 0.0);
+  EXPECT_GT(MaxAbs(LastLogits(*m, *ids, 2)), 0.0);
 }
 
 TEST(KQuantModelTest, WriterRefusesBadMixes) {

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -17,8 +16,7 @@
 #include "common/io/mapped_file.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "worker/model/batch_builder.h"
-#include "worker/model/llama_model.h"
+#include "tests/worker/model/model_test_util.h"
 #include "worker/model/loaded_model.h"
 
 namespace kvserve {
@@ -47,22 +45,7 @@ SynthWriteOptions SmallModel(const std::string& name, DType dtype) {
   return o;
 }
 
-// Logits of the last prompt token, one sequence in a private cache.
-std::vector<float> LastLogits(const LoadedModel& m, const std::vector<TokenId>& prompt) {
-  cpu::ThreadPool pool(1);
-  std::unique_ptr<LlamaModel> model = *LlamaModel::Create(m.weights.get(), &pool);
-  const int block_size = 16;
-  const int blocks = (m.config().max_position_embeddings + block_size - 1) / block_size;
-  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, block_size);
-  std::vector<int32_t> table(blocks);
-  std::iota(table.begin(), table.end(), 0);
-  BatchBuilder builder;
-  builder.AddSequence(prompt, 0, table, block_size, true);
-  std::vector<float> logits(m.config().vocab_size);
-  absl::Status s = model->Forward(builder.Build(), *cache, logits.data());
-  EXPECT_TRUE(s.ok()) << s;
-  return logits;
-}
+using testing_model::LastLogits;
 
 class SynthFormatsTest : public ::testing::TestWithParam<DType> {};
 

@@ -1,0 +1,39 @@
+#ifndef KVSERVE_TESTS_WORKER_MODEL_MODEL_TEST_UTIL_H_
+#define KVSERVE_TESTS_WORKER_MODEL_MODEL_TEST_UTIL_H_
+
+// Test-only helpers shared by the model tests.
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/batch_builder.h"
+#include "worker/model/llama_model.h"
+#include "worker/model/loaded_model.h"
+
+namespace kvserve::testing_model {
+
+/// Logits of the last prompt token: one sequence prefilled in a private cache on `threads`.
+inline std::vector<float> LastLogits(const LoadedModel& m, const std::vector<TokenId>& prompt,
+                                     int threads = 1) {
+  cpu::ThreadPool pool(threads);
+  std::unique_ptr<LlamaModel> model = *LlamaModel::Create(m.weights.get(), &pool);
+  const int block_size = 16;
+  const int blocks = (m.config().max_position_embeddings + block_size - 1) / block_size;
+  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, block_size);
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  BatchBuilder builder;
+  builder.AddSequence(prompt, 0, table, block_size, true);
+  std::vector<float> logits(m.config().vocab_size);
+  absl::Status s = model->Forward(builder.Build(), *cache, logits.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return logits;
+}
+
+}  // namespace kvserve::testing_model
+
+#endif  // KVSERVE_TESTS_WORKER_MODEL_MODEL_TEST_UTIL_H_
