@@ -31,7 +31,6 @@ constexpr int64_t kPrefetchBytes = 512;
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
 struct F32W {
   static constexpr int kStep = 8, kVecs = 1, kElemBytes = 4;
-  static constexpr bool kBlocked = false;
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
     out[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + kk);
   }
@@ -39,7 +38,6 @@ struct F32W {
 
 struct F16W {
   static constexpr int kStep = 8, kVecs = 1, kElemBytes = 2;
-  static constexpr bool kBlocked = false;
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
     out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk)));
   }
@@ -47,7 +45,6 @@ struct F16W {
 
 struct BF16W {
   static constexpr int kStep = 8, kVecs = 1, kElemBytes = 2;
-  static constexpr bool kBlocked = false;
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk));
     out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -93,21 +90,19 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
       }
     }
   }
-  if constexpr (!W::kBlocked) {
-    if (kk < a.k) {  // zero-padded final step
-      const int64_t rest = a.k - kk;
-      __m256 wv[C][1];
-      for (int c = 0; c < C; ++c) {
-        alignas(32) uint8_t buf[kLanes * 4] = {};
-        std::memcpy(buf, w[c] + kk * W::kElemBytes, rest * W::kElemBytes);
-        W::Load(buf, 0, wv[c]);
-      }
-      for (int r = 0; r < R; ++r) {
-        alignas(32) float xb[kLanes] = {};
-        std::memcpy(xb, x[r] + kk, rest * sizeof(float));
-        const __m256 xv = _mm256_load_ps(xb);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][0], acc[r][c]);
-      }
+  if (kk < a.k) {  // zero-padded final step
+    const int64_t rest = a.k - kk;
+    __m256 wv[C][1];
+    for (int c = 0; c < C; ++c) {
+      alignas(32) uint8_t buf[kLanes * 4] = {};
+      std::memcpy(buf, w[c] + kk * W::kElemBytes, rest * W::kElemBytes);
+      W::Load(buf, 0, wv[c]);
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float xb[kLanes] = {};
+      std::memcpy(xb, x[r] + kk, rest * sizeof(float));
+      const __m256 xv = _mm256_load_ps(xb);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][0], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {

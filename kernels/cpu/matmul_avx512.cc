@@ -32,7 +32,6 @@ constexpr int64_t kPrefetchBytes = 512;
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
 struct F32W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 4;
-  static constexpr bool kBlocked = false;
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
     out[0] = _mm512_loadu_ps(reinterpret_cast<const float*>(row) + kk);
   }
@@ -43,7 +42,6 @@ struct F32W {
 
 struct F16W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 2;
-  static constexpr bool kBlocked = false;
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
     out[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk)));
   }
@@ -54,7 +52,6 @@ struct F16W {
 
 struct BF16W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 2;
-  static constexpr bool kBlocked = false;
   static __m512 Widen(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
@@ -109,15 +106,13 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
       }
     }
   }
-  if constexpr (!W::kBlocked) {
-    if (kk < a.k) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (a.k - kk)) - 1u);
-      __m512 wv[C][1];
-      for (int c = 0; c < C; ++c) W::LoadMasked(w[c], kk, mask, wv[c]);
-      for (int r = 0; r < R; ++r) {
-        const __m512 xv = _mm512_maskz_loadu_ps(mask, x[r] + kk);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c][0], acc[r][c]);
-      }
+  if (kk < a.k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (a.k - kk)) - 1u);
+    __m512 wv[C][1];
+    for (int c = 0; c < C; ++c) W::LoadMasked(w[c], kk, mask, wv[c]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[r] + kk);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c][0], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -203,11 +198,9 @@ void ConvertPanel(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int
       W::Load(row, i, v);
       for (int j = 0; j < W::kVecs; ++j) _mm512_store_ps(dst + i + j * kLanes, v[j]);
     }
-    if constexpr (!W::kBlocked) {
-      if (i < a.k) {
-        W::LoadMasked(row, i, static_cast<__mmask16>((1u << (a.k - i)) - 1u), v);
-        _mm512_store_ps(dst + i, v[0]);
-      }
+    if (i < a.k) {
+      W::LoadMasked(row, i, static_cast<__mmask16>((1u << (a.k - i)) - 1u), v);
+      _mm512_store_ps(dst + i, v[0]);
     }
   }
 }
