@@ -18,7 +18,8 @@
 // K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled
 // by d_w * d_x in fp32 (K-quants: the super-block's sub-block dot products times their integer
 // sub-block scales are summed in int32 first, and the mins term is added per super-block):
-//   scalar: per block, float(isum) * (d_w * d_x) added to one running sum in block order.
+//   scalar: weight rows decoded to fp32, per 32 elements d_x * sum(w * float(q_x)), added to one
+//           running sum in order.
 //   avx2/avx512: 8 int32 lanes per block (pairs of products summed, then pairs of pairs), each
 //           lane converted and FMA'd into an 8-lane accumulator with d_w * d_x; fixed horizontal
 //           sum. avx512 with VNNI (its own path): q8_0/q4_0 take two blocks per 16-lane

@@ -1,6 +1,5 @@
 // Portable matmul path: converts each weight row to fp32 once and reuses it for all x rows.
 
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
@@ -22,34 +21,14 @@ float Dot(const float* x, const float* w, int64_t k) {
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
-float BlockScale(const uint8_t* block) {
-  uint16_t d;
-  std::memcpy(&d, block, sizeof(d));
-  return HalfToFloat(d);
-}
-
-// Weight block b of a row as 32 signed integers (x = d * q) and its scale d.
-void WeightBlock(DType dtype, const uint8_t* row, int64_t b, int32_t* q, float* d) {
-  if (dtype == DType::kQ8_0) {
-    const uint8_t* block = row + b * 34;
-    *d = BlockScale(block);
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(block[2 + j]);
-    return;
-  }
-  const uint8_t* block = row + b * 18;  // kQ4_0
-  *d = BlockScale(block);
-  for (int j = 0; j < 16; ++j) {
-    q[j] = (block[2 + j] & 15) - 8;
-    q[j + 16] = (block[2 + j] >> 4) - 8;
-  }
-}
-
-// K-quants: each weight row decoded to fp32 (the values every path uses), then per 32 elements
-// d_x * sum(w * q_x), added in order.
-void KQuantColumns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
+// Int8 activations (matmul_impl.h): each weight row decoded to fp32 by the shared block
+// decoders (ConvertRowToF32: the values every path uses), then per 32 elements d_x * sum(w * q_x),
+// added in order.
+void Int8Columns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   thread_local std::vector<float> w_row;
   w_row.resize(static_cast<size_t>(args.k));
   const auto* w = static_cast<const uint8_t*>(args.w);
+  const int64_t blocks_per_scale = ActivationScaleBlock(args.w_dtype) / kActBlock;
   for (int64_t j = n_begin; j < n_end; ++j) {
     ConvertRowToF32(w + j * plan.w_row_bytes, args.w_dtype, args.k, w_row.data());
     for (int64_t i = 0; i < args.m; ++i) {
@@ -61,38 +40,7 @@ void KQuantColumns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_beg
         for (int e = 0; e < kActBlock; ++e) {
           block += w_row[b * kActBlock + e] * static_cast<float>(xq[b * kActBlock + e]);
         }
-        s += block * xd[b * kActBlock / ActivationScaleBlock(args.w_dtype)];
-      }
-      if (args.bias != nullptr) s += args.bias[j];
-      args.y[i * args.y_stride + j] = s;
-    }
-  }
-}
-
-// Integer dot products against the int8 activations (matmul_impl.h).
-void Int8Columns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
-  const int64_t blocks = args.k / kActBlock;
-  thread_local std::vector<int32_t> wq;
-  thread_local std::vector<float> wd;
-  wq.resize(static_cast<size_t>(args.k));
-  wd.resize(static_cast<size_t>(blocks));
-  const auto* w = static_cast<const uint8_t*>(args.w);
-  if (args.w_dtype != DType::kQ8_0 && args.w_dtype != DType::kQ4_0) {
-    KQuantColumns(args, plan, n_begin, n_end);
-    return;
-  }
-  for (int64_t j = n_begin; j < n_end; ++j) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      WeightBlock(args.w_dtype, w + j * plan.w_row_bytes, b, wq.data() + b * kActBlock, &wd[b]);
-    }
-    for (int64_t i = 0; i < args.m; ++i) {
-      const int8_t* xq = plan.xq + i * plan.xq_stride;
-      const float* xd = plan.xd + i * plan.xd_stride;
-      float s = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        int32_t isum = 0;
-        for (int e = 0; e < kActBlock; ++e) isum += wq[b * kActBlock + e] * xq[b * kActBlock + e];
-        s += static_cast<float>(isum) * (wd[b] * xd[b]);
+        s += block * xd[b / blocks_per_scale];
       }
       if (args.bias != nullptr) s += args.bias[j];
       args.y[i * args.y_stride + j] = s;
