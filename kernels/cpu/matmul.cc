@@ -77,8 +77,6 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   if (args.m <= 0 || args.n <= 0) return;
   internal::MatmulPlan plan;
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
-  const int64_t row_block = (int64_t{256} << 10) / (args.k * 4 + 64);
-  plan.row_block = std::max<int64_t>(4, row_block & ~int64_t{3});
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);
   if (internal::UsesInt8Activations(args.w_dtype)) {
     thread_local ActivationBuffers act;

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <new>
 #include <type_traits>
 
 namespace kvserve::cpu::internal {
@@ -135,29 +136,43 @@ void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, in
   }
 }
 
+// ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
+using Vec = __m256;
+Vec VecZero() { return _mm256_setzero_ps(); }
+Vec VecLoad(const float* p) { return _mm256_load_ps(p); }
+Vec VecLoadU(const float* p) { return _mm256_loadu_ps(p); }
+void VecStore(float* p, Vec v) { _mm256_store_ps(p, v); }
+Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
+// 4 x 2: 8 accumulators + 2 weight vectors + 1 x vector of the 16 ymm registers.
+constexpr int kPanelRows = 4;
+constexpr int kPanelTileCols = 2;
+
+#include "kernels/cpu/matmul_panel.inc"
+
 template <class W>
 void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
-  for (int64_t row_begin = 0; row_begin < a.m; row_begin += plan.row_block) {
-    const int64_t row_end = a.m - row_begin < plan.row_block ? a.m : row_begin + plan.row_block;
-    int64_t col = n_begin;
-    if (row_end - row_begin < kMaxRows) {  // decode-like: more weight rows in flight instead
-      const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
-      const int64_t step =
-          rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep : rows_per_page);
-      if (step > 1) {
-        for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
-          for (int64_t j = 0; j < step; ++j) {
-            RowRange<W, kColsFewRows>(a, plan, row_begin, row_end, col + j, step);
-          }
-        }
-      }
-      for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
-        RowRange<W, kColsFewRows>(a, plan, row_begin, row_end, col);
+  if (a.m >= kMaxRows) {
+    PanelColumns<W>(a, plan, n_begin, n_end);
+    return;
+  }
+  // Decode-like (fewer rows than a register tile): weights straight from memory, more weight rows
+  // in flight, and rows sharing a 4 KiB page tiled with a stride (matmul_avx512.cc says why).
+  const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
+  const int64_t step =
+      rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep : rows_per_page);
+  int64_t col = n_begin;
+  if (step > 1) {
+    for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
+      for (int64_t j = 0; j < step; ++j) {
+        RowRange<W, kColsFewRows>(a, plan, 0, a.m, col + j, step);
       }
     }
-    for (; col + kCols <= n_end; col += kCols) RowRange<W, kCols>(a, plan, row_begin, row_end, col);
-    for (; col < n_end; ++col) RowRange<W, 1>(a, plan, row_begin, row_end, col);
   }
+  for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
+    RowRange<W, kColsFewRows>(a, plan, 0, a.m, col);
+  }
+  for (; col + kCols <= n_end; col += kCols) RowRange<W, kCols>(a, plan, 0, a.m, col);
+  for (; col < n_end; ++col) RowRange<W, 1>(a, plan, 0, a.m, col);
 }
 
 }  // namespace

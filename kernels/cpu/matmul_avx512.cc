@@ -147,168 +147,24 @@ void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, in
   }
 }
 
-// ---- Batched path (m >= kMaxRows): prefill and batched decode. ----
-//
-// Each panel of kPanelCols weight rows (adjacent in memory: one sequential stream, which the
-// hardware prefetchers follow at full speed) is converted once to f32 into a per-thread buffer
-// that stays in L2, then reused by every x row of the row block: each weight byte is read from
-// memory and converted once per kRowBlock rows, not once per row tile. The k dimension is walked
-// in kKBlock slices (a 16 KiB panel slice stays in L1 across the row tiles); partial sums carry
-// over in the per-lane accumulators (stored between slices), so each output element still sees
-// exactly the decode path's FMA sequence and horizontal sum.
-constexpr int kPanelCols = 8;      // weight rows per panel (two kCols tiles)
-constexpr int64_t kKBlock = 1024;  // k elements per slice
-constexpr int64_t kRowBlock = 64;  // x rows per pass over the weights
+// ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
+using Vec = __m512;
+Vec VecZero() { return _mm512_setzero_ps(); }
+Vec VecLoad(const float* p) { return _mm512_load_ps(p); }
+Vec VecLoadU(const float* p) { return _mm512_loadu_ps(p); }
+void VecStore(float* p, Vec v) { _mm512_store_ps(p, v); }
+Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
+// 6 x 4: 24 accumulators + 4 weight vectors + 1 x vector of the 32 zmm registers; 10 loads per
+// 24 FMAs.
+constexpr int kPanelRows = 6;
+constexpr int kPanelTileCols = 4;
 
-// Per-thread scratch: the converted panel (grown on demand) and the accumulators. Both live on
-// the heap: a 32 KiB array inside a thread_local would enlarge the process's static TLS block,
-// and pthread_create then fails for libraries that start threads with small stacks (civetweb,
-// behind the Prometheus exposer).
-struct BatchScratch {
-  float* panel = nullptr;  // [kPanelCols][panel_stride], 64-byte aligned
-  int64_t panel_floats = 0;
-  float* acc = static_cast<float*>(::operator new[](
-      kRowBlock * kPanelCols * kLanes * sizeof(float), std::align_val_t{64}));  // [row][col][lane]
-
-  float* Panel(int64_t floats) {
-    if (floats > panel_floats) {
-      ::operator delete[](panel, std::align_val_t{64});
-      panel = static_cast<float*>(::operator new[](floats * sizeof(float), std::align_val_t{64}));
-      panel_floats = floats;
-    }
-    return panel;
-  }
-  ~BatchScratch() {
-    ::operator delete[](panel, std::align_val_t{64});
-    ::operator delete[](acc, std::align_val_t{64});
-  }
-};
-
-// Converts weight rows col0 .. col0 + cols - 1 (all k) into panel rows of `stride` floats; the
-// k tail is padded with zeros, as the decode path's masked load.
-template <class W>
-void ConvertPanel(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int cols,
-                  int64_t stride, float* panel) {
-  for (int c = 0; c < cols; ++c) {
-    const uint8_t* row = static_cast<const uint8_t*>(a.w) + (col0 + c) * plan.w_row_bytes;
-    float* dst = panel + c * stride;
-    int64_t i = 0;
-    __m512 v[W::kVecs];
-    for (; i + W::kStep <= a.k; i += W::kStep) {
-      W::Load(row, i, v);
-      for (int j = 0; j < W::kVecs; ++j) _mm512_store_ps(dst + i + j * kLanes, v[j]);
-    }
-    if (i < a.k) {
-      W::LoadMasked(row, i, static_cast<__mmask16>((1u << (a.k - i)) - 1u), v);
-      _mm512_store_ps(dst + i, v[0]);
-    }
-  }
-}
-
-// One R x C tile over the k slice [k0, k0 + kl): rows row0.. (accumulator row row0 - row_base),
-// panel columns pc0.. (weight rows col0 + pc0..), panel rows `stride` floats apart.
-template <int R, int C>
-void PanelTile(const MatmulArgs& a, int64_t row0, int64_t row_base, int64_t col0, int pc0,
-               const float* panel, int64_t stride, int64_t k0, int64_t kl, float* acc_store) {
-  const bool first = k0 == 0;
-  const bool last = k0 + kl == a.k;
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) {
-      const float* slot = acc_store + ((row0 - row_base + r) * kPanelCols + pc0 + c) * kLanes;
-      acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(slot);
-    }
-  }
-  const float* x[R];
-  for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride + k0;
-  const float* w[C];
-  for (int c = 0; c < C; ++c) w[c] = panel + (pc0 + c) * stride + k0;
-  int64_t i = 0;
-  for (; i + kLanes <= kl; i += kLanes) {
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_load_ps(w[c] + i);
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x[r] + i);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
-  }
-  if (i < kl) {  // k tail (last slice only): zero-padded panel, masked x
-    const __mmask16 mask = static_cast<__mmask16>((1u << (kl - i)) - 1u);
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_load_ps(w[c] + i);
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[r] + i);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    if (last) {
-      float* y = a.y + (row0 + r) * a.y_stride + col0 + pc0;
-      for (int c = 0; c < C; ++c) {
-        float s = HorizontalSum(acc[r][c]);
-        if (a.bias != nullptr) s += a.bias[col0 + pc0 + c];
-        y[c] = s;
-      }
-    } else {
-      for (int c = 0; c < C; ++c) {
-        _mm512_store_ps(acc_store + ((row0 - row_base + r) * kPanelCols + pc0 + c) * kLanes,
-                        acc[r][c]);
-      }
-    }
-  }
-}
-
-template <int C>
-void PanelRows(const MatmulArgs& a, int64_t row0, int rows, int64_t row_base, int64_t col0,
-               int pc0, const float* panel, int64_t stride, int64_t k0, int64_t kl,
-               float* acc_store) {
-  switch (rows) {
-    case 4:
-      PanelTile<4, C>(a, row0, row_base, col0, pc0, panel, stride, k0, kl, acc_store);
-      break;
-    case 3:
-      PanelTile<3, C>(a, row0, row_base, col0, pc0, panel, stride, k0, kl, acc_store);
-      break;
-    case 2:
-      PanelTile<2, C>(a, row0, row_base, col0, pc0, panel, stride, k0, kl, acc_store);
-      break;
-    default:
-      PanelTile<1, C>(a, row0, row_base, col0, pc0, panel, stride, k0, kl, acc_store);
-      break;
-  }
-}
-
-template <class W>
-void BatchedColumns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
-  thread_local BatchScratch scratch;
-  const int64_t stride = (a.k + kLanes - 1) / kLanes * kLanes;
-  float* panel = scratch.Panel(kPanelCols * stride);
-  for (int64_t row_base = 0; row_base < a.m; row_base += kRowBlock) {
-    const int64_t row_end = a.m - row_base < kRowBlock ? a.m : row_base + kRowBlock;
-    for (int64_t col0 = n_begin; col0 < n_end; col0 += kPanelCols) {
-      const int cols = static_cast<int>(n_end - col0 < kPanelCols ? n_end - col0 : kPanelCols);
-      ConvertPanel<W>(a, plan, col0, cols, stride, panel);
-      for (int64_t k0 = 0; k0 < a.k; k0 += kKBlock) {
-        const int64_t kl = a.k - k0 < kKBlock ? a.k - k0 : kKBlock;
-        for (int64_t r = row_base; r < row_end; r += kMaxRows) {
-          const int rows = static_cast<int>(row_end - r < kMaxRows ? row_end - r : kMaxRows);
-          int pc = 0;
-          for (; pc + kCols <= cols; pc += kCols) {
-            PanelRows<kCols>(a, r, rows, row_base, col0, pc, panel, stride, k0, kl, scratch.acc);
-          }
-          for (; pc < cols; ++pc) {
-            PanelRows<1>(a, r, rows, row_base, col0, pc, panel, stride, k0, kl, scratch.acc);
-          }
-        }
-      }
-    }
-  }
-}
+#include "kernels/cpu/matmul_panel.inc"
 
 template <class W>
 void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   if (a.m >= kMaxRows) {
-    BatchedColumns<W>(a, plan, n_begin, n_end);
+    PanelColumns<W>(a, plan, n_begin, n_end);
     return;
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in

@@ -25,9 +25,9 @@
 //           sum. avx512 with VNNI (its own path): q8_0/q4_0 take two blocks per 16-lane
 //           vpdpbusd step (lanes 0..7 the even block, 8..15 the odd one) into a 16-lane
 //           accumulator, summed lane i + lane i + 8 and then as above.
-// The avx512 path for m >= 4 converts weight panels to fp32 once into a per-thread buffer and
-// walks k in slices, storing the 16-lane accumulators between slices: the same FMA sequence per
-// element as m < 4, so results stay bit-identical (matmul_avx512.cc).
+// The avx2 and avx512 paths for m >= 4 (matmul_panel.inc) convert weight panels to fp32 once into a
+// per-thread buffer and walk k in slices, storing the lane accumulators between slices: the same
+// FMA sequence per element as m < 4, so results stay bit-identical.
 
 #include <cstdint>
 
@@ -54,7 +54,6 @@ constexpr int64_t kActBlock = 32;
 /// Sizes the dispatcher computes once per call (in baseline code, see above).
 struct MatmulPlan {
   int64_t w_row_bytes;  // DTypeRowBytes(w_dtype, k)
-  int64_t row_block;    // avx2: x rows per pass over a column tile (kept in L2), % 4 == 0
   // Int8 activations (UsesInt8Activations(w_dtype), else null), made once per call by
   // QuantizeActivationRow with scale blocks of ActivationScaleBlock(w_dtype) elements: row i's
   // int8 values are xq[i * xq_stride ..], scale block b's d (x ~ d * q) is xd[i * xd_stride + b]

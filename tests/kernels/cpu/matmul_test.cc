@@ -206,16 +206,26 @@ TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
 }
 
 TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
-  // m = 70 rows at k = 4096 spans several row blocks (see MatmulPlan::row_block).
-  const Problem p(70, 9, 4096, DType::kQ8_0, false, 3);
+  // q8_0: m = 70 rows span two of the int8 path's 64-row blocks (matmul_int8.inc). Float formats:
+  // m = 300 rows span two row blocks of the panel path (kPanelMaxRowBlock in matmul_panel.inc), and
+  // k = 1030 two k slices, the second a zero-padded partial vector.
+  const Problem problems[] = {{70, 9, 4096, DType::kQ8_0, false, 3},
+                              {300, 9, 1030, DType::kF32, true, 4},
+                              {300, 9, 1030, DType::kBF16, false, 5}};
   ThreadPool pool(2);
-  for (CpuIsa isa : SupportedIsas()) {
-    const ScopedIsa scoped(isa);
-    const std::vector<float> y = p.Run(&pool);
-    ExpectMatchesReference(p, y);
-    std::vector<float> alone(static_cast<size_t>(p.n));
-    Matmul(p.Args(&p.x[69 * p.x_stride()], 1, alone.data()), nullptr);
-    EXPECT_EQ(0, std::memcmp(alone.data(), &y[69 * p.y_stride()], p.n * sizeof(float)));
+  for (const Problem& p : problems) {
+    for (CpuIsa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(DTypeName(p.dtype)) + " " + std::string(CpuIsaName(isa)));
+      const ScopedIsa scoped(isa);
+      const std::vector<float> y = p.Run(&pool);
+      ExpectMatchesReference(p, y);
+      for (int64_t row : {int64_t{0}, p.m / 2, p.m - 1}) {
+        std::vector<float> alone(static_cast<size_t>(p.n));
+        Matmul(p.Args(&p.x[row * p.x_stride()], 1, alone.data()), nullptr);
+        EXPECT_EQ(0, std::memcmp(alone.data(), &y[row * p.y_stride()], p.n * sizeof(float)))
+            << "row " << row;
+      }
+    }
   }
 }
 
