@@ -36,6 +36,9 @@ struct RouterFlags {
   int dns_interval_ms = 5000;
   std::string metrics_listen;
   std::string http_listen;
+  int http_threads = HttpServerOptions{}.threads;
+  int http_max_queued_connections = HttpServerOptions{}.max_queued_connections;
+  int http_listen_backlog = HttpServerOptions{}.listen_backlog;
   std::string log_format = "text";
   auth::ServerTlsFiles tls;
   auth::ChannelTlsFiles worker_tls;
@@ -111,6 +114,9 @@ int RunRouter(const RouterFlags& flags) {
   if (!flags.http_listen.empty()) {
     HttpServerOptions http_options;
     http_options.listen = flags.http_listen;
+    http_options.threads = flags.http_threads;
+    http_options.max_queued_connections = flags.http_max_queued_connections;
+    http_options.listen_backlog = flags.http_listen_backlog;
     HttpServerDeps deps;
     deps.channel = (*router)->InProcessChannel();
     deps.tokenizer = &(*router)->tokenizer();
@@ -190,6 +196,15 @@ Command AddRouterCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--http-listen", flags->http_listen,
                   "HOST:PORT serving the OpenAI-compatible HTTP API (port 0 picks one); empty: off");
+  sub->add_option("--http-threads", flags->http_threads,
+                  "HTTP connections served at once (a streaming response holds one)")
+      ->capture_default_str();
+  sub->add_option("--http-max-queued-connections", flags->http_max_queued_connections,
+                  "HTTP connections waiting for a thread; beyond: 503 with Retry-After")
+      ->capture_default_str();
+  sub->add_option("--http-listen-backlog", flags->http_listen_backlog,
+                  "Listen backlog of the HTTP port (capped by net.core.somaxconn)")
+      ->capture_default_str();
   sub->add_option("--metrics-listen", flags->metrics_listen,
                   "HOST:PORT serving Prometheus /metrics (port 0 picks one); empty: off");
   sub->add_option("--tls-cert", flags->tls.cert_path,

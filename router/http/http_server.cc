@@ -1,6 +1,7 @@
 #include "router/http/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/grpcpp.h"
 #include "kvserve/v1/inference.grpc.pb.h"
+#include "router/http/admission_queue.h"
 #include "router/http/openai_response.h"
 
 namespace kvserve {
@@ -32,9 +34,12 @@ void SendJson(httplib::Response& res, int status, const json& body) {
   res.set_content(Dump(body), "application/json");
 }
 
+/// Threads answering connections refused for overload (they only read requests and write 503s).
+constexpr int kShedThreads = 2;
+
 void SendError(httplib::Response& res, const http::ApiError& error) {
-  // Overload and per-key limits: tell the client when to come back (whole seconds).
-  if (error.http_status == 429) res.set_header("Retry-After", "1");
+  // Overload, per-key limits, shutting down: tell the client when to come back (whole seconds).
+  if (error.http_status == 429 || error.http_status == 503) res.set_header("Retry-After", "1");
   SendJson(res, error.http_status, error.body);
 }
 
@@ -63,6 +68,14 @@ int64_t UnixSeconds() {
       .count();
 }
 
+/// httplib's server with a listen backlog of our choosing: httplib listens with
+/// CPPHTTPLIB_LISTEN_BACKLOG (5), compiled into Debian's libcpp-httplib, so it cannot be set by
+/// a macro here. Calling listen() again on the bound socket changes the backlog (Linux).
+class BacklogServer : public httplib::Server {
+ public:
+  bool SetListenBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
 /// One Generate call in flight: the context (cancellable from Shutdown) and its reader.
 struct Call {
   grpc::ClientContext context;
@@ -78,7 +91,8 @@ struct HttpServer::State {
   std::unique_ptr<v1::Inference::Stub> stub;
   std::optional<ChatTemplate> chat_template;
   absl::Status chat_template_status;
-  httplib::Server server;
+  http::AdmissionCounters admission;
+  BacklogServer server;
   std::thread listener;
   int port = 0;
 
@@ -113,12 +127,24 @@ struct HttpServer::State {
     return FromGrpc(status);
   }
 
+  /// On a connection refused for overload (AdmissionQueue::Shedding): answers 503 with
+  /// Retry-After and closes the connection; returns whether it did.
+  bool RefuseIfShedding(httplib::Response& res) {
+    if (!http::AdmissionQueue::Shedding()) return false;
+    SendError(res, http::ErrorFromStatus(absl::UnavailableError(absl::StrCat(
+                       "server overloaded: all ", options.threads, " connection threads busy and ",
+                       options.max_queued_connections, " connections waiting; retry later"))));
+    res.set_header("Connection", "close");
+    return true;
+  }
+
   void HandleGenerate(http::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
 };
 
 void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::Request& req,
                                        httplib::Response& res) {
+  if (RefuseIfShedding(res)) return;
   absl::StatusOr<http::OpenAiRequest> parsed =
       http::ParseOpenAiRequest(endpoint, req.body, options.limits);
   if (!parsed.ok()) return SendError(res, http::ErrorFromStatus(parsed.status()));
@@ -237,6 +263,7 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
 }
 
 void HttpServer::State::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  if (RefuseIfShedding(res)) return;
   grpc::ClientContext context;
   ForwardAuthorization(req, context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -266,6 +293,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("http-threads: must be positive, got ", options.threads));
+  }
+  if (options.max_queued_connections < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http-max-queued-connections: must not be negative, got ", options.max_queued_connections));
+  }
+  if (options.listen_backlog < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http-listen-backlog: must be positive, got ", options.listen_backlog));
   }
   const size_t colon = options.listen.rfind(':');
   int requested_port = -1;
@@ -301,9 +336,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   }
 
   State* s = state.get();
-  httplib::Server& server = s->server;
-  const int threads = options.threads;
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  BacklogServer& server = s->server;
+  http::AdmissionOptions admission;
+  admission.threads = options.threads;
+  admission.max_queued = options.max_queued_connections;
+  admission.shed_threads = kShedThreads;
+  server.new_task_queue = [admission, s] {
+    return new http::AdmissionQueue(admission, &s->admission);
+  };
   server.set_payload_max_length(options.max_body_bytes);
   server.Post("/v1/completions", [s](const httplib::Request& req, httplib::Response& res) {
     s->HandleGenerate(http::Endpoint::kCompletions, req, res);
@@ -344,6 +384,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::UnavailableError(absl::StrCat("http-listen: cannot serve on '", options.listen,
                                                "' (address in use or invalid)"));
   }
+  if (!server.SetListenBacklog(options.listen_backlog)) {
+    return absl::InternalError(absl::StrCat("http-listen-backlog: listen(", options.listen_backlog,
+                                            ") failed on '", options.listen, "'"));
+  }
   s->listener = std::thread([s] {
     s->server.listen_after_bind();
     s->listen_returned = true;
@@ -352,6 +396,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
 }
 
 int HttpServer::port() const { return state_->port; }
+
+uint64_t HttpServer::connections_admitted() const { return state_->admission.admitted.load(); }
+
+uint64_t HttpServer::connections_refused() const { return state_->admission.shed.load(); }
 
 const absl::Status& HttpServer::chat_template_status() const {
   return state_->chat_template_status;

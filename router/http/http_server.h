@@ -2,6 +2,7 @@
 #define KVSERVE_ROUTER_HTTP_HTTP_SERVER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +26,13 @@ struct HttpServerOptions {
   std::string listen = "0.0.0.0:8080";
   /// Connections served at once (each streaming response holds one thread).
   int threads = 64;
+  /// Accepted connections that may wait for one of `threads`; past it a connection is answered
+  /// 503 with Retry-After (its request read first), never dropped.
+  int max_queued_connections = 1024;
+  /// The listening socket's backlog: connections the kernel completes before the server accepts
+  /// them (capped by net.core.somaxconn). cpp-httplib's own is 5, which a burst of new
+  /// connections overflows; the kernel then resets some of them.
+  int listen_backlog = 1024;
   /// Deadline of each Generate call (DEADLINE_EXCEEDED → 504).
   absl::Duration request_timeout = absl::Minutes(10);
   /// Largest request body; larger bodies get 413.
@@ -67,8 +75,12 @@ struct HttpServerDeps {
 /// (UNAUTHENTICATED → 401, a key at its concurrency limit → 429 with Retry-After). /health is
 /// never authenticated. The HTTP front itself has no TLS: terminate TLS in front of it.
 ///
-/// Threading: httplib serves each connection on a pool thread, which blocks on its Generate
-/// stream; a client that disconnects mid-stream cancels the call at its next chunk.
+/// Threading: httplib accepts connections on one thread and serves each on one of `threads`
+/// (http::AdmissionQueue), which blocks on its Generate stream; a client that disconnects
+/// mid-stream cancels the call at its next chunk. Up to `max_queued_connections` accepted
+/// connections wait for a thread; beyond that a connection is still read in full, then
+/// answered 503 with `Retry-After: 1` and closed (no request is dropped and no connection
+/// reset while the process has file descriptors to accept with).
 class HttpServer {
  public:
   /// Binds and starts serving; UNAVAILABLE naming the address when it cannot bind.
@@ -80,6 +92,9 @@ class HttpServer {
 
   /// The port actually bound.
   int port() const;
+  /// Connections served so far (admitted to a serving thread) and refused for overload (503).
+  uint64_t connections_admitted() const;
+  uint64_t connections_refused() const;
   /// OK when the chat template compiled; otherwise why chat completions are refused.
   const absl::Status& chat_template_status() const;
   /// Refuses new requests (503), lets running ones finish for up to `grace`, cancels the
