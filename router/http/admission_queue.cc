@@ -12,6 +12,10 @@ thread_local bool tls_shedding = false;
 
 AdmissionQueue::AdmissionQueue(const AdmissionOptions& options, AdmissionCounters* counters)
     : options_(options), counters_(counters) {
+  // Every thread counts as idle from the start, so that a connection accepted before the
+  // threads first wait is not refused.
+  serve_.idle = std::max(options_.threads, 1);
+  shed_.idle = std::max(options_.shed_threads, 1);
   for (int i = 0; i < std::max(options_.threads, 1); ++i) {
     serve_.threads.emplace_back([this] { Run(&serve_, /*shedding=*/false); });
   }
@@ -48,18 +52,19 @@ void AdmissionQueue::Run(Lane* lane, bool shedding) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      ++lane->idle;
       lane->ready.wait(lock, [&] { return !lane->tasks.empty() || shutting_down_; });
-      --lane->idle;
       if (lane->tasks.empty()) return;  // shutting down, nothing left
       task = std::move(lane->tasks.front());
       lane->tasks.pop_front();
+      --lane->idle;
       if (!shedding) {
         counters_->queued.fetch_sub(1, std::memory_order_relaxed);
         counters_->admitted.fetch_add(1, std::memory_order_relaxed);
       }
     }
     task();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++lane->idle;
   }
 }
 

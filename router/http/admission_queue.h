@@ -72,7 +72,7 @@ class AdmissionQueue final : public httplib::TaskQueue {
     std::deque<std::function<void()>> tasks;
     std::condition_variable ready;
     std::vector<std::thread> threads;
-    /// Threads waiting for a task.
+    /// Threads not running a task (waiting for one, or about to).
     int idle = 0;
   };
 

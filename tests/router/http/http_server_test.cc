@@ -30,6 +30,7 @@ constexpr char kTinyLlama[] = KVSERVE_SHARED_DIR "/models/tokenizers/tinyllama-1
 struct Reply {
   int status = 0;
   std::string content_type;
+  std::string retry_after;
   std::string body;
   json Json() const { return json::parse(body, nullptr, false); }
   /// The `data:` payloads of a server-sent event stream.
@@ -68,7 +69,8 @@ class HttpServerTest : public ::testing::Test {
     router_ = *std::move(router);
     HttpServerOptions http_options;
     http_options.listen = "127.0.0.1:0";
-    http_options.threads = 4;
+    http_options.threads = http_threads_;
+    http_options.max_queued_connections = max_queued_connections_;
     http_options.request_timeout = absl::Seconds(20);
     HttpServerDeps deps;
     deps.channel = router_->InProcessChannel();
@@ -94,6 +96,7 @@ class HttpServerTest : public ::testing::Test {
     if (!result) return reply;
     reply.status = result->status;
     reply.content_type = result->get_header_value("Content-Type");
+    reply.retry_after = result->get_header_value("Retry-After");
     reply.body = result->body;
     return reply;
   }
@@ -105,6 +108,7 @@ class HttpServerTest : public ::testing::Test {
     EXPECT_TRUE(result);
     if (!result) return reply;
     reply.status = result->status;
+    reply.retry_after = result->get_header_value("Retry-After");
     reply.body = result->body;
     return reply;
   }
@@ -123,6 +127,9 @@ class HttpServerTest : public ::testing::Test {
     return error;
   }
 
+  /// HttpServerOptions::threads and max_queued_connections for Start.
+  int http_threads_ = 4;
+  int max_queued_connections_ = HttpServerOptions{}.max_queued_connections;
   std::unique_ptr<FakeWorker> worker_;
   std::unique_ptr<RouterServer> router_;
   std::unique_ptr<HttpServer> http_;
@@ -344,6 +351,60 @@ TEST_F(HttpServerTest, ShutdownCancelsRunningStreams) {
   ASSERT_GE(events.size(), 2u) << reply.body;
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(json::parse(events[events.size() - 2])["error"]["code"], "unavailable") << reply.body;
+}
+
+TEST_F(HttpServerTest, ConnectionsPastTheQueueAreAnswered503WithRetryAfter) {
+  http_threads_ = 1;
+  max_queued_connections_ = 0;
+  Start(kStories);
+  worker_->set_mode(FakeWorker::Mode::kHoldAfterFirst);
+  Reply held;
+  std::thread client([&] { held = Post("/v1/completions", R"({"prompt": "a"})"); });
+  if (!worker_->WaitForGenerates(1)) {  // else the only connection thread is now busy
+    worker_->ReleaseHeld();
+    client.join();
+    FAIL() << "the first request was not served: HTTP " << held.status << " " << held.body;
+  }
+
+  // Refused, but read in full first: a 4 MiB body (more than a loopback socket buffers) still
+  // gets its answer instead of a reset.
+  const std::string padding(size_t{4} << 20, 'x');
+  Reply refused = Post("/v1/completions", R"({"prompt": "a", "user": ")" + padding + R"("})");
+  json error = ExpectError(refused, 503);
+  EXPECT_EQ(refused.retry_after, "1");
+  EXPECT_EQ(error["code"], "unavailable");
+  EXPECT_NE(error["message"].get<std::string>().find("server overloaded"), std::string::npos)
+      << refused.body;
+  refused = Get("/v1/models");
+  ExpectError(refused, 503);
+  EXPECT_EQ(refused.retry_after, "1");
+  EXPECT_EQ(Get("/health").status, 200);  // cheap, so answered even on a refused connection
+  EXPECT_EQ(http_->connections_refused(), 3u);
+  EXPECT_EQ(worker_->generate_count(), 1);
+
+  worker_->ReleaseHeld();
+  client.join();
+  ASSERT_EQ(held.status, 200) << held.body;
+  EXPECT_EQ(held.Json()["choices"][0]["text"], "ttt");
+  EXPECT_EQ(http_->connections_admitted(), 1u);
+}
+
+TEST_F(HttpServerTest, NegativeLimitsAreRefusedAtStart) {
+  Start(kStories);
+  HttpServerOptions options;
+  options.listen = "127.0.0.1:0";
+  HttpServerDeps deps;
+  deps.channel = router_->InProcessChannel();
+  deps.tokenizer = &router_->tokenizer();
+  options.max_queued_connections = -1;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, deps);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("http-max-queued-connections"), std::string::npos);
+  options.max_queued_connections = 0;
+  options.listen_backlog = 0;
+  server = HttpServer::Start(options, deps);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("http-listen-backlog"), std::string::npos);
 }
 
 TEST(HttpStatusTest, MapsGrpcCodes) {
