@@ -20,9 +20,6 @@ constexpr int kMaxRows = 4;  // x rows per register tile
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
-// Decode tiles stride over rows that share a 4 KiB page (see Columns), at most this many apart.
-constexpr int64_t kPageBytes = 4096;
-constexpr int64_t kMaxPageStep = 4;
 
 // Software prefetch distance along each weight row in the register tiles: the hardware
 // prefetchers alone left batch-1 decode at 0.67-0.77 of the triad for 16-bit weights; 512 bytes
@@ -51,6 +48,8 @@ struct BF16W {
     out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
 };
+
+#include "kernels/cpu/matmul_walk.inc"  // before the files that use it
 
 #include "kernels/cpu/matmul_int8.inc"
 
@@ -152,27 +151,15 @@ constexpr int kPanelTileCols = 2;
 template <class W>
 void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   if (a.m >= kMaxRows) {
-    PanelColumns<W>(a, plan, n_begin, n_end);
+    PanelColumns<FloatPanel<W>>(a, plan, n_begin, n_end);
     return;
   }
-  // Decode-like (fewer rows than a register tile): weights straight from memory, more weight rows
-  // in flight, and rows sharing a 4 KiB page tiled with a stride (matmul_avx512.cc says why).
-  const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
-  const int64_t step =
-      rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep : rows_per_page);
-  int64_t col = n_begin;
-  if (step > 1) {
-    for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
-      for (int64_t j = 0; j < step; ++j) {
-        RowRange<W, kColsFewRows>(a, plan, 0, a.m, col + j, step);
-      }
-    }
-  }
-  for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
-    RowRange<W, kColsFewRows>(a, plan, 0, a.m, col);
-  }
-  for (; col + kCols <= n_end; col += kCols) RowRange<W, kCols>(a, plan, 0, a.m, col);
-  for (; col < n_end; ++col) RowRange<W, 1>(a, plan, 0, a.m, col);
+  // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
+  // registers, more weight rows in flight.
+  WalkDecodeColumns<kColsFewRows, kCols>(
+      plan.w_row_bytes, n_begin, n_end, [&](auto cols, int64_t col, int64_t step) {
+        RowRange<W, decltype(cols)::value>(a, plan, 0, a.m, col, step);
+      });
 }
 
 }  // namespace

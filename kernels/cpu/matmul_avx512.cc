@@ -15,14 +15,35 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kMaxRows = 4;  // x rows per register tile
+constexpr int kMaxRows = 4;  // x rows per register tile; fewer take the decode tiles
+
+using Vec = __m512;
+Vec VecZero() { return _mm512_setzero_ps(); }
+Vec VecLoad(const float* p) { return _mm512_load_ps(p); }
+Vec VecLoadU(const float* p) { return _mm512_loadu_ps(p); }
+void VecStore(float* p, Vec v) { _mm512_store_ps(p, v); }
+Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
+
+// Batched register tile, 6 x 4: 24 accumulators + 4 weight vectors + 1 x vector of the 32 zmm
+// registers; 10 loads per 24 FMAs.
+constexpr int kPanelRows = 6;
+constexpr int kPanelTileCols = 4;
+
+// Fixed-order horizontal sum: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1, i.e. lane i + lane
+// i + 8, then i + 4, i + 2, i + 1 (the order matmul_impl.h documents), with in-register shuffles.
+float HorizontalSum(__m512 v) {
+  const __m512 s8 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xee));  // lanes 0..7
+  const __m256 h8 = _mm512_castps512_ps256(s8);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0x55));
+  return _mm_cvtss_f32(s1);
+}
+
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 8;
 constexpr int kCols = 4;  // weight rows per register tile
-// Decode tiles stride over rows that share a 4 KiB page (see Columns), at most this many apart.
-constexpr int64_t kPageBytes = 4096;
-constexpr int64_t kMaxPageStep = 4;
 
 // Software prefetch distance along each weight row in the register tiles: the hardware
 // prefetchers alone left batch-1 decode at 0.67-0.77 of the triad for 16-bit weights; 512 bytes
@@ -63,18 +84,9 @@ struct BF16W {
   }
 };
 
-#include "kernels/cpu/matmul_int8.inc"
+#include "kernels/cpu/matmul_walk.inc"  // before the files that use it
 
-// Fixed-order horizontal sum: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1, i.e. lane i + lane
-// i + 8, then i + 4, i + 2, i + 1 (the order matmul_impl.h documents), with in-register shuffles.
-float HorizontalSum(__m512 v) {
-  const __m512 s8 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xee));  // lanes 0..7
-  const __m256 h8 = _mm512_castps512_ps256(s8);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0x55));
-  return _mm_cvtss_f32(s1);
-}
+#include "kernels/cpu/matmul_int8.inc"
 
 // One R x C register tile: rows row0.., weight rows col0...
 template <class W, int R, int C>
@@ -148,47 +160,20 @@ void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, in
 }
 
 // ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
-using Vec = __m512;
-Vec VecZero() { return _mm512_setzero_ps(); }
-Vec VecLoad(const float* p) { return _mm512_load_ps(p); }
-Vec VecLoadU(const float* p) { return _mm512_loadu_ps(p); }
-void VecStore(float* p, Vec v) { _mm512_store_ps(p, v); }
-Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
-// 6 x 4: 24 accumulators + 4 weight vectors + 1 x vector of the 32 zmm registers; 10 loads per
-// 24 FMAs.
-constexpr int kPanelRows = 6;
-constexpr int kPanelTileCols = 4;
-
 #include "kernels/cpu/matmul_panel.inc"
 
 template <class W>
 void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   if (a.m >= kMaxRows) {
-    PanelColumns<W>(a, plan, n_begin, n_end);
+    PanelColumns<FloatPanel<W>>(a, plan, n_begin, n_end);
     return;
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
-  // registers, more weight rows in flight. Rows shorter than a 4 KiB page share pages; a tile of
-  // adjacent rows would walk each page as interleaved streams (row j at offset 0, row j + 1 at
-  // row_bytes, ...), which the hardware prefetchers follow poorly. So such rows are tiled with a
-  // stride of `step` rows: each tile reads one row per page, and the next tile (rows + 1) the
-  // continuation of the same pages — every page is walked as one ascending stream.
-  const int64_t rows_per_page = kPageBytes / plan.w_row_bytes;
-  const int64_t step = rows_per_page < 1 ? 1 : (rows_per_page > kMaxPageStep ? kMaxPageStep
-                                                                              : rows_per_page);
-  int64_t col = n_begin;
-  if (step > 1) {
-    for (; col + kColsFewRows * step <= n_end; col += kColsFewRows * step) {
-      for (int64_t j = 0; j < step; ++j) {
-        RowRange<W, kColsFewRows>(a, plan, 0, a.m, col + j, step);
-      }
-    }
-  }
-  for (; col + kColsFewRows <= n_end; col += kColsFewRows) {
-    RowRange<W, kColsFewRows>(a, plan, 0, a.m, col);
-  }
-  for (; col + kCols <= n_end; col += kCols) RowRange<W, kCols>(a, plan, 0, a.m, col);
-  for (; col < n_end; ++col) RowRange<W, 1>(a, plan, 0, a.m, col);
+  // registers, more weight rows in flight.
+  WalkDecodeColumns<kColsFewRows, kCols>(
+      plan.w_row_bytes, n_begin, n_end, [&](auto cols, int64_t col, int64_t step) {
+        RowRange<W, decltype(cols)::value>(a, plan, 0, a.m, col, step);
+      });
 }
 
 }  // namespace
