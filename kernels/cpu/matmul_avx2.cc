@@ -61,6 +61,37 @@ float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s1);
 }
 
+// HorizontalSum of four vectors at once, lane for lane the same additions (so the same bits), with
+// the shuffles shared.
+void HorizontalSum4(const __m256 v[4], float out[4]) {
+  // Level 1, lane i + lane i + 4: t01 holds v0's four sums in lanes 0..3 and v1's in 4..7.
+  const __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
+                                   _mm256_permute2f128_ps(v[0], v[1], 0x31));
+  const __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
+                                   _mm256_permute2f128_ps(v[2], v[3], 0x31));
+  // Level 2, i + i + 2: lanes 0, 1 v0's; 2, 3 v2's; 4, 5 v1's; 6, 7 v3's.
+  const __m256 u =
+      _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xee));
+  // Level 3, 0 + 1.
+  const __m256 z = _mm256_add_ps(u, _mm256_movehdup_ps(u));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, z);
+  out[0] = lanes[0];
+  out[1] = lanes[4];
+  out[2] = lanes[2];
+  out[3] = lanes[6];
+}
+
+// Stores HorizontalSum(acc[c]) (+ bias[c * col_step]) at y[c * col_step] for c < C.
+template <int C>
+void StoreSums(const __m256* acc, const float* bias, float* y, int64_t col_step) {
+  float s[C];
+  int c = 0;
+  for (; c + 4 <= C; c += 4) HorizontalSum4(acc + c, s + c);
+  for (; c < C; ++c) s[c] = HorizontalSum(acc[c]);
+  for (c = 0; c < C; ++c) y[c * col_step] = bias != nullptr ? s[c] + bias[c * col_step] : s[c];
+}
+
 // One R x C register tile: rows row0.., weight rows col0...
 template <class W, int R, int C>
 void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0,
@@ -106,12 +137,8 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     }
   }
   for (int r = 0; r < R; ++r) {
-    float* y = a.y + (row0 + r) * a.y_stride + col0;
-    for (int c = 0; c < C; ++c) {
-      float s = HorizontalSum(acc[r][c]);
-      if (a.bias != nullptr) s += a.bias[col0 + c * col_step];
-      y[c * col_step] = s;
-    }
+    StoreSums<C>(acc[r], a.bias != nullptr ? a.bias + col0 : nullptr,
+                 a.y + (row0 + r) * a.y_stride + col0, col_step);
   }
 }
 

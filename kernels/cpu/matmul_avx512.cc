@@ -40,6 +40,33 @@ float HorizontalSum(__m512 v) {
   return _mm_cvtss_f32(s1);
 }
 
+// HorizontalSum of four vectors at once, lane for lane the same additions (so the same bits), with
+// the shuffles shared: each level adds the same pairs, taken from two or four inputs per register.
+void HorizontalSum4(const __m512 v[4], float out[4]) {
+  // Level 1, lane i + lane i + 8: t01 holds v0's eight sums in lanes 0..7 and v1's in 8..15.
+  const __m512 t01 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xee));
+  const __m512 t23 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xee));
+  // Level 2, i + i + 4: 128-bit lane j holds v_j's four sums.
+  const __m512 u =
+      _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xdd));
+  // Levels 3 and 4 within each 128-bit lane: i + i + 2, then 0 + 1.
+  const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, 0x0e));
+  const __m512 z = _mm512_add_ps(w, _mm512_permute_ps(w, 0x01));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z)));
+}
+
+// Stores HorizontalSum(acc[c]) (+ bias[c * col_step]) at y[c * col_step] for c < C.
+template <int C>
+void StoreSums(const __m512* acc, const float* bias, float* y, int64_t col_step) {
+  float s[C];
+  int c = 0;
+  for (; c + 4 <= C; c += 4) HorizontalSum4(acc + c, s + c);
+  for (; c < C; ++c) s[c] = HorizontalSum(acc[c]);
+  for (c = 0; c < C; ++c) y[c * col_step] = bias != nullptr ? s[c] + bias[c * col_step] : s[c];
+}
+
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 8;
@@ -128,12 +155,8 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     }
   }
   for (int r = 0; r < R; ++r) {
-    float* y = a.y + (row0 + r) * a.y_stride + col0;
-    for (int c = 0; c < C; ++c) {
-      float s = HorizontalSum(acc[r][c]);
-      if (a.bias != nullptr) s += a.bias[col0 + c * col_step];
-      y[c * col_step] = s;
-    }
+    StoreSums<C>(acc[r], a.bias != nullptr ? a.bias + col0 : nullptr,
+                 a.y + (row0 + r) * a.y_stride + col0, col_step);
   }
 }
 

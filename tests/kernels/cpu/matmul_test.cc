@@ -205,6 +205,41 @@ TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
   }
 }
 
+// A weight row computed alone (n = 1: one-column tiles) gives the same bits as inside wider tiles,
+// whose horizontal sums are shared between columns (HorizontalSum4 in the SIMD paths).
+TEST(MatmulTest, EachColumnAloneGivesTheSameBits) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kQ8_0}) {
+    for (int64_t m : {1, 2, 5, 13}) {
+      const Problem p(m, 13, 1024, dtype, true, 21);
+      for (CpuIsa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                     " m=" + std::to_string(m));
+        const ScopedIsa scoped(isa);
+        const std::vector<float> all = p.Run(nullptr);
+        const int64_t row_bytes = DTypeRowBytes(dtype, p.k);
+        for (int64_t j = 0; j < p.n; ++j) {
+          std::vector<float> one(static_cast<size_t>(m));
+          const MatmulArgs args{p.x.data(),
+                                p.x_stride(),
+                                p.w.data() + j * row_bytes,
+                                dtype,
+                                &p.bias[j],
+                                one.data(),
+                                1,
+                                m,
+                                1,
+                                p.k};
+          Matmul(args, nullptr);
+          for (int64_t i = 0; i < m; ++i) {
+            ASSERT_EQ(0, std::memcmp(&one[i], &all[i * p.y_stride() + j], sizeof(float)))
+                << "row " << i << " col " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
   // q8_0: m = 70 rows span two of the int8 path's 64-row blocks (matmul_int8.inc). Float formats:
   // m = 300 rows span two row blocks of the panel path (kPanelMaxRowBlock in matmul_panel.inc), and
