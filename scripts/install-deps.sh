@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvserve builds against. Safe to re-run: apt skips what is present.
+# Usage: scripts/install-deps.sh [--serve]   (--serve: only what building and serving need, not
+# the tools of the tests, fuzzing and plots)
 set -euo pipefail
 
 packages=(
@@ -7,10 +9,14 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libcpp-httplib-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
-  python3-grpcio python3-protobuf
-  gnuplot-nox
-  clang libclang-rt-14-dev  # scripts/fuzz-smoke.sh: libFuzzer and the sanitizer runtimes for clang
 )
+if [ "${1:-}" != "--serve" ]; then
+  packages+=(
+    python3-grpcio python3-protobuf  # the Python client and its tests
+    gnuplot-nox                      # kvserve bench --plot
+    clang libclang-rt-14-dev  # scripts/fuzz-smoke.sh: libFuzzer and the sanitizer runtimes for clang
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -31,6 +31,8 @@ struct UpOptions {
   std::string api_keys;
   std::string tls_cert;
   std::string tls_key;
+  std::string http_listen;     // the router's OpenAI-compatible HTTP front; empty: off
+  std::string metrics_listen;  // the router's Prometheus /metrics; empty: off
 };
 
 // The default model: ../shared/models/stories260K beside the checkout, found from the working
@@ -89,12 +91,38 @@ int RunUp(const UpOptions& opts) {
   if (!opts.api_keys.empty()) router_argv.insert(router_argv.end(), {"--api-keys", opts.api_keys});
   if (!opts.tls_cert.empty()) router_argv.insert(router_argv.end(), {"--tls-cert", opts.tls_cert});
   if (!opts.tls_key.empty()) router_argv.insert(router_argv.end(), {"--tls-key", opts.tls_key});
+  if (!opts.http_listen.empty()) {
+    router_argv.insert(router_argv.end(), {"--http-listen", opts.http_listen});
+  }
+  if (!opts.metrics_listen.empty()) {
+    router_argv.insert(router_argv.end(), {"--metrics-listen", opts.metrics_listen});
+  }
   absl::StatusOr<ChildProcess> router = ChildProcess::Spawn(router_argv);
   if (!router.ok()) return ReportError("up", router.status());
+  // The router prints its metrics address, then its gRPC address, then its HTTP address.
+  absl::StatusOr<std::string> metrics;
+  if (!opts.metrics_listen.empty()) {
+    metrics = router->WaitForLine("kvserve router metrics on ", timeout);
+    if (!metrics.ok()) return ReportError("up", metrics.status());
+  }
   absl::StatusOr<std::string> endpoint = router->WaitForLine("kvserve router listening on ", timeout);
   if (!endpoint.ok()) return ReportError("up", endpoint.status());
+  absl::StatusOr<std::string> http;
+  if (!opts.http_listen.empty()) {
+    http = router->WaitForLine("kvserve router HTTP (OpenAI API) on ", timeout);
+    if (!http.ok()) return ReportError("up", http.status());
+  }
   std::printf("kvserve up: model %s\n", model.c_str());
   std::printf("kvserve up: workers %s\n", absl::StrJoin(addresses, ", ").c_str());
+  if (!opts.http_listen.empty()) {
+    std::printf(
+        "kvserve up: OpenAI API on http://%s/v1 (try: curl -s http://%s/v1/completions "
+        "-d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 20}')\n",
+        http->c_str(), http->c_str());
+  }
+  if (!opts.metrics_listen.empty()) {
+    std::printf("kvserve up: Prometheus metrics on http://%s/metrics\n", metrics->c_str());
+  }
   std::printf("kvserve up: serving on %s (Ctrl-C stops the cluster)\n", endpoint->c_str());
   std::fflush(stdout);
 
@@ -137,6 +165,10 @@ Command AddUpCommand(CLI::App& app) {
   sub->add_option("--api-keys", o->api_keys, "The router's API key file (see kvserve router)");
   sub->add_option("--tls-cert", o->tls_cert, "PEM certificate of the router's port (TLS)");
   sub->add_option("--tls-key", o->tls_key, "PEM private key of --tls-cert");
+  sub->add_option("--http-listen", o->http_listen,
+                  "HOST:PORT of the router's OpenAI-compatible HTTP API (default: off)");
+  sub->add_option("--metrics-listen", o->metrics_listen,
+                  "HOST:PORT of the router's Prometheus /metrics (default: off)");
   return {sub, [o] { return RunUp(*o); }};
 }
 
