@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_util/scratch_dir.h"
 #include "tests/worker/model/golden.h"
 
 namespace kvserve {
@@ -144,7 +145,7 @@ TEST(CliTest, HelpListsFlags) {
 }
 
 TEST(CliTest, BadModelFilesGiveOneLineErrors) {
-  const std::string dir = testing::TempDir();
+  const std::string dir = test_util::TestScratchDir();
   // A GGUF cut in half, and a file that is not GGUF at all.
   std::ifstream in(testing_golden::kStoriesGguf, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

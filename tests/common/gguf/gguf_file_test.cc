@@ -11,6 +11,7 @@
 #include "common/gguf/gguf_writer.h"
 #include "common/io/mapped_file.h"
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
@@ -19,7 +20,7 @@ const std::string kShared = KVSERVE_SHARED_DIR;
 const std::string kGgufPath = kShared + "/models/stories260K/stories260K.gguf";
 const std::string kBinPath = kShared + "/models/stories260K/stories260K.bin";
 
-std::string TempPath(const std::string& name) { return testing::TempDir() + "/" + name; }
+std::string TempPath(const std::string& name) { return test_util::ScratchPath(name); }
 
 std::string Floats(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));

@@ -7,6 +7,7 @@
 #include "common/gguf/gguf_writer.h"
 #include "common/io/mapped_file.h"
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 const std::string kShared = KVSERVE_SHARED_DIR;
 
 absl::StatusOr<GgufVocab> VocabOf(const GgufWriter& w, const std::string& name) {
-  const std::string path = testing::TempDir() + "/" + name;
+  const std::string path = test_util::ScratchPath(name);
   EXPECT_TRUE(w.WriteFile(path).ok());
   absl::StatusOr<GgufFile> f = GgufFile::Open(path);
   if (!f.ok()) return f.status();
@@ -87,7 +88,7 @@ TEST(GgufVocabReaderTest, ReadsGpt2StyleVocab) {
 }
 
 TEST(GgufVocabReaderTest, Errors) {
-  const std::string dir = testing::TempDir() + "/";
+  const std::string dir = test_util::TestScratchDir() + "/";
   {
     GgufWriter w;
     w.SetString("general.architecture", "llama");

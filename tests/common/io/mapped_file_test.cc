@@ -5,13 +5,12 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  return testing::TempDir() + "/" + name;
-}
+std::string TempPath(const std::string& name) { return test_util::ScratchPath(name); }
 
 TEST(MappedFileTest, MapsContents) {
   const std::string path = TempPath("mapped_file_test.bin");

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/tokenizer/golden_cases.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
@@ -21,9 +22,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// Writes `content` as <tmp>/<dir>/tokenizer.json and returns the path.
+// Writes `content` as <scratch>/tok_<dir>/tokenizer.json and returns the path.
 std::string WriteTokenizer(const std::string& dir, const std::string& content) {
-  const fs::path folder = fs::path(::testing::TempDir()) / ("kvserve_tok_" + dir);
+  const fs::path folder = fs::path(test_util::ScratchPath("tok_" + dir));
   fs::create_directories(folder);
   const fs::path path = folder / "tokenizer.json";
   std::ofstream(path) << content;

@@ -5,6 +5,7 @@
 
 #include "common/gguf/gguf_writer.h"
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
@@ -130,7 +131,7 @@ TEST(HfConfigTest, Errors) {
               "config.json: 'num_key_value_heads' must be an integer, got \"2\"");
   ExpectError(ParseHfConfig("{not json", ""), "config.json: invalid JSON");
   ExpectError(ParseHfConfig(Llama(""), "[]"), "generation_config.json: not a JSON object");
-  ExpectError(LoadHfConfig(testing::TempDir() + "/no_such_dir"), "config.json");
+  ExpectError(LoadHfConfig(test_util::ScratchPath("no_such_dir")), "config.json");
 }
 
 TEST(HfConfigTest, GgufStories260K) {
@@ -157,7 +158,7 @@ TEST(HfConfigTest, GgufStories260K) {
 }
 
 absl::StatusOr<ModelConfig> GgufConfigOf(const GgufWriter& w, const std::string& name) {
-  const std::string path = testing::TempDir() + "/" + name;
+  const std::string path = test_util::ScratchPath(name);
   EXPECT_TRUE(w.WriteFile(path).ok());
   absl::StatusOr<GgufFile> f = GgufFile::Open(path);
   if (!f.ok()) return f.status();

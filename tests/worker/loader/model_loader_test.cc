@@ -9,6 +9,7 @@
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/gguf_writer.h"
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 #include "worker/loader/safetensors_writer.h"
 
 namespace kvserve {
@@ -254,7 +255,7 @@ GgufWriter TinyGguf(DType matrix_dtype, const std::string& skip = "") {
   return w;
 }
 
-std::string TempPath(const std::string& name) { return testing::TempDir() + "/" + name; }
+std::string TempPath(const std::string& name) { return test_util::ScratchPath(name); }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGgufBytes(const GgufWriter& w,
                                                             const std::string& name) {
@@ -328,7 +329,7 @@ TEST(ModelLoaderTest, GgufTiedEmbeddingAndRopeFreqs) {
 }
 
 TEST(ModelLoaderTest, GgufErrors) {
-  const std::string dir = testing::TempDir() + "/";
+  const std::string dir = test_util::TestScratchDir() + "/";
   ExpectError(LoadGgufBytes(TinyGguf(DType::kF32, "blk.1.ffn_up.weight"), "missing.gguf").status(),
               dir + "missing.gguf: missing tensor 'blk.1.ffn_up.weight'");
   {

@@ -11,6 +11,7 @@
 #include "common/gguf/gguf_writer.h"
 #include "common/io/mapped_file.h"
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 #include "worker/loader/safetensors_writer.h"
 
 namespace kvserve {
@@ -19,7 +20,7 @@ namespace {
 const std::string kShared = KVSERVE_SHARED_DIR;
 const std::string kHfModel = kShared + "/models/stories260K-hf/model.safetensors";
 
-std::string TempPath(const std::string& name) { return testing::TempDir() + "/" + name; }
+std::string TempPath(const std::string& name) { return test_util::ScratchPath(name); }
 
 absl::StatusOr<SafetensorsFile> ParseBytes(const std::string& name, const std::string& bytes) {
   EXPECT_TRUE(WriteStringToFile(TempPath(name), bytes).ok());

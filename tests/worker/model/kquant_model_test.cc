@@ -23,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/convert.h"
+#include "tests/test_util/scratch_dir.h"
 #include "tests/worker/model/model_test_util.h"
 #include "worker/model/loaded_model.h"
 #include "worker/model/synth_writer.h"
@@ -35,7 +36,7 @@ namespace fs = std::filesystem;
 constexpr double kRelTolerance = 3e-2;
 
 fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("kquant_model_test_" + name);
+  const fs::path dir = fs::path(test_util::ScratchPath(name));
   fs::remove_all(dir);
   return dir;
 }

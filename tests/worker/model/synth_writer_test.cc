@@ -16,6 +16,7 @@
 #include "common/io/mapped_file.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_util/scratch_dir.h"
 #include "tests/worker/model/model_test_util.h"
 #include "worker/model/loaded_model.h"
 
@@ -25,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("synth_writer_test_" + name);
+  const fs::path dir = fs::path(test_util::ScratchPath(name));
   fs::remove_all(dir);
   return dir;
 }

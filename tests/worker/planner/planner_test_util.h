@@ -7,15 +7,14 @@
 #include <string_view>
 
 #include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve::planner_testing {
 
-/// A fresh, empty directory for the running test.
+/// A fresh, empty directory for the running test, inside its scratch directory (unique to this
+/// process and test, removed when the test ends).
 inline std::string MakeTestDir() {
-  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) /
-      (std::string("planner_") + info->test_suite_name() + "_" + info->name());
+  const std::filesystem::path dir = test_util::ScratchPath("planner");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
