@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tests/client/sdk/fake_inference_server.h"
+#include "tests/test_util/held_port.h"
 
 namespace kvserve {
 namespace {
@@ -323,9 +324,9 @@ TEST(ClientTest, MessagesOverTheSizeLimitAreRefused) {
 }
 
 TEST(ClientTest, UnreachableServerIsUnavailable) {
-  FakeInferenceServer server;
-  const std::string address = server.address();
-  server.Shutdown();
+  // A port the test holds without listening: always refused, never taken by another process.
+  test_util::HeldPort held;
+  const std::string address = held.address();
   std::unique_ptr<Client> client = ConnectOrDie(address, FastRetries(2));
   EXPECT_EQ(client->ListModels().status().code(), absl::StatusCode::kUnavailable);
 
