@@ -120,7 +120,7 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
   // Called with owner_->mu_ held.
   void Enqueue(const v1::KvEventBatch& batch) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (cancelled_) return;
+    if (cancelled_ || dropped_) return;
     pending_.push_back(batch);
     if (!writing_) {
       writing_ = true;
@@ -132,7 +132,7 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
     std::lock_guard<std::recursive_mutex> lock(mu_);
     pending_.pop_front();
     writing_ = false;
-    if (!ok || cancelled_) {
+    if (!ok || cancelled_ || dropped_) {
       FinishOnce();
       return;
     }
@@ -140,6 +140,14 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
       writing_ = true;
       StartWrite(&pending_.front());
     }
+  }
+
+  // Ends the stream from the worker's side with UNAVAILABLE (events already queued are dropped);
+  // called with owner_->mu_ held.
+  void Drop() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    dropped_ = true;
+    if (!writing_) FinishOnce();
   }
 
   void OnCancel() override {
@@ -166,7 +174,8 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
   void FinishOnce() {
     if (finished_) return;
     finished_ = true;
-    Finish(grpc::Status::OK);
+    Finish(dropped_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "kv event stream dropped")
+                    : grpc::Status::OK);
   }
 
   FakeWorker* const owner_;
@@ -174,6 +183,7 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
   std::deque<v1::KvEventBatch> pending_;
   bool writing_ = false;
   bool cancelled_ = false;
+  bool dropped_ = false;
   bool finished_ = false;
 };
 
@@ -222,6 +232,7 @@ class FakeWorker::WorkerImpl final : public v1::Worker::CallbackService {
       const v1::StreamKvEventsRequest* /*request*/) override {
     auto* reactor = new KvStreamReactor(owner_);
     absl::MutexLock lock(&owner_->mu_);
+    ++owner_->kv_subscriptions_;
     owner_->kv_streams_.push_back(reactor);
     std::vector<BlockKey> keys(owner_->keys_.begin(), owner_->keys_.end());
     reactor->Enqueue(MakeBatch(/*reset=*/true, keys, /*stored=*/true));
@@ -328,6 +339,23 @@ bool FakeWorker::WaitForGenerates(int n, absl::Duration timeout) const {
   };
   absl::MutexLock lock(&mu_);
   return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+void FakeWorker::DropKvStreams() {
+  absl::MutexLock lock(&mu_);
+  for (KvStreamReactor* stream : kv_streams_) stream->Drop();
+  kv_streams_.clear();
+}
+
+bool FakeWorker::WaitForKvSubscriptions(int n, absl::Duration timeout) const {
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return kv_subscriptions_ >= n; };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+int FakeWorker::kv_subscriptions() const {
+  absl::MutexLock lock(&mu_);
+  return kv_subscriptions_;
 }
 
 bool FakeWorker::WaitForCancelled(int n, absl::Duration timeout) const {

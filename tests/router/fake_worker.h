@@ -49,6 +49,12 @@ class FakeWorker {
   /// Lets held streams finish normally, including ones that reach the hold point later (until
   /// the next set_mode).
   void ReleaseHeld();
+  /// Ends every open StreamKvEvents stream with UNAVAILABLE, as a worker whose event stream broke
+  /// while it stays healthy; later subscriptions are served as usual (snapshot first).
+  void DropKvStreams();
+  /// StreamKvEvents calls received so far, and a wait for `n` of them.
+  int kv_subscriptions() const;
+  bool WaitForKvSubscriptions(int n, absl::Duration timeout = absl::Seconds(10)) const;
 
   /// Generate calls received so far (in order).
   std::vector<v1::GenerateRequest> requests() const;
@@ -77,6 +83,7 @@ class FakeWorker {
   std::vector<GenerateReactor*> held_ ABSL_GUARDED_BY(mu_);
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<KvStreamReactor*> kv_streams_ ABSL_GUARDED_BY(mu_);
+  int kv_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<BlockKey> keys_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<InferenceImpl> inference_;

@@ -216,6 +216,35 @@ TEST_F(RouterLoopbackTest, KvAwareFollowsTheWorkersKvEvents) {
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));
 }
 
+// The KV event stream breaks while the worker stays healthy: the router subscribes again and the
+// new stream's snapshot gives it the worker's cache as it is now, including what changed while no
+// stream was open.
+TEST_F(RouterLoopbackTest, KvStreamDropIsFollowedByANewSubscriptionAndSnapshot) {
+  StartWorkers(2);
+  StartRouter("kv_aware");
+  const std::vector<uint32_t> prompt = Range(10, 50);  // 3 full blocks
+  const std::vector<uint32_t> other = Range(200, 40);  // 2 full blocks
+  const std::vector<BlockKey> keys = KeysOf(prompt);
+  const std::vector<BlockKey> other_keys = KeysOf(other);
+  workers_[1]->StoreKeys(keys);
+  const WorkerId w1 = router_->pool().Find(Addr(1))->id();
+  ASSERT_TRUE(router_->index().WaitForBlockCount(w1, 3, absl::Seconds(10)));
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(1));
+
+  const int subscriptions = workers_[1]->kv_subscriptions();
+  workers_[1]->DropKvStreams();
+  // Changes while the router may or may not be subscribed: the snapshot or the events carry them.
+  workers_[1]->EvictKeys({keys[0]});
+  workers_[1]->StoreKeys(other_keys);
+  ASSERT_TRUE(workers_[1]->WaitForKvSubscriptions(subscriptions + 1))
+      << "the router did not subscribe again";
+  ASSERT_TRUE(router_->index().WaitForBlockCount(w1, 4, absl::Seconds(10)));
+  EXPECT_TRUE(router_->pool().Find(Addr(1))->routable());
+  EXPECT_EQ(Generate(Prompt(other)).worker(), Addr(1));
+  // The first block of `prompt` is gone there: nothing of it is reusable, least loaded wins.
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));
+}
+
 TEST_F(RouterLoopbackTest, RetriesOnAnotherWorkerWhenTheFirstFailsBeforeAnyToken) {
   StartWorkers(2);
   workers_[0]->set_mode(FakeWorker::Mode::kFailBeforeFirst, grpc::StatusCode::UNAVAILABLE);
