@@ -142,11 +142,12 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
     }
   }
 
-  // Ends the stream from the worker's side with UNAVAILABLE (events already queued are dropped);
-  // called with owner_->mu_ held.
-  void Drop() {
+  // Ends the stream from the worker's side with `code` (events already queued are dropped); called
+  // with owner_->mu_ held.
+  void Drop(grpc::StatusCode code) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     dropped_ = true;
+    drop_code_ = code;
     if (!writing_) FinishOnce();
   }
 
@@ -174,8 +175,7 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
   void FinishOnce() {
     if (finished_) return;
     finished_ = true;
-    Finish(dropped_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "kv event stream dropped")
-                    : grpc::Status::OK);
+    Finish(dropped_ ? grpc::Status(drop_code_, "kv event stream dropped") : grpc::Status::OK);
   }
 
   FakeWorker* const owner_;
@@ -184,6 +184,7 @@ class FakeWorker::KvStreamReactor final : public grpc::ServerWriteReactor<v1::Kv
   bool writing_ = false;
   bool cancelled_ = false;
   bool dropped_ = false;
+  grpc::StatusCode drop_code_ = grpc::StatusCode::OK;
   bool finished_ = false;
 };
 
@@ -341,9 +342,9 @@ bool FakeWorker::WaitForGenerates(int n, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
 }
 
-void FakeWorker::DropKvStreams() {
+void FakeWorker::DropKvStreams(grpc::StatusCode code) {
   absl::MutexLock lock(&mu_);
-  for (KvStreamReactor* stream : kv_streams_) stream->Drop();
+  for (KvStreamReactor* stream : kv_streams_) stream->Drop(code);
   kv_streams_.clear();
 }
 

@@ -49,9 +49,10 @@ class FakeWorker {
   /// Lets held streams finish normally, including ones that reach the hold point later (until
   /// the next set_mode).
   void ReleaseHeld();
-  /// Ends every open StreamKvEvents stream with UNAVAILABLE, as a worker whose event stream broke
-  /// while it stays healthy; later subscriptions are served as usual (snapshot first).
-  void DropKvStreams();
+  /// Ends every open StreamKvEvents stream with `code`, as a worker whose event stream broke
+  /// (UNAVAILABLE) or whose subscriber fell too far behind (RESOURCE_EXHAUSTED) while it stays
+  /// healthy; later subscriptions are served as usual (snapshot first).
+  void DropKvStreams(grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE);
   /// StreamKvEvents calls received so far, and a wait for `n` of them.
   int kv_subscriptions() const;
   bool WaitForKvSubscriptions(int n, absl::Duration timeout = absl::Seconds(10)) const;

@@ -216,10 +216,14 @@ TEST_F(RouterLoopbackTest, KvAwareFollowsTheWorkersKvEvents) {
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));
 }
 
-// The KV event stream breaks while the worker stays healthy: the router subscribes again and the
-// new stream's snapshot gives it the worker's cache as it is now, including what changed while no
-// stream was open.
-TEST_F(RouterLoopbackTest, KvStreamDropIsFollowedByANewSubscriptionAndSnapshot) {
+// The KV event stream breaks (UNAVAILABLE), or the worker closes it because the router fell too
+// far behind (RESOURCE_EXHAUSTED, KvEventStream::kMaxPending), while the worker stays healthy: the
+// router subscribes again and the new stream's snapshot gives it the worker's cache as it is now,
+// including what changed while no stream was open.
+class KvStreamDropTest : public RouterLoopbackTest,
+                         public ::testing::WithParamInterface<grpc::StatusCode> {};
+
+TEST_P(KvStreamDropTest, IsFollowedByANewSubscriptionAndSnapshot) {
   StartWorkers(2);
   StartRouter("kv_aware");
   const std::vector<uint32_t> prompt = Range(10, 50);  // 3 full blocks
@@ -232,7 +236,7 @@ TEST_F(RouterLoopbackTest, KvStreamDropIsFollowedByANewSubscriptionAndSnapshot) 
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(1));
 
   const int subscriptions = workers_[1]->kv_subscriptions();
-  workers_[1]->DropKvStreams();
+  workers_[1]->DropKvStreams(GetParam());
   // Changes while the router may or may not be subscribed: the snapshot or the events carry them.
   workers_[1]->EvictKeys({keys[0]});
   workers_[1]->StoreKeys(other_keys);
@@ -244,6 +248,10 @@ TEST_F(RouterLoopbackTest, KvStreamDropIsFollowedByANewSubscriptionAndSnapshot) 
   // The first block of `prompt` is gone there: nothing of it is reusable, least loaded wins.
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));
 }
+
+INSTANTIATE_TEST_SUITE_P(Codes, KvStreamDropTest,
+                         ::testing::Values(grpc::StatusCode::UNAVAILABLE,
+                                           grpc::StatusCode::RESOURCE_EXHAUSTED));
 
 TEST_F(RouterLoopbackTest, RetriesOnAnotherWorkerWhenTheFirstFailsBeforeAnyToken) {
   StartWorkers(2);

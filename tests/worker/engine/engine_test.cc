@@ -362,6 +362,26 @@ TEST_F(EngineTest, TensorParallelRanksGiveTheGoldenTokens) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
 }
 
+// A subscriber that stops reading costs at most kMaxPending batches: one push more and the queue
+// collapses into "closed" (the worker's StreamKvEvents call then ends RESOURCE_EXHAUSTED and the
+// router subscribes again for a fresh snapshot), dropping the backlog instead of delivering it.
+TEST(KvEventStreamTest, AReaderThatFallsBehindIsClosedInsteadOfGrowingTheQueue) {
+  KvEventStream stream;
+  size_t notified = 0;
+  stream.SetListener([&notified] { ++notified; });
+  for (size_t i = 0; i < KvEventStream::kMaxPending; ++i) {
+    ASSERT_TRUE(stream.Push(KvEventBatch{}));
+  }
+  EXPECT_FALSE(stream.closed());
+  EXPECT_TRUE(stream.Push(KvEventBatch{}));  // one too many
+  EXPECT_TRUE(stream.closed());
+  KvEventBatch batch;
+  EXPECT_FALSE(stream.TryNext(&batch));
+  EXPECT_FALSE(stream.Next(&batch, std::chrono::milliseconds(0)));
+  EXPECT_FALSE(stream.Push(KvEventBatch{}));            // the engine drops the subscription here
+  EXPECT_EQ(notified, KvEventStream::kMaxPending + 1);  // the reader was woken to see the close
+}
+
 TEST_F(EngineTest, KvEventsReportCachedBlocks) {
   EngineOptions o = Options();
   o.run_loop_thread = false;
