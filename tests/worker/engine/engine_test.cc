@@ -137,6 +137,46 @@ INSTANTIATE_TEST_SUITE_P(
                       BatchCase{"no_prefix_cache", 2048, 0, false, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Sampled requests with several samples each (temperature, seed, n = 2 or 3) run together in a
+// pool small enough to preempt them give every sample the tokens and log-probabilities it has
+// alone and unpreempted: a preempted sample is recomputed, and its seeded draws must not shift.
+TEST_F(EngineTest, PreemptedSampledRequestsWithSeveralSamplesMatchUnpreempted) {
+  std::vector<EngineRequest> requests = testing_engine::MixedWorkload(24);
+  requests.resize(24);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].n = 2 + static_cast<int>(i % 2);
+    requests[i].params.temperature = 0.8f;
+    requests[i].params.top_p = 0.95f;
+    requests[i].params.seed = 1000 + i;
+  }
+  std::vector<std::map<int, Collected>> alone;
+  {
+    EngineOptions o = Options();
+    o.scheduler.enable_prefix_caching = false;
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+    for (const EngineRequest& r : requests) alone.push_back(Drain(**engine->Submit(r)));
+    EXPECT_EQ(engine->stats().num_preemptions, 0);
+  }
+  EngineOptions o = Options();
+  o.scheduler.max_num_batched_tokens = 96;
+  o.num_kv_blocks = 40;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::map<int, Collected> got = Drain(*streams[i]);
+    ASSERT_EQ(got.size(), alone[i].size()) << requests[i].request_id;
+    for (const auto& [sample, collected] : got) {
+      const Collected& ref = alone[i].at(sample);
+      EXPECT_EQ(collected.tokens, ref.tokens) << requests[i].request_id << " sample " << sample;
+      EXPECT_EQ(collected.logprobs, ref.logprobs) << requests[i].request_id << " sample " << sample;
+      EXPECT_EQ(collected.text, ref.text) << requests[i].request_id << " sample " << sample;
+    }
+  }
+  EXPECT_GT(engine->stats().num_preemptions, 0) << "the pool was meant to force preemption";
+  ExpectPoolFree(*engine);
+}
+
 TEST_F(EngineTest, ParallelSamplingGivesTheSameTokens) {
   // Seeded temperature sampling with top-k/top-p and penalties: sampling a step's sequences on
   // two threads draws exactly what the loop thread alone draws.
