@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,9 +16,11 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/child_process.h"
 #include "client/sdk/client.h"
+#include "common/block_hash/block_hash.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kvserve/v1/worker.grpc.pb.h"
+#include "router/router_server.h"
 #include "tests/worker/model/golden.h"
 #include "worker/engine/engine.h"
 
@@ -35,10 +38,49 @@ struct Cluster {
   std::vector<ChildProcess> workers;
   std::vector<std::string> worker_addresses;
   std::unique_ptr<ChildProcess> router;
+  // Set instead of `router` by StartInProcess.
+  std::unique_ptr<RouterServer> in_process_router;
   std::string router_address;
   std::unique_ptr<Client> client;
 
   static std::unique_ptr<Cluster> Start(int num_workers, const std::string& policy) {
+    auto c = SpawnWorkers(num_workers);
+    if (c == nullptr) return nullptr;
+    absl::StatusOr<ChildProcess> r = ChildProcess::Spawn(
+        {KVSERVE_BINARY, "router", "--listen", "127.0.0.1:0", "--workers",
+         absl::StrJoin(c->worker_addresses, ","), "--model", kModel, "--policy", policy});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return nullptr;
+    c->router = std::make_unique<ChildProcess>(std::move(*r));
+    absl::StatusOr<std::string> addr =
+        c->router->WaitForLine("kvserve router listening on ", seconds(60));
+    EXPECT_TRUE(addr.ok()) << addr.status();
+    if (!addr.ok()) return nullptr;
+    c->router_address = *addr;
+    return c->Connect() ? std::move(c) : nullptr;
+  }
+
+  // Worker processes and a router in this process, so that a test can see the router's prefix
+  // index and in-flight counts. Probes are 30 s apart, so a worker the test pauses with SIGSTOP
+  // is not ejected meanwhile.
+  static std::unique_ptr<Cluster> StartInProcess(int num_workers, const std::string& policy) {
+    auto c = SpawnWorkers(num_workers);
+    if (c == nullptr) return nullptr;
+    RouterOptions options;
+    options.listen = "127.0.0.1:0";
+    options.model_path = kModel;
+    options.policy = policy;
+    options.pool.static_workers = c->worker_addresses;
+    options.pool.probe_interval = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(options);
+    EXPECT_TRUE(router.ok()) << router.status();
+    if (!router.ok()) return nullptr;
+    c->in_process_router = *std::move(router);
+    c->router_address = absl::StrCat("127.0.0.1:", c->in_process_router->port());
+    return c->Connect() ? std::move(c) : nullptr;
+  }
+
+  static std::unique_ptr<Cluster> SpawnWorkers(int num_workers) {
     auto c = std::make_unique<Cluster>();
     for (int i = 0; i < num_workers; ++i) {
       absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(
@@ -52,26 +94,39 @@ struct Cluster {
       c->worker_addresses.push_back(*addr);
       c->workers.push_back(std::move(*w));
     }
-    absl::StatusOr<ChildProcess> r = ChildProcess::Spawn(
-        {KVSERVE_BINARY, "router", "--listen", "127.0.0.1:0", "--workers",
-         absl::StrJoin(c->worker_addresses, ","), "--model", kModel, "--policy", policy});
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return nullptr;
-    c->router = std::make_unique<ChildProcess>(std::move(*r));
-    absl::StatusOr<std::string> addr =
-        c->router->WaitForLine("kvserve router listening on ", seconds(60));
-    EXPECT_TRUE(addr.ok()) << addr.status();
-    if (!addr.ok()) return nullptr;
-    c->router_address = *addr;
-    ClientOptions options;
-    options.default_deadline = absl::Seconds(60);
-    options.connect_timeout = absl::Seconds(10);
-    c->client = *Client::Connect(c->router_address, options);
-    // Wait until the router admitted every worker: one tiny request per worker round.
     return c;
   }
 
+  bool Connect() {
+    ClientOptions options;
+    options.default_deadline = absl::Seconds(60);
+    options.connect_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(router_address, options);
+    EXPECT_TRUE(connected.ok()) << connected.status();
+    if (!connected.ok()) return false;
+    client = *std::move(connected);
+    return true;
+  }
+
+  // Blocks of `prompt` that the in-process router's index says `worker` holds.
+  int IndexedBlocks(const std::string& worker, const std::vector<TokenId>& prompt) {
+    const std::vector<BlockKey> keys = HashFullBlocks(prompt, 16, "");
+    return static_cast<int>(in_process_router->index().MatchedBlocks(
+        in_process_router->pool().Find(worker)->id(), keys));
+  }
+
+  // Requests the in-process router has dispatched to workers and not yet seen end.
+  int InFlight() {
+    int total = 0;
+    for (const std::string& w : worker_addresses) {
+      total += in_process_router->pool().Find(w)->in_flight();
+    }
+    return total;
+  }
+
   ~Cluster() {
+    client.reset();
+    in_process_router.reset();
     if (router) router->Stop(seconds(5));
     for (ChildProcess& w : workers) w.Stop(seconds(5));
   }
@@ -102,6 +157,16 @@ struct Cluster {
     }
   }
 };
+
+// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
+bool WaitUntil(const std::function<bool()>& condition, milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));  // polling interval of a bounded wait
+  }
+  return true;
+}
 
 GenerateParams Greedy(std::vector<TokenId> prompt, uint32_t max_tokens) {
   GenerateParams p;
@@ -168,6 +233,9 @@ TEST(ClusterTest, SixtyFourStreamsMatchTheLocalEngine) {
 
 // Sends `rounds` requests for each of several 256-token prefixes, interleaved and one at a
 // time; returns (requests that landed on the prefix's first worker, cached prompt tokens).
+// After each request it waits until the router's prefix index holds the serving worker's blocks
+// for that prompt (all but the last full block, as in fault_test), so that no route depends on
+// how fast the KV events travel.
 std::pair<int, int64_t> SharedPrefixTraffic(Cluster& cluster, int num_prefixes, int rounds,
                                             uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -178,11 +246,15 @@ std::pair<int, int64_t> SharedPrefixTraffic(Cluster& cluster, int num_prefixes, 
   int64_t cached = 0;
   for (int round = 0; round < rounds; ++round) {
     for (int p = 0; p < num_prefixes; ++p) {
-      absl::StatusOr<Completion> c =
-          cluster.client->GenerateSync(Greedy(RandomPrompt(rng, prefixes[p], 8), 4));
+      const std::vector<TokenId> prompt = RandomPrompt(rng, prefixes[p], 8);
+      absl::StatusOr<Completion> c = cluster.client->GenerateSync(Greedy(prompt, 4));
       EXPECT_TRUE(c.ok()) << c.status();
       if (!c.ok()) continue;
       cached += c->samples[0].usage.cached_prompt_tokens;
+      const int full_blocks = static_cast<int>(prompt.size()) / 16;
+      EXPECT_TRUE(WaitUntil(
+          [&] { return cluster.IndexedBlocks(c->worker, prompt) >= full_blocks - 1; }, seconds(60)))
+          << "the router never indexed the blocks of round " << round << ", prefix " << p;
       if (round == 0) {
         home[p] = c->worker;
       } else if (c->worker == home[p]) {
@@ -196,13 +268,16 @@ std::pair<int, int64_t> SharedPrefixTraffic(Cluster& cluster, int num_prefixes, 
 TEST(ClusterTest, KvAwareFollowsThePrefixAndBeatsRoundRobin) {
   int64_t kv_aware_cached = 0;
   {
-    auto cluster = Cluster::Start(2, "kv_aware");
+    auto cluster = Cluster::StartInProcess(2, "kv_aware");
     ASSERT_NE(cluster, nullptr);
     // 3 prefixes (odd, so round robin moves each prefix between the workers) x 6 repeats.
     auto [on_home, cached] = SharedPrefixTraffic(*cluster, 3, 7, 5);
-    EXPECT_GE(on_home, 17) << "of 18 repeats landed on the worker holding the prefix";
+    EXPECT_EQ(on_home, 18) << "of 18 repeats landed on the worker holding the prefix";
     kv_aware_cached = cached;
-    // Unrelated concurrent load still spreads over both workers.
+    // Unrelated concurrent load still spreads over both workers. Both workers are paused until
+    // the router has dispatched all 24 requests, so each choice sees the in-flight counts of the
+    // ones before it (no prefix matches: every hit is 0) rather than whichever finished first.
+    for (ChildProcess& w : cluster->workers) ASSERT_EQ(::kill(w.pid(), SIGSTOP), 0);
     std::mt19937 rng(3);
     std::vector<std::thread> threads;
     std::vector<std::string> served(24);
@@ -212,13 +287,16 @@ TEST(ClusterTest, KvAwareFollowsThePrefixAndBeatsRoundRobin) {
         if (c.ok()) served[i] = c->worker;
       });
     }
+    const bool all_dispatched = WaitUntil([&] { return cluster->InFlight() == 24; }, seconds(60));
+    for (ChildProcess& w : cluster->workers) ASSERT_EQ(::kill(w.pid(), SIGCONT), 0);
     for (std::thread& t : threads) t.join();
+    EXPECT_TRUE(all_dispatched) << cluster->InFlight() << " of 24 dispatched";
     const auto first = std::count(served.begin(), served.end(), cluster->worker_addresses[0]);
     const auto second = std::count(served.begin(), served.end(), cluster->worker_addresses[1]);
     EXPECT_EQ(first + second, 24);
     EXPECT_GE(std::min(first, second), 6) << first << " vs " << second;
   }
-  auto rr = Cluster::Start(2, "round_robin");
+  auto rr = Cluster::StartInProcess(2, "round_robin");
   ASSERT_NE(rr, nullptr);
   const int64_t rr_cached = SharedPrefixTraffic(*rr, 3, 7, 5).second;
   EXPECT_LT(rr_cached, kv_aware_cached);
