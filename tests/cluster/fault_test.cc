@@ -77,7 +77,6 @@ using testing::SpawnWorker;
 using testing::WaitPoolFree;
 using testing::WaitUntil;
 
-
 // An in-process router over worker processes, with fast probes so ejection takes ~0.3 s.
 std::unique_ptr<RouterServer> StartRouter(const std::vector<std::string>& workers,
                                           const std::string& policy) {
