@@ -169,23 +169,45 @@ TEST(PlanCapacityTest, WeightsPerGpuUnderTp) {
   EXPECT_EQ(*WeightBytesPerGpu(spec, WeightDType::kF32, 1), 4 * 8'030'261'248);
 }
 
+// Llama-3-8B on one 80 GiB GPU with the default options, every figure worked out by hand:
+//   usable: floor(80 GiB × 0.9) = floor(85899345920 × 0.9) = 77309411328.
+//   weights: 8030261248 parameters × 2 (bf16) = 16060522496.
+//   activations, elements per token: residual 4096 + normed 4096 + q 32 × 128 + k 8 × 128
+//     + v 8 × 128 + attn_out 32 × 128 + gate 14336 + up 14336 = 47104;
+//     × 8192 tokens × 4 bytes = 1543503872; logits 256 seqs × 128256 × 4 = 131334144;
+//     workspace 256 MiB = 268435456; total 1943273472.
+//   KV budget: 77309411328 − 16060522496 − 1943273472 = 59305615360.
+//   bf16: 32 layers × 2 × 8 heads × 128 × 2 = 131072 bytes/token, × 16 = 2097152 per block;
+//     59305615360 / 2097152 = 28279.1 → 28279 blocks; 8192-token sequences need 512 blocks each:
+//     28279 / 512 = 55.2 → 55.
+//   fp8: 32 × 2 × 8 × (128 + 4) = 67584 bytes/token, 1081344 per block;
+//     59305615360 / 1081344 = 54844.4 → 54844 blocks, 54844 / 512 = 107.1 → 107.
 TEST(PlanCapacityTest, Llama3_8BOnOneH100) {
-  PlanOptions options;  // 80 GiB × 0.9, bf16 KV, 8192 batched tokens.
+  PlanOptions options;  // 80 GiB × 0.9, bf16 KV, 8192 batched tokens, 256 seqs.
   absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->usable_bytes, 77309411328);
   EXPECT_EQ(plan->weight_bytes, 16'060'522'496);
   EXPECT_FALSE(plan->weight_bytes_exact);
   EXPECT_EQ(plan->max_model_len, 8192);
-  EXPECT_EQ(plan->kv_budget_bytes,
-            plan->usable_bytes - plan->weight_bytes - plan->activations.total());
+  EXPECT_EQ(plan->activations.elements_per_token, 47104);
+  EXPECT_EQ(plan->activations.buffer_bytes, 1'543'503'872);
+  EXPECT_EQ(plan->activations.logits_bytes, 131'334'144);
+  EXPECT_EQ(plan->activations.workspace_bytes, 268'435'456);
+  EXPECT_EQ(plan->activations.total(), 1'943'273'472);
+  EXPECT_EQ(plan->kv_budget_bytes, 59'305'615'360);
   const KvDTypePlan& bf16 = plan->chosen();
+  EXPECT_EQ(bf16.dtype, kBF16);
   EXPECT_EQ(bf16.kv_bytes_per_token, 131072);
-  EXPECT_EQ(bf16.num_kv_blocks, plan->kv_budget_bytes / (131072 * 16));
-  EXPECT_EQ(bf16.max_concurrent_seqs, bf16.num_kv_blocks / 512);
-  // fp8 holds (256 / 132) as many tokens as bf16, give or take a block.
-  EXPECT_NEAR(static_cast<double>(plan->by_kv_dtype[4].num_kv_blocks),
-              bf16.num_kv_blocks * 256.0 / 132.0, 1.0);
+  EXPECT_EQ(bf16.bytes_per_block, 2'097'152);
+  EXPECT_EQ(bf16.num_kv_blocks, 28279);
+  EXPECT_EQ(bf16.kv_tokens, 28279 * 16);
+  EXPECT_EQ(bf16.max_concurrent_seqs, 55);
+  const KvDTypePlan& fp8 = plan->by_kv_dtype[4];
+  EXPECT_EQ(fp8.dtype, KvCacheDType::kFp8E4M3);
+  EXPECT_EQ(fp8.kv_bytes_per_token, 67584);
+  EXPECT_EQ(fp8.num_kv_blocks, 54844);
+  EXPECT_EQ(fp8.max_concurrent_seqs, 107);
 }
 
 TEST(PlanCapacityTest, ReplicatedKvHeadsAtTp16) {

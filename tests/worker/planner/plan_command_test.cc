@@ -64,13 +64,23 @@ TEST(PlanCommandTest, JsonForStories260K) {
   EXPECT_EQ(out["by_kv_dtype"]["bf16"]["kv_bytes_per_token"], 640);
   EXPECT_EQ(out["by_kv_dtype"]["f32"]["kv_bytes_per_token"], 1280);
   EXPECT_EQ(out["by_kv_dtype"]["int8"]["kv_bytes_per_token"], 480);
-  const int64_t budget = out["kv_budget_bytes"];
-  EXPECT_EQ(budget,
-            out["usable_bytes"].get<int64_t>() - 1040128 - out["activation_bytes"].get<int64_t>());
-  EXPECT_EQ(out["num_kv_blocks"], budget / 10240);
-  EXPECT_EQ(out["kv_tokens"], budget / 10240 * 16);
-  EXPECT_EQ(out["max_concurrent_seqs"], budget / 10240 / 32);
-  EXPECT_EQ(out["max_concurrent_seqs_shared_prefix"], (budget / 10240 - 6) / (32 - 6));
+  // By hand, with the command's defaults (0.9 utilization, 8192 batched tokens, 256 seqs,
+  // 256 MiB workspace):
+  //   usable floor(1073741824 × 0.9) = 966367641;
+  //   activations: 664 elements per token (residual 64 + normed 64 + q 64 + k 32 + v 32
+  //     + attn_out 64 + gate 172 + up 172) × 8192 × 4 = 21757952, logits 256 × 512 × 4 = 524288,
+  //     workspace 268435456: 290717696 in all;
+  //   KV budget 966367641 − 1040128 − 290717696 = 674609817;
+  //   bf16 blocks of 16 × 640 = 10240 bytes: 674609817 / 10240 = 65879.9 → 65879, 1054064 tokens;
+  //   512-token sequences need 32 blocks: 65879 / 32 = 2058.7 → 2058; a 100-token shared prefix
+  //   holds 6 full blocks once: (65879 − 6) / (32 − 6) = 2533.6 → 2533.
+  EXPECT_EQ(out["usable_bytes"], 966367641);
+  EXPECT_EQ(out["activation_bytes"], 290717696);
+  EXPECT_EQ(out["kv_budget_bytes"], 674609817);
+  EXPECT_EQ(out["num_kv_blocks"], 65879);
+  EXPECT_EQ(out["kv_tokens"], 1054064);
+  EXPECT_EQ(out["max_concurrent_seqs"], 2058);
+  EXPECT_EQ(out["max_concurrent_seqs_shared_prefix"], 2533);
 }
 
 TEST(PlanCommandTest, JsonChosenDTypeAndTp) {
