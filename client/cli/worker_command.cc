@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/command.h"
 #include "client/cli/engine_flags.h"
 #include "common/logging/logging.h"
@@ -89,7 +92,16 @@ int RunWorker(const WorkerOptions& o) {
   // cancel what is left.
   server.Drain();
   const auto start = std::chrono::steady_clock::now();
-  server.Shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000)));
+  const absl::Time deadline = absl::Now() + absl::Seconds(o.drain_timeout_s);
+  // Connections stay open until every stream's last bytes reached its client: closing them
+  // earlier can reset a connection while the end of a finished stream is still unsent.
+  if (!server.AwaitDrained(deadline)) {
+    logging::Log(logging::LogLevel::kWarning, "worker",
+                 "drain timeout reached before every stream ended and reached its client",
+                 {{"open_generate_streams", server.stats().open_generate_streams}});
+  }
+  server.Shutdown(std::chrono::milliseconds(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()))));
   logging::Log(logging::LogLevel::kInfo, "worker", "drained, exiting",
                {{"drain_seconds", std::chrono::duration<double>(
                                       std::chrono::steady_clock::now() - start)

@@ -1,9 +1,12 @@
 #include "worker/server/worker_server.h"
 
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/io/socket_flush.h"
 #include "common/logging/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -155,6 +158,14 @@ void WorkerServer::Drain() {
   logging::Log(logging::LogLevel::kInfo, "worker", "draining: not accepting requests",
                {{"worker", advertise_},
                 {"open_generate_streams", counters_.open_generate_streams.load()}});
+}
+
+bool WorkerServer::AwaitDrained(absl::Time deadline) {
+  while (counters_.open_generate_streams.load() > 0) {
+    if (absl::Now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WaitForSocketsFlushed(deadline);
 }
 
 void WorkerServer::Shutdown(std::chrono::milliseconds grace) {

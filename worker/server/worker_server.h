@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/auth/tls_credentials.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
@@ -74,6 +75,12 @@ class WorkerServer {
 
   /// Stops admitting requests and reports NOT_SERVING; running requests finish.
   void Drain();
+
+  /// After Drain(): waits until every Generate call has ended and every byte the process wrote
+  /// to its clients has reached their kernels, or until `deadline`. Returns true when both
+  /// happened. Call it before Shutdown when the process exits next: Shutdown closes the
+  /// connections, and a close with output still unsent can cost a client the end of its stream.
+  bool AwaitDrained(absl::Time deadline);
 
   /// Stops the server: health goes NOT_SERVING, StreamKvEvents calls end OK at once, Generate
   /// calls get `grace` to finish and are then cancelled (and aborted in the engine). Returns
