@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -81,6 +82,65 @@ struct Call {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
   bool finished = false;
+};
+
+// Reads the rest of a Generate stream on a thread of its own, so that the HTTP handler can wake
+// while no token arrives (a request queued on a busy worker, a long prefill): it then writes an
+// SSE comment, which fails once the client has gone, and cancels the call instead of holding its
+// worker slot until the next token. At most kMaxQueued messages wait for the handler: a slow
+// client slows the stream down (gRPC flow control reaches back to the worker) rather than piling
+// its tokens up here. Destroying the pump joins the thread after the reader returned false:
+// cancel first if the stream may still be open.
+class StreamPump {
+ public:
+  enum class Next { kMessage, kEnd, kIdle };
+  static constexpr size_t kMaxQueued = 64;
+
+  explicit StreamPump(grpc::ClientReader<v1::GenerateResponse>* reader)
+      : thread_([this, reader] {
+          v1::GenerateResponse message;
+          while (reader->Read(&message)) {
+            absl::MutexLock lock(&mu_);
+            queue_.push_back(std::move(message));
+            mu_.Await(absl::Condition(this, &StreamPump::HasRoom));
+          }
+          absl::MutexLock lock(&mu_);
+          done_ = true;
+        }) {}
+  StreamPump(const StreamPump&) = delete;
+  StreamPump& operator=(const StreamPump&) = delete;
+  ~StreamPump() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;  // the handler reads no more: let the thread read to the end
+    }
+    thread_.join();
+  }
+
+  // The next message (kMessage), the end of the stream (kEnd), or kIdle after `idle` without
+  // either.
+  Next Wait(absl::Duration idle, v1::GenerateResponse* out) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &StreamPump::Ready), idle);
+    if (!queue_.empty()) {
+      *out = std::move(queue_.front());
+      queue_.pop_front();
+      return Next::kMessage;
+    }
+    return done_ ? Next::kEnd : Next::kIdle;
+  }
+
+ private:
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || done_; }
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.size() < kMaxQueued || stopping_;
+  }
+
+  absl::Mutex mu_;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the members above exist
 };
 
 }  // namespace
@@ -218,10 +278,11 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
   res.set_header("X-Accel-Buffering", "no");
   const bool include_usage = request.include_usage;
   const int n = builder_options.n;
+  const absl::Duration heartbeat = options.stream_heartbeat;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, call, builder, first, chat, include_usage, n](size_t /*offset*/,
-                                                           httplib::DataSink& sink) mutable {
+      [this, call, builder, first, chat, include_usage, n, heartbeat](
+          size_t /*offset*/, httplib::DataSink& sink) mutable {
         auto send = [&sink](const json& event) {
           const std::string text = absl::StrCat("data: ", Dump(event), "\n\n");
           return sink.write(text.data(), text.size());
@@ -231,14 +292,27 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
           for (int i = 0; i < n && ok; ++i) ok = send(builder->RoleChunk(i));
         }
         ok = ok && send(builder->Add(first));
-        v1::GenerateResponse message;
-        while (ok && call->reader->Read(&message)) ok = send(builder->Add(message));
-        if (!ok) {  // the client went away
-          call->context.TryCancel();
-          return false;
+        {
+          StreamPump pump(call->reader.get());
+          v1::GenerateResponse message;
+          while (ok) {
+            const StreamPump::Next next = pump.Wait(heartbeat, &message);
+            if (next == StreamPump::Next::kEnd) break;
+            if (next == StreamPump::Next::kIdle) {
+              static constexpr char kHeartbeat[] = ": waiting\n\n";  // an SSE comment
+              ok = sink.write(kHeartbeat, sizeof(kHeartbeat) - 1);
+            } else {
+              ok = send(builder->Add(message));
+            }
+          }
+          // The client went away: cancel; the pump's thread then reads the stream to its end.
+          if (!ok) call->context.TryCancel();
         }
+        // The reader has returned false (the pump saw the end): Finish is all that is left, and
+        // another Read would be a second read past the end of the stream.
         call->finished = true;
         const grpc::Status status = call->reader->Finish();
+        if (!ok) return false;
         if (!status.ok()) {
           ok = send(http::ErrorFromStatus(CallStatus(status)).body);
         } else if (include_usage) {
@@ -301,6 +375,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   if (options.listen_backlog < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("http-listen-backlog: must be positive, got ", options.listen_backlog));
+  }
+  if (options.stream_heartbeat <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("http stream heartbeat: must be positive, got ",
+                                                   absl::FormatDuration(options.stream_heartbeat)));
   }
   const size_t colon = options.listen.rfind(':');
   int requested_port = -1;

@@ -35,6 +35,10 @@ struct HttpServerOptions {
   int listen_backlog = 1024;
   /// Deadline of each Generate call (DEADLINE_EXCEEDED → 504).
   absl::Duration request_timeout = absl::Minutes(10);
+  /// While a stream waits for its next token this long, an SSE comment line is sent: it keeps
+  /// proxies from timing the connection out, and a client that has gone is noticed by the failed
+  /// write (its request is then cancelled on the worker) instead of at the next token.
+  absl::Duration stream_heartbeat = absl::Seconds(2);
   /// Largest request body; larger bodies get 413.
   size_t max_body_bytes = size_t{32} << 20;
   /// Front-door checks of n and logprobs.

@@ -4,7 +4,11 @@
 
 #include "router/http/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -72,6 +76,7 @@ class HttpServerTest : public ::testing::Test {
     http_options.threads = http_threads_;
     http_options.max_queued_connections = max_queued_connections_;
     http_options.request_timeout = absl::Seconds(20);
+    http_options.stream_heartbeat = stream_heartbeat_;
     HttpServerDeps deps;
     deps.channel = router_->InProcessChannel();
     deps.tokenizer = &router_->tokenizer();
@@ -130,6 +135,7 @@ class HttpServerTest : public ::testing::Test {
   /// HttpServerOptions::threads and max_queued_connections for Start.
   int http_threads_ = 4;
   int max_queued_connections_ = HttpServerOptions{}.max_queued_connections;
+  absl::Duration stream_heartbeat_ = HttpServerOptions{}.stream_heartbeat;
   std::unique_ptr<FakeWorker> worker_;
   std::unique_ptr<RouterServer> router_;
   std::unique_ptr<HttpServer> http_;
@@ -351,6 +357,51 @@ TEST_F(HttpServerTest, ShutdownCancelsRunningStreams) {
   ASSERT_GE(events.size(), 2u) << reply.body;
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(json::parse(events[events.size() - 2])["error"]["code"], "unavailable") << reply.body;
+}
+
+// Server-sent events leave as they are generated, not when the stream ends; a client that goes
+// away while no token comes (the fake worker holds after its first) is noticed by the heartbeat
+// comment's failed write, and its request is cancelled on the worker.
+TEST_F(HttpServerTest, EventsArriveWhileTheStreamIsOpenAndADisconnectCancelsTheWorker) {
+  stream_heartbeat_ = absl::Milliseconds(50);
+  Start(kStories);
+  worker_->set_mode(FakeWorker::Mode::kHoldAfterFirst);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(http_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"prompt": "a", "stream": true})";
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  timeval timeout{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  // Up to the end of the first event: the worker holds after its first token, so this event left
+  // while the stream was open.
+  std::string received;
+  size_t event = std::string::npos;
+  size_t event_end = std::string::npos;
+  while ((event = received.find("data: ")) == std::string::npos ||
+         (event_end = received.find("\n\n", event)) == std::string::npos) {
+    char buf[4096];
+    const ssize_t got = ::recv(fd, buf, sizeof(buf), 0);
+    if (got <= 0) ::close(fd);
+    ASSERT_GT(got, 0) << "the stream ended or stalled before its first event: " << received;
+    received.append(buf, static_cast<size_t>(got));
+  }
+  EXPECT_EQ(received.rfind("HTTP/1.1 200", 0), 0u) << received;
+  EXPECT_EQ(received.find("[DONE]"), std::string::npos) << received;
+  const json first = json::parse(received.substr(event + 6, event_end - event - 6), nullptr, false);
+  EXPECT_EQ(first["choices"][0]["text"], "t") << received;
+  ::close(fd);  // the client goes away mid-stream
+  EXPECT_TRUE(worker_->WaitForCancelled(1)) << "the worker's Generate call was never cancelled";
+  EXPECT_EQ(worker_->generate_count(), 1);
 }
 
 TEST_F(HttpServerTest, ConnectionsPastTheQueueAreAnswered503WithRetryAfter) {
