@@ -4,17 +4,25 @@
 
 #include "worker/engine/engine.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/block_hash/block_hash.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/thread_pool.h"
 #include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/golden.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/batch_builder.h"
+#include "worker/model/llama_model.h"
 
 namespace kvserve {
 namespace {
@@ -340,14 +348,84 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAndKeepsOutputs) {
   EXPECT_NE(Drain(**full->Submit(Greedy("f", prompt, 200)))[0].tokens, alone[0].tokens);
 }
 
+/// golden.json's probe position (the last prompt token) computed with the KV cache in `dtype`:
+/// positions 0..n-2 prefilled in one forward pass, the last token decoded in a second, so its
+/// attention reads K/V that an earlier step wrote (and quantized) into the cache. Prefill reads
+/// the cache too (RopeKvWrite stores K/V, then PagedAttention reads only the cache), so both
+/// steps see the dtype's rounding.
+std::vector<float> ProbeLogits(const LoadedModel& m, const std::vector<TokenId>& prompt,
+                               KvCacheDType dtype) {
+  cpu::ThreadPool pool(1);
+  std::unique_ptr<LlamaModel> model = *LlamaModel::Create(m.weights.get(), &pool);
+  constexpr int kBlockSize = 16;
+  const int blocks = (m.config().max_position_embeddings + kBlockSize - 1) / kBlockSize;
+  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, kBlockSize, dtype);
+  std::vector<int32_t> table(blocks);
+  std::iota(table.rbegin(), table.rend(), 0);
+  std::vector<float> logits(m.config().vocab_size);
+  BatchBuilder builder;
+  const std::span<const TokenId> ids(prompt);
+  builder.AddSequence(ids.first(ids.size() - 1), 0, table, kBlockSize, true);
+  EXPECT_TRUE(model->Forward(builder.Build(), *cache, logits.data()).ok());
+  builder.Clear();
+  builder.AddSequence(ids.last(1), static_cast<int32_t>(ids.size() - 1), table, kBlockSize, true);
+  EXPECT_TRUE(model->Forward(builder.Build(), *cache, logits.data()).ok());
+  return logits;
+}
+
+/// log p(id) under `logits` (log_softmax in double).
+double LogProb(const std::vector<float>& logits, TokenId id) {
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(x - top);
+  return logits[id] - top - std::log(sum);
+}
+
 TEST_F(EngineTest, QuantizedKvCacheDtypes) {
-  // How many leading greedy tokens of each golden prompt survive a lower-precision KV cache
-  // (f32 KV reproduces all of them). Printed for the record; the bounds catch a broken codec.
+  // Each KV dtype against golden.json's logits probe (raw f32 logits of llama2.c at position 4 of
+  // "Once upon a time", spanning -10 to 17.8): the largest |logit error| over the 512-token
+  // vocabulary must stay under a per-dtype bound. A stored K/V element is off by at most half a
+  // step of its format: f16 2^-12 and bf16 2^-9 of |x|; int8 0.5/127 of its head's largest |x|
+  // (one scale per token and head); fp8 e4m3 (3 mantissa bits) 2^-5 of |x|. Through 5 layers of
+  // attention that came to (CPU, every ISA path; f32 KV shows the model's own error):
+  //   dtype  measured max |logit error|     bound  = measured x   in half-steps of the format
+  //   f32    6.9e-6                         1e-4     (llama_model_test's f32 bound)
+  //   f16    5.0e-3 (AVX-512), 5.6e-3       8e-3     1.4          33 x 2^-12
+  //   bf16   4.3e-2                         5e-2     1.16         26 x 2^-9
+  //   int8   0.24                           0.33     1.37         84 x 0.5/127
+  //   fp8    0.44                           0.5      1.14         16 x 2^-5
+  // (bf16 / f16 = 8.7 for a 2^3 finer step; fp8 gains from its scale putting the head's largest
+  // element at 448.) The margins are small on purpose: the errors are deterministic, and a codec
+  // that truncates instead of rounding to nearest even gives f16 1.0e-2, bf16 5.9e-2, int8 0.42,
+  // fp8 0.55; a scale off by 2x about 5; swapped vector halves about 15; swapped bytes NaN (all
+  // checked by breaking EncodeKvVector on purpose), each over its bound.
   const auto golden = testing_golden::LoadStoriesGolden();
+  const std::vector<float>& want = golden.probe_logits;
+  const TokenId want_top =
+      static_cast<TokenId>(std::max_element(want.begin(), want.end()) - want.begin());
   const int64_t budget = int64_t{8} << 20;
   int64_t f32_blocks = 0;
-  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kF16, KvCacheDType::kBF16,
-                             KvCacheDType::kInt8, KvCacheDType::kFp8E4M3}) {
+  struct DTypeBound {
+    KvCacheDType dtype;
+    float max_logit_error;
+  };
+  for (const DTypeBound& b :
+       {DTypeBound{KvCacheDType::kF32, 1e-4f}, DTypeBound{KvCacheDType::kF16, 8e-3f},
+        DTypeBound{KvCacheDType::kBF16, 5e-2f}, DTypeBound{KvCacheDType::kInt8, 0.33f},
+        DTypeBound{KvCacheDType::kFp8E4M3, 0.5f}}) {
+    const KvCacheDType dtype = b.dtype;
+    const std::string name(KvCacheDTypeName(dtype));
+    const std::vector<float> got_logits = ProbeLogits(*model_, golden.probe_prompt_ids, dtype);
+    ASSERT_EQ(got_logits.size(), want.size());
+    float max_error = 0.0f;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float error = std::fabs(got_logits[i] - want[i]);
+      max_error = std::max(max_error, std::isnan(error) ? HUGE_VALF : error);  // NaN fails
+    }
+    std::printf("kv dtype %-4s probe: max |logit error| %.3g (bound %.3g)\n", name.c_str(),
+                max_error, b.max_logit_error);
+    EXPECT_LE(max_error, b.max_logit_error) << name;
+
     EngineOptions o = Options();
     o.kv_cache_dtype = dtype;
     o.kv_cache_memory = budget;
@@ -361,14 +439,24 @@ TEST_F(EngineTest, QuantizedKvCacheDtypes) {
                                       ? 2.0
                                       : 32.0 / 12.0;
     EXPECT_NEAR(static_cast<double>(engine->num_kv_blocks()) / f32_blocks, expected_ratio, 0.01);
+    // Through the engine: the probe prompt's first token is the probe's argmax, and its logprob
+    // (log_softmax of the probe logits) is within 2x the logit bound of llama2.c's (a logprob
+    // error is the logit's error minus that of the log-sum-exp, each at most the bound).
+    EngineRequest probe = Greedy("probe", golden.probe_prompt_ids, 1);
+    const Collected first = Drain(**engine->Submit(probe))[0];
+    ASSERT_EQ(first.tokens.size(), 1u);
+    EXPECT_EQ(first.tokens[0], want_top) << name;
+    ASSERT_EQ(first.logprobs.size(), 1u);
+    EXPECT_NEAR(first.logprobs[0], LogProb(want, want_top), 2 * b.max_logit_error) << name;
+    // How many leading greedy tokens of each golden prompt survive (printed for the record):
+    // f32 and f16 KV reproduce all of them; the narrower dtypes at least the first 8.
     for (const auto& c : golden.cases) {
       EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
       const Collected got = Drain(**engine->Submit(r))[0];
       size_t match = 0;
       while (match < got.tokens.size() && got.tokens[match] == c.generated_ids[match]) ++match;
       std::printf("kv dtype %-4s prompt \"%s\": %zu of %zu leading tokens match f32\n",
-                  std::string(KvCacheDTypeName(dtype)).c_str(), c.prompt.c_str(), match,
-                  c.generated_ids.size());
+                  name.c_str(), c.prompt.c_str(), match, c.generated_ids.size());
       if (dtype == KvCacheDType::kF32 || dtype == KvCacheDType::kF16) {
         EXPECT_EQ(match, c.generated_ids.size());
       } else {
