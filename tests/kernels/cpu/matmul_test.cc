@@ -13,6 +13,7 @@
 #include "kernels/cpu/matmul_impl.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
+#include "tests/test_util/ci_skip.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -299,11 +300,15 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
 // block pairs, or 256-bit vpmaddubsw), each matching the reference and each batch-invariant; the
 // K-quants apply their scales in vpmaddwd either way, so they give identical bits.
 TEST(MatmulTest, Avx512WithAndWithoutVnni) {
-  if (!CpuSupportsIsa(CpuIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU"
+                 << testing_ci::DeclaredCiSkip("CI machines may lack it");
+  }
   SetAvx512VnniOverride(true);
   if (!CpuAvx512VnniEnabled()) {
     SetAvx512VnniOverride(std::nullopt);
-    GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+    GTEST_SKIP() << "no AVX-512 VNNI on this CPU"
+                 << testing_ci::DeclaredCiSkip("CI machines may lack it");
   }
   const ScopedIsa scoped(CpuIsa::kAvx512);
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {

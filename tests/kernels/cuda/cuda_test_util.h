@@ -10,6 +10,8 @@
 //                                 label `sim`) instead of a GPU (`cuda`, the default);
 //   KVSERVE_REQUIRE_GPU=1         fail instead of skipping when the device is unusable
 //                                 (scripts/gpu-check.sh, where a skip would hide a broken GPU).
+//   CI (tests/test_util/ci_skip.h) a "no CUDA device" skip fails when the backend library was
+//                                 built but does not load; no device is a declared reason.
 
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/test_util/ci_skip.h"
 
 namespace kvserve::testing_cuda {
 
@@ -75,14 +78,32 @@ inline Backend* Cuda(std::string* reason) {
   return backend.get();
 }
 
-/// Skips the test (or fails it, under KVSERVE_REQUIRE_GPU=1) for want of a device.
-#define KVSERVE_SKIP_NO_DEVICE(reason)                 \
-  do {                                                 \
-    if (::kvserve::testing_cuda::RequireDevice()) {    \
-      FAIL() << "no usable CUDA device: " << (reason); \
-    } else {                                           \
-      GTEST_SKIP() << "no CUDA device: " << (reason);  \
-    }                                                  \
+/// How a "no CUDA device" skip stands in CI (tests/test_util/ci_skip.h). Declared where the
+/// backend library loads and finds no usable device (CI machines have no GPU), or where this
+/// build has no CUDA backend at all (CI installs no CUDA toolkit); undeclared, so CI fails, when
+/// the library was built (or is the simulator's) but does not load: a broken build or install.
+inline std::string NoDeviceCiDeclaration() {
+  if (CudaLibrarySymbol(kCudaBackendEntryPoint, UseSimulator()).ok()) {
+    return testing_ci::DeclaredCiSkip("no usable CUDA device here; CI machines have no GPU");
+  }
+#ifndef KVSERVE_TEST_CUDA_BACKEND_BUILT
+  if (!UseSimulator()) {
+    return testing_ci::DeclaredCiSkip("built without CUDA; CI installs no CUDA toolkit");
+  }
+#endif
+  return "";
+}
+
+/// Skips the test (or fails it, under KVSERVE_REQUIRE_GPU=1) for want of a device; in CI the
+/// skip fails too when the backend library does not load (NoDeviceCiDeclaration).
+#define KVSERVE_SKIP_NO_DEVICE(reason)                                  \
+  do {                                                                  \
+    if (::kvserve::testing_cuda::RequireDevice()) {                     \
+      FAIL() << "no usable CUDA device: " << (reason);                  \
+    } else {                                                            \
+      GTEST_SKIP() << "no CUDA device: " << (reason)                    \
+                   << ::kvserve::testing_cuda::NoDeviceCiDeclaration(); \
+    }                                                                   \
   } while (0)
 
 /// Devices of the device under test that load (0..7), counted once.
@@ -98,18 +119,20 @@ inline int UsableDevices() {
 // The two skips a GPU machine may show without failing (scripts/gpu-check.sh accepts exactly
 // these texts): a test that needs more devices than the machine has, and one that only means
 // something on the CUDA simulator.
-#define KVSERVE_REQUIRE_DEVICES(n)                                                         \
-  do {                                                                                     \
-    const int kvserve_have = ::kvserve::testing_cuda::UsableDevices();                     \
-    if (kvserve_have < (n)) {                                                              \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << kvserve_have << " present"; \
-    }                                                                                      \
+#define KVSERVE_REQUIRE_DEVICES(n)                                                           \
+  do {                                                                                       \
+    const int kvserve_have = ::kvserve::testing_cuda::UsableDevices();                       \
+    if (kvserve_have < (n)) {                                                                \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << kvserve_have << " present"     \
+                   << ::kvserve::testing_ci::DeclaredCiSkip("a machine with fewer devices"); \
+    }                                                                                        \
   } while (0)
-#define KVSERVE_SIMULATOR_ONLY()                                                   \
-  do {                                                                             \
-    if (!::kvserve::testing_cuda::UseSimulator()) {                               \
-      GTEST_SKIP() << "runs on the CUDA simulator only";                          \
-    }                                                                              \
+#define KVSERVE_SIMULATOR_ONLY()                                                         \
+  do {                                                                                   \
+    if (!::kvserve::testing_cuda::UseSimulator()) {                                      \
+      GTEST_SKIP() << "runs on the CUDA simulator only"                                  \
+                   << ::kvserve::testing_ci::DeclaredCiSkip("CI runs it as <test>_sim"); \
+    }                                                                                    \
   } while (0)
 
 /// In a TEST body: `KVSERVE_REQUIRE_CUDA(gpu);` declares `Backend* gpu`, skipping without a device.

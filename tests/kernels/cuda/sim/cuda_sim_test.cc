@@ -21,9 +21,14 @@
 #include "kernels/cuda/sim/internal.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/cuda/sim/sim_test_kernels.h"
+#include "tests/test_util/ci_skip.h"
 
 namespace kvserve::simtest {
 namespace {
+
+// CI's ASan job (scripts/sanitize.sh asan) skips the checks ASan takes over; its plain build
+// runs them.
+const std::string kAsanJob = testing_ci::DeclaredCiSkip("the plain build runs it, not ASan's");
 
 template <typename T>
 T* DeviceAlloc(size_t n) {
@@ -178,14 +183,16 @@ TEST(CudaSim, MaskNamingAnExitedLaneIsReported) {
 }
 
 TEST(CudaSim, SharedMemoryOverrunIsReported) {
-  if (!kvsim::AccessHooksBuiltIn()) GTEST_SKIP() << "kernels without access hooks (ASan build)";
+  if (!kvsim::AccessHooksBuiltIn())
+    GTEST_SKIP() << "kernels without access hooks (ASan build)" << kAsanJob;
   const std::string text = ExpectFault(LaunchSharedOverrun(), cudaErrorIllegalAddress);
   EXPECT_NE(text.find("SharedOverrunKernel"), std::string::npos) << text;
   EXPECT_NE(text.find("outside the 128 bytes the launch requested"), std::string::npos) << text;
 }
 
 TEST(CudaSim, WildAccessIsAnIllegalAddressNamingTheThread) {
-  if (!kvsim::CatchesFaults()) GTEST_SKIP() << "ASan build: ASan reports wild accesses itself";
+  if (!kvsim::CatchesFaults())
+    GTEST_SKIP() << "ASan build: ASan reports wild accesses itself" << kAsanJob;
   float* p = DeviceAlloc<float>(32);
   const std::string text = ExpectFault(LaunchWildRead(p, p), cudaErrorIllegalAddress);
   EXPECT_NE(text.find("WildReadKernel: block (0,0,0) thread (5,0,0): illegal memory access"),
@@ -195,7 +202,8 @@ TEST(CudaSim, WildAccessIsAnIllegalAddressNamingTheThread) {
 }
 
 TEST(CudaSim, RaceCheckFindsAMissingBarrierAndTrustsBarriersAndSyncwarp) {
-  if (!kvsim::AccessHooksBuiltIn()) GTEST_SKIP() << "kernels without access hooks (ASan build)";
+  if (!kvsim::AccessHooksBuiltIn())
+    GTEST_SKIP() << "kernels without access hooks (ASan build)" << kAsanJob;
   kvsim::SetRaceCheck(true);
   float* out = DeviceAlloc<float>(64);
   ASSERT_EQ(LaunchNeighbourRead(true, out), cudaSuccess);
