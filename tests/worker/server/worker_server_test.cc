@@ -7,14 +7,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/block_hash/block_hash.h"
 #include "grpcpp/client_context.h"
@@ -403,8 +406,42 @@ TEST_F(WorkerServerTest, ExpiredDeadlineIsDeadlineExceededAndFreesBlocks) {
   EXPECT_EQ(GetLoad().used_blocks(), 0u);
 }
 
+/// Holds the engine's loop thread in OnStep, after its first step that ran the model, until
+/// Open(): while it is closed no request gets past that step.
+class StepGate final : public EngineObserver {
+ public:
+  void OnStep(const StepMetrics& /*step*/) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++steps_;
+    cv_.wait(lock, [this] { return open_; });
+  }
+  void OnRequestFinished(const RequestMetrics& /*request*/) override {}
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  int steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int steps_ = 0;
+};
+
 TEST_F(WorkerServerTest, CancellationWithTheRealLoopFreesBlocks) {
   StartServer();
+  // The loop thread stops after the request's first step (prefill, which samples the first
+  // tokens) until the cancel has been seen, so the request cannot finish before it, whatever the
+  // machine's speed. The gate replaces the server's metrics observer, which this test does not
+  // read.
+  auto gate = std::make_shared<StepGate>();
+  engine_->SetObserver(gate);
+  const absl::Cleanup open_gate = [&gate] { gate->Open(); };  // however the test ends
   grpc::ClientContext context;
   SetDeadline(&context);
   v1::GenerateRequest request = Greedy({1, 403, 407, 261, 378}, 400);
@@ -414,8 +451,10 @@ TEST_F(WorkerServerTest, CancellationWithTheRealLoopFreesBlocks) {
   ASSERT_TRUE(reader->Read(&msg));
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  // 16 samples x 400 tokens take far longer than this: the request was cut short.
   ASSERT_TRUE(WaitFor([this] { return server_->stats().generate_cancelled == 1; }));
+  // The cancel (and the abort it queued) came while the loop was still held after one step.
+  EXPECT_EQ(gate->steps(), 1);
+  gate->Open();
   EXPECT_TRUE(WaitFor([this] {
     const EngineStats st = engine_->stats();
     return engine_->idle() && st.used_blocks == 0 && st.num_running == 0;
