@@ -15,7 +15,8 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int kMaxRows = 4;  // x rows per register tile
+constexpr int kMaxRows =
+    4;  // x rows from which the panel path takes over; fewer take the decode tiles
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 4;
@@ -142,20 +143,20 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   }
 }
 
+// The decode tiles: every x row (fewer than kMaxRows; more take the panel path) against weight
+// rows col0, col0 + col_step, ..., col0 + (C - 1) * col_step.
 template <class W, int C>
-void RowRange(const MatmulArgs& a, const MatmulPlan& plan, int64_t row_begin, int64_t row_end,
-              int64_t col0, int64_t col_step = 1) {
-  int64_t r = row_begin;
-  for (; r + kMaxRows <= row_end; r += kMaxRows) Tile<W, kMaxRows, C>(a, plan, r, col0, col_step);
-  switch (row_end - r) {
+void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step) {
+  static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
+  switch (a.m) {
     case 3:
-      Tile<W, 3, C>(a, plan, r, col0, col_step);
+      Tile<W, 3, C>(a, plan, 0, col0, col_step);
       break;
     case 2:
-      Tile<W, 2, C>(a, plan, r, col0, col_step);
+      Tile<W, 2, C>(a, plan, 0, col0, col_step);
       break;
     case 1:
-      Tile<W, 1, C>(a, plan, r, col0, col_step);
+      Tile<W, 1, C>(a, plan, 0, col0, col_step);
       break;
     default:
       break;
@@ -183,10 +184,10 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
   // registers, more weight rows in flight.
-  WalkDecodeColumns<kColsFewRows, kCols>(
-      plan.w_row_bytes, n_begin, n_end, [&](auto cols, int64_t col, int64_t step) {
-        RowRange<W, decltype(cols)::value>(a, plan, 0, a.m, col, step);
-      });
+  WalkDecodeColumns<kColsFewRows, kCols>(plan.w_row_bytes, n_begin, n_end,
+                                         [&](auto cols, int64_t col, int64_t step) {
+                                           DecodeRows<W, decltype(cols)::value>(a, plan, col, step);
+                                         });
 }
 
 }  // namespace
