@@ -15,8 +15,8 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int kMaxRows =
-    4;  // x rows from which the panel path takes over; fewer take the decode tiles
+// x rows from which the panel path takes over; fewer take the decode tiles.
+constexpr int kMaxRows = 4;
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 4;

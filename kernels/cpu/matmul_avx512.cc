@@ -15,8 +15,8 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kMaxRows =
-    4;  // x rows from which the panel path takes over; fewer take the decode tiles
+// x rows from which the panel path takes over; fewer take the decode tiles.
+constexpr int kMaxRows = 4;
 
 using Vec = __m512;
 Vec VecZero() { return _mm512_setzero_ps(); }
