@@ -20,6 +20,7 @@ struct Command {
 int ReportError(std::string_view command, const absl::Status& status);
 
 Command AddTokenizeCommand(CLI::App& app);
+Command AddChatTemplateCommand(CLI::App& app);
 Command AddGenerateCommand(CLI::App& app);
 Command AddPlanCommand(CLI::App& app);
 Command AddWorkerCommand(CLI::App& app);

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   commands.push_back(kvserve::cli::AddGenerateCommand(app));
   commands.push_back(kvserve::cli::AddPlanCommand(app));
   commands.push_back(kvserve::cli::AddTokenizeCommand(app));
+  commands.push_back(kvserve::cli::AddChatTemplateCommand(app));
   commands.push_back(kvserve::cli::AddWorkerCommand(app));
   commands.push_back(kvserve::cli::AddRouterCommand(app));
   commands.push_back(kvserve::cli::AddUpCommand(app));

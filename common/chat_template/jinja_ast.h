@@ -28,7 +28,7 @@ struct Expr {
     kConditional,  // args[0] if args[1] else args[2] (args[2] may be null)
     kFilter,       // args[0] | name(args[1..])
     kTest,         // args[0] is [not] name; negated
-    kCall,         // name(args...): a global function (raise_exception)
+    kCall,         // name(args...): a global function (raise_exception, namespace, strftime_now)
     kMethod,       // args[0].name(args[1..])
   };
   Kind kind = Kind::kLiteral;
@@ -38,6 +38,9 @@ struct Expr {
   Value literal;
   bool negated = false;
   std::vector<std::unique_ptr<Expr>> args;
+  /// For calls, filters and methods: the keyword naming each of args ("" for positional ones and
+  /// for the filtered value or method receiver in args[0]); empty when no argument has one.
+  std::vector<std::string> keywords;
 };
 
 /// A template node.
@@ -47,7 +50,7 @@ struct Node {
     kOutput,  // {{ expr }}
     kIf,      // branches (a null condition is the else branch)
     kFor,     // {% for targets in expr [if filter] %} body [{% else %} else_body] {% endfor %}
-    kSet,     // {% set targets[0] = expr %}
+    kSet,     // {% set targets[0] = expr %}, or {% set targets[0].attribute = expr %}
   };
   struct Branch {
     std::unique_ptr<Expr> condition;
@@ -58,6 +61,8 @@ struct Node {
   std::string text;
   std::unique_ptr<Expr> expr;
   std::vector<std::string> targets;
+  /// kSet of a namespace's attribute: its name.
+  std::string attribute;
   std::unique_ptr<Expr> filter;
   std::vector<Branch> branches;
   std::vector<Node> body;

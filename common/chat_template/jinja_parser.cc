@@ -18,9 +18,9 @@ namespace {
 constexpr int kMaxDepth = 128;
 
 const absl::flat_hash_set<std::string>& Filters() {
-  static const auto* const kSet =
-      new absl::flat_hash_set<std::string>{"trim",  "length", "count", "upper",   "lower", "string",
-                                           "first", "last",   "join",  "default", "d"};
+  static const auto* const kSet = new absl::flat_hash_set<std::string>{
+      "trim",  "length", "count", "upper",   "lower", "string",
+      "first", "last",   "join",  "default", "d",     "tojson"};
   return *kSet;
 }
 
@@ -432,7 +432,11 @@ class Parser {
     node.line = line;
     if (Peek().type != Type::kName) return Error(Peek().line, "expected a variable name");
     node.targets.push_back(Next().text);
-    if (IsOp(".")) return Error(line, "unsupported: assigning to an attribute (namespace)");
+    if (IsOp(".")) {  // a namespace's attribute
+      ++index_;
+      if (Peek().type != Type::kName) return Error(Peek().line, "expected an attribute name");
+      node.attribute = Next().text;
+    }
     if (IsOp(",")) return Error(line, "unsupported: assigning to several names");
     if (!IsOp("=")) return Error(line, "unsupported: {% set %} blocks (expected '=')");
     ++index_;
@@ -600,12 +604,20 @@ class Parser {
   absl::Status ParseArgs(Expr* call) {
     // After '(' : expr (',' expr)* ')'
     while (!IsOp(")")) {
+      std::string keyword;
       if (Peek().type == Type::kName && IsOp("=", 1)) {
-        return Error(Peek().line, "unsupported: keyword arguments");
+        keyword = Next().text;
+        ++index_;
+      } else if (!call->keywords.empty()) {
+        return Error(Peek().line, "positional argument follows keyword argument");
       }
       absl::StatusOr<ExprPtr> arg = ParseExpression(true);
       if (!arg.ok()) return arg.status();
       call->args.push_back(*std::move(arg));
+      if (!keyword.empty() || !call->keywords.empty()) {
+        call->keywords.resize(call->args.size());
+        call->keywords.back() = std::move(keyword);
+      }
       if (!IsOp(",")) break;
       ++index_;
     }
@@ -731,7 +743,7 @@ class Parser {
         } else if (name == "none" || name == "None") {
           node->literal = Value::None();
         } else if (IsOp("(")) {
-          if (name != "raise_exception") {
+          if (name != "raise_exception" && name != "namespace" && name != "strftime_now") {
             return Error(line, absl::StrCat("unsupported function '", name, "'"));
           }
           ++index_;

@@ -19,13 +19,16 @@ struct ParseOptions {
 
 /// Parses the Jinja subset chat templates use into a node list:
 ///   text, {{ expr }}, {# comment #}, {% for %}/{% else %}/{% endfor %}, {% if %}/{% elif %}/
-///   {% else %}/{% endif %}, {% set name = expr %}, whitespace control with '-' and '+'.
+///   {% else %}/{% endif %}, {% set name = expr %}, {% set namespace.attr = expr %}, whitespace
+///   control with '-' and '+'.
 /// Expressions: literals (strings, numbers, true/false/none, lists, dicts), names, .attr,
 /// [item], [a:b:c] slices, + - * / // % ~, comparisons, in / not in, and / or / not,
 /// `x if c else y`, filters (trim, length, count, upper, lower, string, first, last, join,
-/// default), tests (defined, undefined, none, string, number, mapping, iterable, sequence,
-/// boolean, integer, true, false), raise_exception(...), and the methods strip, lstrip, rstrip,
-/// upper, lower, startswith, endswith, split, items, keys, values, get.
+/// default, tojson), tests (defined, undefined, none, string, number, mapping, iterable,
+/// sequence, boolean, integer, true, false), the functions raise_exception(...),
+/// namespace(name=value, ...) and strftime_now(format), keyword arguments (name=value), and the
+/// methods strip, lstrip, rstrip, upper, lower, startswith, endswith, split, items, keys, values,
+/// get.
 /// Anything else (macros, blocks, other filters or functions) is INVALID_ARGUMENT naming the
 /// line and the construct, so an unsupported template fails at load rather than per request.
 absl::StatusOr<std::vector<Node>> Parse(std::string_view source, const ParseOptions& options);

@@ -1,6 +1,8 @@
 #include "common/chat_template/jinja_render.h"
 
+#include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <string_view>
 #include <utility>
 
@@ -60,7 +62,8 @@ int64_t FloorDiv(int64_t a, int64_t b) {
 
 class Renderer {
  public:
-  Renderer(const Value::Map& globals, const RenderLimits& limits) : limits_(limits) {
+  Renderer(const Value::Map& globals, const RenderEnv& env)
+      : limits_(env.limits), today_(env.today) {
     scopes_.emplace_back();
     for (const auto& [name, value] : globals) scopes_.back()[name] = value;
   }
@@ -95,7 +98,15 @@ class Renderer {
       case Node::Kind::kSet: {
         absl::StatusOr<Value> value = Eval(*node.expr);
         if (!value.ok()) return value.status();
-        scopes_.back()[node.targets[0]] = *std::move(value);
+        if (node.attribute.empty()) {
+          scopes_.back()[node.targets[0]] = *std::move(value);
+          return absl::OkStatus();
+        }
+        const Value target = Lookup(node.targets[0]);
+        if (!target.SetAttribute(node.attribute, *std::move(value))) {
+          return Error(node.line, absl::StrCat("cannot assign attribute on non-namespace object '",
+                                               node.targets[0], "'"));
+        }
         return absl::OkStatus();
       }
       case Node::Kind::kIf:
@@ -194,6 +205,11 @@ class Renderer {
   Value Lookup(const std::string& name) const {
     for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
       if (auto found = it->find(name); found != it->end()) return found->second;
+    }
+    // The global functions are defined names too (`strftime_now is defined`); as values they
+    // render like Python's functions.
+    if (name == "raise_exception" || name == "namespace" || name == "strftime_now") {
+      return Value::String(absl::StrCat("<function ", name, ">"));
     }
     return Value();
   }
@@ -297,9 +313,13 @@ class Renderer {
         return Value::MakeList(std::move(joined));
       }
     }
+    if (op == "+" && (a.kind() == Kind::kString || a.kind() == Kind::kList)) {
+      return Error(line, absl::StrCat("can only concatenate ", a.PythonTypeName(), " (not \"",
+                                      b.PythonTypeName(), "\") to ", a.PythonTypeName()));
+    }
     if (!a.is_number() || !b.is_number()) {
-      return Error(line, absl::StrCat("unsupported operand types for ", op, ": ", a.TypeName(),
-                                      " and ", b.TypeName()));
+      return Error(line, absl::StrCat("unsupported operand type(s) for ", op, ": '",
+                                      a.PythonTypeName(), "' and '", b.PythonTypeName(), "'"));
     }
     if (a.kind() == Kind::kInt && b.kind() == Kind::kInt && op != "/") {
       const int64_t x = a.as_int();
@@ -374,6 +394,11 @@ class Renderer {
     }
     std::vector<Value> values;
     for (size_t i = first; i < expr.args.size(); ++i) {
+      if (i < expr.keywords.size() && !expr.keywords[i].empty()) {
+        return Error(expr.line,
+                     absl::StrCat("'", expr.name, "' got an unexpected keyword argument '",
+                                  expr.keywords[i], "'"));
+      }
       absl::StatusOr<Value> v = Eval(*expr.args[i]);
       if (!v.ok()) return v.status();
       values.push_back(*std::move(v));
@@ -384,6 +409,7 @@ class Renderer {
   absl::StatusOr<Value> Filter(const Expr& expr) {
     absl::StatusOr<Value> input = Eval(*expr.args[0]);
     if (!input.ok()) return input;
+    if (expr.name == "tojson") return ToJson(expr, *input);
     absl::StatusOr<std::vector<Value>> args = EvalArgs(expr, 1, 2);
     if (!args.ok()) return args.status();
     const std::string& name = expr.name;
@@ -512,6 +538,188 @@ class Renderer {
     return Error(expr.line, absl::StrCat("a string has no method '", name, "'"));
   }
 
+  // The global functions.
+  absl::StatusOr<Value> Call(const Expr& expr) {
+    if (expr.name == "namespace") {  // namespace(name=value, ...)
+      Value::Map entries;
+      for (size_t i = 0; i < expr.args.size(); ++i) {
+        if (i >= expr.keywords.size() || expr.keywords[i].empty()) {
+          return Error(expr.line, "namespace() takes keyword arguments only");
+        }
+        absl::StatusOr<Value> v = Eval(*expr.args[i]);
+        if (!v.ok()) return v;
+        entries.emplace_back(expr.keywords[i], *std::move(v));
+      }
+      return Value::MakeNamespace(std::move(entries));
+    }
+    absl::StatusOr<std::vector<Value>> args = EvalArgs(expr, 0, 1);
+    if (!args.ok()) return args.status();
+    if (expr.name == "strftime_now") {
+      if (args->empty() || (*args)[0].kind() != Kind::kString) {
+        return Error(expr.line, "strftime_now() takes a format string");
+      }
+      std::tm time{};
+      time.tm_year = static_cast<int>(today_.year()) - 1900;
+      time.tm_mon = today_.month() - 1;
+      time.tm_mday = today_.day();
+      timegm(&time);  // fills in the weekday and the day of the year
+      std::string out(256, '\0');
+      const size_t n = std::strftime(out.data(), out.size(), (*args)[0].as_string().c_str(), &time);
+      out.resize(n);
+      return Value::String(std::move(out));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raise_exception: ", args->empty() ? "template error" : (*args)[0].ToString()));
+  }
+
+  // value | tojson(indent=None, sort_keys=False): json.dumps(value, ensure_ascii=False, ...).
+  absl::StatusOr<Value> ToJson(const Expr& expr, const Value& value) {
+    int64_t indent = -1;
+    bool sort_keys = false;
+    for (size_t i = 1; i < expr.args.size(); ++i) {
+      const std::string keyword = i < expr.keywords.size() ? expr.keywords[i] : "";
+      absl::StatusOr<Value> v = Eval(*expr.args[i]);
+      if (!v.ok()) return v;
+      if (keyword == "indent" || (keyword.empty() && i == 1)) {
+        if (v->kind() == Kind::kNone) continue;
+        if (v->kind() != Kind::kInt || v->as_int() < 0 || v->as_int() > 64) {
+          return Error(expr.line, "tojson: indent must be an integer in [0, 64] or none");
+        }
+        indent = v->as_int();
+      } else if (keyword == "sort_keys") {
+        sort_keys = v->Truthy();
+      } else {
+        return Error(expr.line, absl::StrCat("tojson: unsupported argument '", keyword, "'"));
+      }
+    }
+    std::string out;
+    if (absl::Status s = DumpJson(value, indent, sort_keys, 0, expr.line, &out); !s.ok()) return s;
+    return Value::String(std::move(out));
+  }
+
+  // Python's json.dumps with ensure_ascii=False and the default separators (", " and ": ", or
+  // "," and ": " with an indent).
+  absl::Status DumpJson(const Value& v, int64_t indent, bool sort_keys, int64_t depth, int line,
+                        std::string* out) {
+    if (depth > 128) return Error(line, "tojson: nesting too deep");
+    auto newline = [&](int64_t level) {
+      if (indent < 0) return;
+      *out += '\n';
+      out->append(static_cast<size_t>(indent * level), ' ');
+    };
+    switch (v.kind()) {
+      case Kind::kUndefined:
+        return Error(line, "Object of type Undefined is not JSON serializable");
+      case Kind::kNone:
+        *out += "null";
+        return absl::OkStatus();
+      case Kind::kBool:
+        *out += v.as_bool() ? "true" : "false";
+        return absl::OkStatus();
+      case Kind::kInt:
+        *out += std::to_string(v.as_int());
+        return absl::OkStatus();
+      case Kind::kFloat: {
+        const double f = v.as_double();
+        *out += std::isnan(f)   ? "NaN"
+                : std::isinf(f) ? (f > 0 ? "Infinity" : "-Infinity")
+                                : v.ToString();
+        return absl::OkStatus();
+      }
+      case Kind::kString:
+        AppendJsonString(v.as_string(), out);
+        return absl::OkStatus();
+      case Kind::kList: {
+        const Value::List& items = v.as_list();
+        if (items.empty()) {
+          *out += "[]";
+          return absl::OkStatus();
+        }
+        *out += '[';
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (i > 0) *out += indent < 0 ? ", " : ",";
+          newline(depth + 1);
+          if (absl::Status s = DumpJson(items[i], indent, sort_keys, depth + 1, line, out);
+              !s.ok()) {
+            return s;
+          }
+        }
+        newline(depth);
+        *out += ']';
+        return absl::OkStatus();
+      }
+      case Kind::kMap: {
+        if (v.is_namespace())
+          return Error(line, "Object of type Namespace is not JSON serializable");
+        std::vector<const std::pair<std::string, Value>*> entries;
+        for (const auto& entry : v.as_map()) entries.push_back(&entry);
+        if (sort_keys) {
+          std::stable_sort(entries.begin(), entries.end(),
+                           [](const auto* a, const auto* b) { return a->first < b->first; });
+        }
+        if (entries.empty()) {
+          *out += "{}";
+          return absl::OkStatus();
+        }
+        *out += '{';
+        for (size_t i = 0; i < entries.size(); ++i) {
+          if (i > 0) *out += indent < 0 ? ", " : ",";
+          newline(depth + 1);
+          AppendJsonString(entries[i]->first, out);
+          *out += ": ";
+          if (absl::Status s =
+                  DumpJson(entries[i]->second, indent, sort_keys, depth + 1, line, out);
+              !s.ok()) {
+            return s;
+          }
+        }
+        newline(depth);
+        *out += '}';
+        return absl::OkStatus();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A JSON string as Python writes it with ensure_ascii=False: quotes, backslashes and control
+  // characters escaped, everything else (UTF-8 included) as is.
+  static void AppendJsonString(const std::string& s, std::string* out) {
+    *out += '"';
+    for (char c : s) {
+      switch (c) {
+        case '"':
+          *out += "\\\"";
+          break;
+        case '\\':
+          *out += "\\\\";
+          break;
+        case '\n':
+          *out += "\\n";
+          break;
+        case '\r':
+          *out += "\\r";
+          break;
+        case '\t':
+          *out += "\\t";
+          break;
+        case '\b':
+          *out += "\\b";
+          break;
+        case '\f':
+          *out += "\\f";
+          break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            absl::StrAppend(out, "\\u00",
+                            absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+          } else {
+            *out += c;
+          }
+      }
+    }
+    *out += '"';
+  }
+
   absl::StatusOr<Value> Eval(const Expr& expr) {
     switch (expr.kind) {
       case Expr::Kind::kLiteral:
@@ -597,12 +805,8 @@ class Renderer {
         if (!v.ok()) return v;
         return Value::Bool(Test(expr.name, *v) != expr.negated);
       }
-      case Expr::Kind::kCall: {
-        absl::StatusOr<std::vector<Value>> args = EvalArgs(expr, 0, 1);
-        if (!args.ok()) return args.status();
-        return absl::InvalidArgumentError(absl::StrCat(
-            "raise_exception: ", args->empty() ? "template error" : (*args)[0].ToString()));
-      }
+      case Expr::Kind::kCall:
+        return Call(expr);
       case Expr::Kind::kMethod:
         return Method(expr);
     }
@@ -610,6 +814,7 @@ class Renderer {
   }
 
   const RenderLimits limits_;
+  const absl::CivilDay today_;
   std::vector<absl::flat_hash_map<std::string, Value>> scopes_;
   std::string out_;
   int64_t iterations_ = 0;
@@ -618,8 +823,8 @@ class Renderer {
 }  // namespace
 
 absl::StatusOr<std::string> Render(const std::vector<Node>& nodes, const Value::Map& globals,
-                                   const RenderLimits& limits) {
-  Renderer renderer(globals, limits);
+                                   const RenderEnv& env) {
+  Renderer renderer(globals, env);
   if (absl::Status s = renderer.RenderNodes(nodes); !s.ok()) return s;
   return renderer.TakeOutput();
 }

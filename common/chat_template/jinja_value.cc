@@ -55,36 +55,64 @@ Value Value::MakeMap(Map entries) {
   return v;
 }
 
-Value Value::FromJson(const nlohmann::json& json) {
-  switch (json.type()) {
-    case nlohmann::json::value_t::null:
-      return None();
-    case nlohmann::json::value_t::boolean:
-      return Bool(json.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-      return Int(json.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned:
-      return Int(static_cast<int64_t>(json.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float:
-      return Float(json.get<double>());
-    case nlohmann::json::value_t::string:
-      return String(json.get<std::string>());
-    case nlohmann::json::value_t::array: {
-      List items;
-      items.reserve(json.size());
-      for (const auto& item : json) items.push_back(FromJson(item));
-      return MakeList(std::move(items));
+Value Value::MakeNamespace(Map entries) {
+  Value v;
+  v.kind_ = Kind::kMap;
+  v.namespace_ = std::make_shared<Map>(std::move(entries));
+  v.map_ = v.namespace_;
+  return v;
+}
+
+bool Value::SetAttribute(const std::string& key, Value value) const {
+  if (namespace_ == nullptr) return false;
+  for (auto& [k, v] : *namespace_) {
+    if (k == key) {
+      v = std::move(value);
+      return true;
     }
-    case nlohmann::json::value_t::object: {
-      Map entries;
+  }
+  namespace_->emplace_back(key, std::move(value));
+  return true;
+}
+
+namespace {
+
+template <class Json>
+Value ValueFromJson(const Json& json) {
+  switch (json.type()) {
+    case Json::value_t::null:
+      return Value::None();
+    case Json::value_t::boolean:
+      return Value::Bool(json.template get<bool>());
+    case Json::value_t::number_integer:
+      return Value::Int(json.template get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return Value::Int(static_cast<int64_t>(json.template get<uint64_t>()));
+    case Json::value_t::number_float:
+      return Value::Float(json.template get<double>());
+    case Json::value_t::string:
+      return Value::String(json.template get<std::string>());
+    case Json::value_t::array: {
+      Value::List items;
+      items.reserve(json.size());
+      for (const auto& item : json) items.push_back(ValueFromJson(item));
+      return Value::MakeList(std::move(items));
+    }
+    case Json::value_t::object: {
+      Value::Map entries;
       entries.reserve(json.size());
-      for (const auto& [key, item] : json.items()) entries.emplace_back(key, FromJson(item));
-      return MakeMap(std::move(entries));
+      for (const auto& [key, item] : json.items()) entries.emplace_back(key, ValueFromJson(item));
+      return Value::MakeMap(std::move(entries));
     }
     default:
       return Value();
   }
 }
+
+}  // namespace
+
+Value Value::FromJson(const nlohmann::json& json) { return ValueFromJson(json); }
+Value Value::FromJson(const nlohmann::ordered_json& json) { return ValueFromJson(json); }
 
 double Value::as_double() const { return kind_ == Kind::kInt ? static_cast<double>(int_) : float_; }
 
@@ -222,6 +250,28 @@ const Value* Value::Find(const std::string& key) const {
     if (k == key) return &v;
   }
   return nullptr;
+}
+
+const char* Value::PythonTypeName() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kMap:
+      return namespace_ != nullptr ? "Namespace" : "dict";
+  }
+  return "?";
 }
 
 const char* Value::TypeName() const {

@@ -29,8 +29,13 @@ class Value {
   static Value String(std::string s);
   static Value MakeList(List items);
   static Value MakeMap(Map entries);
-  /// JSON null → None, objects → maps (key order kept), arrays → lists.
+  /// A namespace() object: a map whose entries `{% set ns.name = value %}` replaces in place,
+  /// seen by every copy (the one mutable value of the language, as in Jinja2).
+  static Value MakeNamespace(Map entries);
+  /// JSON null → None, objects → maps (in the JSON's key order: nlohmann::json sorts keys,
+  /// ordered_json keeps them as written), arrays → lists.
   static Value FromJson(const nlohmann::json& json);
+  static Value FromJson(const nlohmann::ordered_json& json);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -55,6 +60,11 @@ class Value {
   const Value* Find(const std::string& key) const;
   /// A short name of the kind for error messages ("string", "list", ...).
   const char* TypeName() const;
+  /// Python's name of the type ("str", "dict", "NoneType", ...), for errors worded as Python's.
+  const char* PythonTypeName() const;
+  bool is_namespace() const { return namespace_ != nullptr; }
+  /// Sets `key` of a namespace (replacing or appending); false for any other value.
+  bool SetAttribute(const std::string& key, Value value) const;
 
  private:
   Kind kind_ = Kind::kUndefined;
@@ -64,6 +74,8 @@ class Value {
   std::string string_;
   std::shared_ptr<const List> list_;
   std::shared_ptr<const Map> map_;
+  // A namespace's entries (map_ points at the same map).
+  std::shared_ptr<Map> namespace_;
 };
 
 }  // namespace kvserve::jinja

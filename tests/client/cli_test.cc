@@ -135,6 +135,47 @@ TEST(CliTest, TokenizeJson) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], nlohmann::json({15496, 11, 995, 0}));
 }
 
+// `kvserve chat-template` reproduces every reference rendering of ../shared/models/chat_templates
+// byte for byte from the files alone (the model's tokenizer_config.json and a request file), and
+// fails with the reference's message and exit status 1 where the reference raised an error.
+TEST(CliTest, ChatTemplateRendersTheReferenceCases) {
+  using Ordered = nlohmann::ordered_json;
+  const std::string dir = test_util::TestScratchDir();
+  const std::string root = std::string(KVSERVE_SHARED_DIR) + "/models/chat_templates";
+  int cases = 0;
+  for (const char* model :
+       {"deepseek-r1", "llama-3.2-3b-instruct", "mistral-7b-instruct-v0.3",
+        "qwen2.5-coder-3b-instruct", "qwen2.5-instruct-doublebrace-variant", "qwen3-4b"}) {
+    std::ifstream in(root + "/" + model + "/golden.json");
+    const Ordered golden = Ordered::parse(in);
+    for (const Ordered& c : golden.at("cases")) {
+      SCOPED_TRACE(std::string(model) + " " + c.at("name").get<std::string>());
+      const Ordered request = {{"messages", c.at("messages")},
+                               {"tools", c.at("tools")},
+                               {"add_generation_prompt", c.at("add_generation_prompt")},
+                               {"extra", c.at("extra")}};
+      const std::string file = dir + "/request.json";
+      std::ofstream(file) << request.dump();
+      const RunResult r =
+          Kvserve("chat-template --config " + Quote(root + "/" + model) + " --request " +
+                  Quote(file) + " --date " + golden.at("strftime_date").get<std::string>());
+      ++cases;
+      if (c.contains("rendered")) {
+        EXPECT_EQ(r.exit_code, 0) << r.out;
+        EXPECT_EQ(r.out, c.at("rendered").get<std::string>());
+      } else {
+        EXPECT_EQ(r.exit_code, 1) << r.out;
+        EXPECT_NE(r.out.find(c.at("error").get<std::string>()), std::string::npos) << r.out;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 37);
+  const RunResult bad = Kvserve("chat-template --config " + Quote(root + "/qwen3-4b") +
+                                " --request " + Quote(dir + "/missing.json"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.out.find("missing.json"), std::string::npos) << bad.out;
+}
+
 TEST(CliTest, HelpListsFlags) {
   RunResult r = Kvserve("generate --help");
   EXPECT_EQ(r.exit_code, 0);
