@@ -173,8 +173,10 @@ TEST(FaultTest, StoppedWorkerIsEjectedThenReadmittedAfterSigcont) {
   ASSERT_NE(router, nullptr);
   std::unique_ptr<Client> client = *ConnectClient(AddressOf(*router));
 
-  // Four streams, two per worker, all open; then worker A stops responding.
-  constexpr absl::Duration kDeadline = absl::Seconds(3);
+  // Four streams, two per worker, all open; then worker A stops responding. The deadline ends
+  // A's streams and must leave B's 200 tokens room to finish: 3 s did not under ASan on a
+  // machine running two test suites at once.
+  constexpr absl::Duration kDeadline = absl::Seconds(10);
   HeldStreams streams(*client, 4, 200, kDeadline);
   ASSERT_TRUE(streams.WaitStarted(seconds(30)));
   ASSERT_EQ(::kill(a->process.pid(), SIGSTOP), 0);

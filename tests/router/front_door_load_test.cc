@@ -259,6 +259,10 @@ void CheckGrpcRequest(const std::string& address, int i, Tally& tally) {
   request.set_ignore_eos(true);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kHangSeconds));
+  // A client waits for its connection rather than failing at the first refused or slow attempt
+  // (under load a soak run saw one attempt fail before any byte reached the router); what the
+  // router does once it has the request still decides ok, refused or lost.
+  context.set_wait_for_ready(true);
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
   int tokens = 0;
