@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
 
 namespace kvserve::jinja {
 namespace {
@@ -649,8 +650,9 @@ class Renderer {
         return absl::OkStatus();
       }
       case Kind::kMap: {
-        if (v.is_namespace())
+        if (v.is_namespace()) {
           return Error(line, "Object of type Namespace is not JSON serializable");
+        }
         std::vector<const std::pair<std::string, Value>*> entries;
         for (const auto& entry : v.as_map()) entries.push_back(&entry);
         if (sort_keys) {
@@ -682,42 +684,10 @@ class Renderer {
   }
 
   // A JSON string as Python writes it with ensure_ascii=False: quotes, backslashes and control
-  // characters escaped, everything else (UTF-8 included) as is.
+  // characters escaped (\n, \t, ..., \u00XX), everything else (UTF-8 included) as is, which is
+  // also nlohmann::json's escaping.
   static void AppendJsonString(const std::string& s, std::string* out) {
-    *out += '"';
-    for (char c : s) {
-      switch (c) {
-        case '"':
-          *out += "\\\"";
-          break;
-        case '\\':
-          *out += "\\\\";
-          break;
-        case '\n':
-          *out += "\\n";
-          break;
-        case '\r':
-          *out += "\\r";
-          break;
-        case '\t':
-          *out += "\\t";
-          break;
-        case '\b':
-          *out += "\\b";
-          break;
-        case '\f':
-          *out += "\\f";
-          break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            absl::StrAppend(out, "\\u00",
-                            absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-          } else {
-            *out += c;
-          }
-      }
-    }
-    *out += '"';
+    *out += nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 
   absl::StatusOr<Value> Eval(const Expr& expr) {
