@@ -20,6 +20,8 @@ struct RequestState {
   EngineRequest request;
   std::shared_ptr<RequestStream> stream;
   std::vector<std::unique_ptr<Sequence>> sequences;
+  /// The compiled EngineRequest::constraint; null when there is none.
+  std::shared_ptr<const constraint::CompiledConstraint> constraint;
   bool forked = false;
   int32_t samples_unfinished = 0;
   // Metrics timestamps (epoch: not reached yet).
@@ -339,7 +341,22 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", prompt_len, " tokens needs ", needed, " KV blocks; the pool has ", usable));
   }
+  std::shared_ptr<const constraint::CompiledConstraint> compiled;
+  if (request.constraint.active()) {
+    if (model_->tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "constrained decoding needs the model's tokenizer, and this model has none");
+    }
+    absl::StatusOr<std::shared_ptr<const constraint::CompiledConstraint>> c =
+        constraint_compiler_.Compile(request.constraint);
+    if (!c.ok()) return c.status();
+    compiled = std::move(*c);
+    std::call_once(token_trie_once_, [this] {
+      token_trie_ = constraint::TokenTrie::FromTokenizer(*model_->tokenizer);
+    });
+  }
   auto state = std::make_unique<RequestState>();
+  state->constraint = std::move(compiled);
   state->stream = std::make_shared<RequestStream>(request.n);
   state->samples_unfinished = request.n;
   state->request = std::move(request);
@@ -593,7 +610,17 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
       std::span<const TokenId> prompt(seq->tokens.data(), seq->num_prompt_tokens);
       std::span<const TokenId> output(seq->tokens.data() + seq->num_prompt_tokens,
                                       seq->num_output_tokens());
-      p.result = seq->sampler->Sample(p.logits, prompt, output);
+      if (seq->constraint != nullptr) {
+        const constraint::TokenBitmask& allowed = seq->constraint->Allowed();
+        if (std::none_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; })) {
+          p.result = absl::InvalidArgumentError(
+              "no token of the vocabulary can continue the constrained output");
+          continue;
+        }
+        p.result = seq->sampler->Sample(p.logits, prompt, output, allowed);
+      } else {
+        p.result = seq->sampler->Sample(p.logits, prompt, output);
+      }
     }
   };
   // Each sequence's sampler is touched by exactly one thread and draws from its own RNG, so
@@ -647,6 +674,13 @@ void Engine::InitSampling(Sequence* seq) {
   }
   seq->sampler.emplace(std::move(*sampler));
   seq->stop.emplace(std::move(*stop));
+  if (state->constraint != nullptr) {
+    // With ignore_eos, EOS never ends the output, so it is never allowed either.
+    seq->constraint = std::make_unique<constraint::ConstraintState>(
+        state->constraint, token_trie_,
+        r.params.ignore_eos ? std::span<const TokenId>()
+                            : std::span<const TokenId>(stop_token_ids_));
+  }
   seq->detokenizer = std::make_unique<IncrementalDecoder>(
       *model_->tokenizer, DecodeOptions{.skip_special_tokens = true});
   seq->detokenizer->SetPrompt(std::span<const TokenId>(seq->tokens.data(), seq->num_prompt_tokens));
@@ -664,6 +698,13 @@ void Engine::Emit(PendingSample& p) {
     return;
   }
   const TokenId token = sample->token;
+  if (seq->constraint != nullptr) {
+    if (absl::Status s = seq->constraint->Accept(token); !s.ok()) {
+      // The mask only lets through tokens the parser takes: this is a bug.
+      AbortRequest(state, absl::InternalError(absl::StrCat("constrained decoding: ", s.message())));
+      return;
+    }
+  }
   seq->tokens.push_back(token);
   RecordToken(seq);
   RequestOutput msg;
@@ -673,6 +714,13 @@ void Engine::Emit(PendingSample& p) {
   absl::StatusOr<std::string> piece = seq->detokenizer->Add(token);
   StopDecision decision = seq->stop->Append(token, piece.ok() ? *piece : std::string());
   msg.text = std::move(decision.text);
+  if (!decision.finished() && seq->constraint != nullptr && seq->constraint->Complete()) {
+    // The constrained output is complete and nothing may follow: stop without spending a step
+    // on the only token left (EOS).
+    msg.text += seq->stop->held_back();
+    msg.text += seq->detokenizer->Finish();
+    decision.finish_reason = FinishReason::kStop;
+  }
   if (!decision.finished()) {
     state->stream->Push(std::move(msg));
     return;

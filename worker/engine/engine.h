@@ -208,6 +208,11 @@ class Engine {
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;
+  /// Constrained decoding: compiled constraints shared between requests, and the vocabulary as
+  /// a byte trie (built by the first constrained request).
+  constraint::ConstraintCompiler constraint_compiler_;
+  std::once_flag token_trie_once_;
+  std::shared_ptr<const constraint::TokenTrie> token_trie_;
 
   /// Samples a step's sequences in parallel; null with one thread.
   std::unique_ptr<cpu::ThreadPool> sampling_pool_;

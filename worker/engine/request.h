@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "common/token.h"
+#include "worker/constraint/constraint.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/sampling_params.h"
 #include "worker/engine/stop_checker.h"
@@ -30,6 +31,10 @@ struct EngineRequest {
   int32_t n = 1;
   /// Requests only share cached prefix blocks with requests of the same salt.
   std::string cache_salt;
+  /// What the output must match (a JSON schema, a regular expression, a grammar); kNone: free.
+  /// Each sample only ever draws tokens that keep its text a valid prefix, may end (EOS) only
+  /// where the text is complete, and ends with finish reason "stop" once nothing may follow.
+  constraint::ConstraintSpec constraint;
 };
 
 /// What a finished sample reports.

@@ -76,9 +76,28 @@ Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, uint64_t seed
   temperature_ = params.temperature;
 }
 
-absl::StatusOr<SampleResult> Sampler::Sample(std::span<const float> logits,
+absl::StatusOr<SampleResult> Sampler::Sample(std::span<const float> raw_logits,
                                              std::span<const TokenId> prompt_ids,
-                                             std::span<const TokenId> output_ids) {
+                                             std::span<const TokenId> output_ids,
+                                             std::span<const uint64_t> allowed) {
+  std::span<const float> logits = raw_logits;
+  if (!allowed.empty()) {
+    if (allowed.size() * 64 < raw_logits.size()) {
+      return absl::InvalidArgumentError("the token mask is shorter than the vocabulary");
+    }
+    masked_.assign(raw_logits.begin(), raw_logits.end());
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    bool any = false;
+    for (size_t i = 0; i < masked_.size(); ++i) {
+      if ((allowed[i >> 6] >> (i & 63)) & 1) {
+        any = any || std::isfinite(masked_[i]);
+      } else {
+        masked_[i] = kMasked;
+      }
+    }
+    if (!any) return absl::InvalidArgumentError("the token mask allows no token");
+    logits = masked_;
+  }
   absl::StatusOr<size_t> raw_argmax = CheckLogits(logits, vocab_size_);
   if (!raw_argmax.ok()) return raw_argmax.status();
 
@@ -106,7 +125,7 @@ absl::StatusOr<SampleResult> Sampler::Sample(std::span<const float> logits,
   }
 
   if (logprobs_ >= 0) {
-    const LogSoftmax log_softmax(logits);
+    const LogSoftmax log_softmax(raw_logits);
     result.logprob = log_softmax.LogprobOf(result.token);
     result.top_logprobs = log_softmax.Top(logprobs_);
   }

@@ -50,9 +50,14 @@ class Sampler {
   /// TokenHistory::Sync); ids outside the vocabulary are INVALID_ARGUMENT when a penalty reads
   /// them. The Sampler does not record the token it returns: the caller appends it to
   /// output_ids.
+  ///
+  /// `allowed`, when not empty, is a bitmask over the vocabulary (bit id % 64 of word id / 64;
+  /// constrained decoding): only tokens whose bit is set can be drawn, at least one must be, and
+  /// log-probabilities are still those of the raw logits.
   absl::StatusOr<SampleResult> Sample(std::span<const float> logits,
                                       std::span<const TokenId> prompt_ids,
-                                      std::span<const TokenId> output_ids);
+                                      std::span<const TokenId> output_ids,
+                                      std::span<const uint64_t> allowed = {});
 
   /// The seed in use (the drawn one when SamplingParams::seed was unset), for logs and replays.
   uint64_t seed() const { return seed_; }
@@ -89,6 +94,8 @@ class Sampler {
   /// exps per block of cpu::kExpBlock during Pick.
   std::vector<float> weights_;
   std::vector<float> block_sums_;
+  /// The logits with disallowed tokens at -inf, when a mask is given.
+  std::vector<float> masked_;
 };
 
 }  // namespace kvserve

@@ -10,6 +10,7 @@
 
 #include "common/token.h"
 #include "common/tokenizer/tokenizer.h"
+#include "worker/constraint/constraint.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/sampling_params.h"
 #include "worker/engine/stop_checker.h"
@@ -52,6 +53,8 @@ struct Sequence {
   std::optional<Sampler> sampler;
   std::optional<StopChecker> stop;
   std::unique_ptr<IncrementalDecoder> detokenizer;
+  /// The constrained-decoding parser of this sample; null when the request has no constraint.
+  std::unique_ptr<constraint::ConstraintState> constraint;
 
   int32_t num_output_tokens() const {
     return static_cast<int32_t>(tokens.size()) - num_prompt_tokens;
