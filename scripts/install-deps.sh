@@ -13,6 +13,7 @@ packages=(
 if [ "${1:-}" != "--serve" ]; then
   packages+=(
     python3-grpcio python3-protobuf  # the Python client and its tests
+    python3-jsonschema               # validates structured outputs in the Python tests
     gnuplot-nox                      # kvserve bench --plot
     clang libclang-rt-14-dev  # scripts/fuzz-smoke.sh: libFuzzer and the sanitizer runtimes for clang
   )

@@ -2,16 +2,18 @@
 // (continuous batching over the paged KV pool) and stream the text.
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
 #include "client/cli/engine_flags.h"
 #include "client/sdk/client.h"
@@ -51,7 +53,43 @@ struct GenerateOptions {
   std::string tls_key;
   std::string tls_server_name;
   std::string api_key;
+  // Constrained decoding: at most one of these (text, or @PATH to read it from a file).
+  std::string json_schema;
+  bool json_object = false;
+  std::string regex;
+  std::string grammar;
 };
+
+// "@PATH" reads the file; anything else is the value itself.
+absl::StatusOr<std::string> TextOrFile(const std::string& value, const char* flag) {
+  if (value.empty() || value[0] != '@') return value;
+  std::ifstream in(value.substr(1), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", value.substr(1)));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The constraint flags as a spec (kind kNone when none is given).
+absl::StatusOr<constraint::ConstraintSpec> ConstraintFlags(const GenerateOptions& o) {
+  using Kind = constraint::ConstraintSpec::Kind;
+  const int given = !o.json_schema.empty() + o.json_object + !o.regex.empty() + !o.grammar.empty();
+  if (given > 1) {
+    return absl::InvalidArgumentError(
+        "--json-schema, --json-object, --regex and --grammar: give at most one");
+  }
+  constraint::ConstraintSpec spec;
+  if (o.json_object) spec.kind = Kind::kJsonObject;
+  const std::pair<const std::string*, std::pair<Kind, const char*>> texts[] = {
+      {&o.json_schema, {Kind::kJsonSchema, "--json-schema"}},
+      {&o.regex, {Kind::kRegex, "--regex"}},
+      {&o.grammar, {Kind::kGrammar, "--grammar"}}};
+  for (const auto& [value, kind_flag] : texts) {
+    if (value->empty()) continue;
+    absl::StatusOr<std::string> text = TextOrFile(*value, kind_flag.second);
+    if (!text.ok()) return text.status();
+    spec = {kind_flag.first, *std::move(text)};
+  }
+  return spec;
+}
 
 SamplingParams ToSamplingParams(const GenerateOptions& o) {
   SamplingParams p;
@@ -164,6 +202,25 @@ absl::StatusOr<GenerateParams> ToRemoteParams(const GenerateOptions& o) {
   if (o.logprobs >= 0) p.logprobs = static_cast<uint32_t>(o.logprobs);
   p.cache_salt = o.cache_salt;
   p.add_special_tokens = !o.no_special;
+  absl::StatusOr<constraint::ConstraintSpec> spec = ConstraintFlags(o);
+  if (!spec.ok()) return spec.status();
+  using Kind = constraint::ConstraintSpec::Kind;
+  switch (spec->kind) {
+    case Kind::kJsonSchema:
+      p.constraint = {OutputConstraint::Kind::kJsonSchema, spec->text};
+      break;
+    case Kind::kJsonObject:
+      p.constraint = {OutputConstraint::Kind::kJsonObject, ""};
+      break;
+    case Kind::kRegex:
+      p.constraint = {OutputConstraint::Kind::kRegex, spec->text};
+      break;
+    case Kind::kGrammar:
+      p.constraint = {OutputConstraint::Kind::kGrammar, spec->text};
+      break;
+    case Kind::kNone:
+      break;
+  }
   return p;
 }
 
@@ -313,6 +370,8 @@ int RunGenerate(GenerateOptions opts) {
     return ReportError("generate",
                        absl::InvalidArgumentError("--model is required without --endpoint"));
   }
+  absl::StatusOr<constraint::ConstraintSpec> constraint_spec = ConstraintFlags(opts);
+  if (!constraint_spec.ok()) return ReportError("generate", constraint_spec.status());
   absl::StatusOr<LoadedModel> model = LoadModel(opts.model);
   if (!model.ok()) return ReportError("generate", model.status());
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&*model, opts.engine);
@@ -331,6 +390,7 @@ int RunGenerate(GenerateOptions opts) {
     request.params = ToSamplingParams(opts);
     request.n = opts.n;
     request.cache_salt = opts.cache_salt;
+    request.constraint = *constraint_spec;
     absl::StatusOr<std::shared_ptr<RequestStream>> stream = (*engine)->Submit(std::move(request));
     if (!stream.ok()) return ReportError("generate", stream.status());
     prompt_ids.push_back(std::move(*ids));
@@ -415,6 +475,13 @@ Command AddGenerateCommand(CLI::App& app) {
   sub->add_flag("--json", o->json,
                 "Print one JSON object per prompt and sample: prompt_token_ids, token_ids, "
                 "text, finish_reason, usage; with several, then one with the pool statistics");
+  sub->add_option("--json-schema", o->json_schema,
+                  "Constrain the output to JSON valid against this schema (JSON text, or @FILE)");
+  sub->add_flag("--json-object", o->json_object, "Constrain the output to a JSON object");
+  sub->add_option("--regex", o->regex,
+                  "Constrain the output to match this regular expression (or @FILE)");
+  sub->add_option("--grammar", o->grammar,
+                  "Constrain the output to this GBNF grammar, rooted at 'root' (or @FILE)");
   sub->add_option("--prompts-file", o->prompts_file, "File with one prompt per line");
   sub->add_option("-n,--n", o->n, "Samples per prompt (they share the prompt's KV blocks)")
       ->capture_default_str();

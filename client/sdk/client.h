@@ -113,6 +113,15 @@ struct GenerateSampling {
   std::optional<uint64_t> seed;
 };
 
+/// What the output must match (constrained decoding); mirrors GenerateRequest's `constraint`
+/// oneof. Empty `text` with kNone: unconstrained.
+struct OutputConstraint {
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kGrammar };
+  Kind kind = Kind::kNone;
+  /// kJsonSchema: the schema as JSON text; kRegex: the pattern; kGrammar: GBNF text.
+  std::string text;
+};
+
 /// Mirrors kvserve.v1.GenerateRequest. Exactly one of `prompt` and `prompt_token_ids` is set.
 struct GenerateParams {
   /// Model name; empty selects the endpoint's only model.
@@ -135,6 +144,7 @@ struct GenerateParams {
   /// Add BOS/special tokens to a text prompt; unset means the server default (true).
   std::optional<bool> add_special_tokens;
   bool include_stop_str_in_output = false;
+  OutputConstraint constraint;
 };
 
 /// Why a sample ended; mirrors kvserve.v1.FinishReason.

@@ -84,6 +84,22 @@ absl::Status ToProto(const GenerateParams& params, v1::GenerateRequest* out) {
   out->set_request_id(params.request_id);
   if (params.add_special_tokens) out->set_add_special_tokens(*params.add_special_tokens);
   out->set_include_stop_str_in_output(params.include_stop_str_in_output);
+  switch (params.constraint.kind) {
+    case OutputConstraint::Kind::kJsonSchema:
+      out->set_json_schema(params.constraint.text);
+      break;
+    case OutputConstraint::Kind::kJsonObject:
+      out->set_json_object(true);
+      break;
+    case OutputConstraint::Kind::kRegex:
+      out->set_regex(params.constraint.text);
+      break;
+    case OutputConstraint::Kind::kGrammar:
+      out->set_grammar(params.constraint.text);
+      break;
+    case OutputConstraint::Kind::kNone:
+      break;
+  }
   return absl::OkStatus();
 }
 

@@ -11,7 +11,8 @@
 namespace kvserve::http {
 namespace {
 
-using nlohmann::json;
+// Ordered: a JSON schema keeps its property order, and messages their key order for templates.
+using json = nlohmann::ordered_json;
 
 absl::Status Invalid(absl::string_view field, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
@@ -293,10 +294,91 @@ absl::Status RefuseUnsupported(const Fields& f) {
   if (const json* tools = f.Get("tools"); tools != nullptr && !tools->empty()) {
     return Invalid("tools", "tool calling is not supported");
   }
-  if (const json* format = f.Get("response_format");
-      format != nullptr &&
-      !(format->is_object() && format->value("type", json("text")) == "text")) {
-    return Invalid("response_format", "only {\"type\": \"text\"} is supported");
+  return absl::OkStatus();
+}
+
+// A regular expression matching exactly `text`.
+std::string RegexLiteral(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// response_format (OpenAI) and vLLM's guided_json / guided_regex / guided_grammar /
+// guided_choice into GenerateRequest's constraint; at most one may be given.
+absl::Status ParseConstraint(const Fields& f, v1::GenerateRequest* g) {
+  std::vector<std::string> given;
+  if (const json* format = f.Get("response_format")) {
+    if (!format->is_object()) return WrongType("response_format", "an object", *format);
+    const json* type = format->contains("type") ? &(*format)["type"] : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      return Invalid("response_format.type",
+                     "expected \"text\", \"json_object\" or \"json_schema\"");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      g->set_json_object(true);
+      given.push_back("response_format");
+    } else if (t == "json_schema") {
+      const json* spec = format->contains("json_schema") ? &(*format)["json_schema"] : nullptr;
+      if (spec == nullptr || !spec->is_object()) {
+        return Invalid("response_format.json_schema", "expected an object with a schema");
+      }
+      if (!spec->contains("schema")) {
+        // OpenAI accepts a json_schema without a schema: any JSON object then.
+        g->set_json_object(true);
+      } else if (const json& schema = (*spec)["schema"];
+                 schema.is_object() || schema.is_boolean()) {
+        g->set_json_schema(schema.dump());
+      } else {
+        return WrongType("response_format.json_schema.schema", "an object", schema);
+      }
+      given.push_back("response_format");
+    } else if (t != "text") {
+      return Invalid(
+          "response_format.type",
+          absl::StrCat("expected \"text\", \"json_object\" or \"json_schema\", got \"", t, "\""));
+    }
+  }
+  if (const json* schema = f.Get("guided_json")) {
+    if (schema->is_string()) {
+      g->set_json_schema(schema->get<std::string>());
+    } else if (schema->is_object()) {
+      g->set_json_schema(schema->dump());
+    } else {
+      return WrongType("guided_json", "an object or a string", *schema);
+    }
+    given.push_back("guided_json");
+  }
+  KV_ASSIGN_OR_RETURN(regex, f.String("guided_regex"));
+  if (regex) {
+    g->set_regex(*regex);
+    given.push_back("guided_regex");
+  }
+  KV_ASSIGN_OR_RETURN(grammar, f.String("guided_grammar"));
+  if (grammar) {
+    g->set_grammar(*grammar);
+    given.push_back("guided_grammar");
+  }
+  if (const json* choice = f.Get("guided_choice")) {
+    if (!choice->is_array() || choice->empty()) {
+      return WrongType("guided_choice", "a non-empty array of strings", *choice);
+    }
+    std::string pattern;
+    for (const json& c : *choice) {
+      if (!c.is_string()) return WrongType("guided_choice", "a non-empty array of strings", c);
+      absl::StrAppend(&pattern, pattern.empty() ? "" : "|", "(", RegexLiteral(c.get<std::string>()),
+                      ")");
+    }
+    g->set_regex(pattern);
+    given.push_back("guided_choice");
+  }
+  if (given.size() > 1) {
+    return Invalid(given[1], absl::StrCat("cannot be combined with ", given[0],
+                                          ": give one output constraint"));
   }
   return absl::OkStatus();
 }
@@ -392,6 +474,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::s
   if (ignore_eos) g.set_ignore_eos(*ignore_eos);
   KV_ASSIGN_OR_RETURN(include_stop, f.Bool("include_stop_str_in_output"));
   if (include_stop) g.set_include_stop_str_in_output(*include_stop);
+  if (absl::Status s = ParseConstraint(f, &g); !s.ok()) return s;
   return request;
 }
 

@@ -30,7 +30,7 @@ struct OpenAiRequest {
   /// stop, n, logprobs, cache_salt and the vLLM extensions are filled in; model stays empty.
   v1::GenerateRequest generate;
   /// Chat: the messages, each content flattened to a string (text parts joined).
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   /// Chat: end the prompt with the assistant header. Default true.
   bool add_generation_prompt = true;
   bool stream = false;
@@ -43,7 +43,9 @@ struct OpenAiRequest {
 /// Parses and validates a request body. INVALID_ARGUMENT messages start with the offending
 /// field ("temperature: expected a number, got string") so the error body can name it;
 /// unknown fields are ignored, as OpenAI's own optional features the server lacks (echo,
-/// suffix, best_of > 1, logit_bias, tools) are refused by name.
+/// suffix, best_of > 1, logit_bias, tools) are refused by name. response_format
+/// (json_object, json_schema) and vLLM's guided_json, guided_regex, guided_grammar and
+/// guided_choice become GenerateRequest's constraint (at most one of them).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::string& body,
                                                  const RequestLimits& limits);
 

@@ -96,6 +96,26 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const v1::GenerateRequest& request
   p.ignore_eos = request.ignore_eos();
   p.include_stop_str_in_output = request.include_stop_str_in_output();
   p.logprobs = request.has_logprobs() ? Saturate(request.logprobs()) : -1;
+  using Kind = constraint::ConstraintSpec::Kind;
+  switch (request.constraint_case()) {
+    case v1::GenerateRequest::kJsonSchema:
+      out.constraint = {Kind::kJsonSchema, request.json_schema()};
+      break;
+    case v1::GenerateRequest::kJsonObject:
+      if (!request.json_object()) {
+        return absl::InvalidArgumentError("json_object: must be true when set");
+      }
+      out.constraint = {Kind::kJsonObject, ""};
+      break;
+    case v1::GenerateRequest::kRegex:
+      out.constraint = {Kind::kRegex, request.regex()};
+      break;
+    case v1::GenerateRequest::kGrammar:
+      out.constraint = {Kind::kGrammar, request.grammar()};
+      break;
+    case v1::GenerateRequest::CONSTRAINT_NOT_SET:
+      break;
+  }
   return out;
 }
 

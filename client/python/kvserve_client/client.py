@@ -6,8 +6,9 @@ output, and a retry would repeat it). Every attempt shares the call's one deadli
 """
 
 import dataclasses
+import json
 import time
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Union
 
 import grpc
 
@@ -104,10 +105,22 @@ class Client:
                  stop: Sequence[str] = (), ignore_eos: bool = False, n: int = 1,
                  logprobs: Optional[int] = None, add_special_tokens: Optional[bool] = None,
                  request_id: str = "", timeout: Optional[float] = None,
+                 json_schema: Union[None, str, dict] = None, json_object: bool = False,
+                 regex: Optional[str] = None, grammar: Optional[str] = None,
                  ) -> Iterator[inference_pb2.GenerateResponse]:
-        """Streams GenerateResponse messages; raises grpc.RpcError on failure."""
+        """Streams GenerateResponse messages; raises grpc.RpcError on failure.
+
+        At most one of json_schema (a dict or JSON text), json_object, regex and grammar (GBNF)
+        constrains the output (constrained decoding on the worker).
+        """
         if bool(prompt) == bool(prompt_token_ids):
             raise ValueError("prompt, prompt_token_ids: exactly one of them must be set")
+        constraints = [name for name, value in (("json_schema", json_schema),
+                                                ("json_object", json_object or None),
+                                                ("regex", regex), ("grammar", grammar))
+                       if value is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"{', '.join(constraints)}: give at most one output constraint")
         request = inference_pb2.GenerateRequest(
             model=model, prompt=prompt, prompt_token_ids=list(prompt_token_ids),
             max_tokens=max_tokens, stop=list(stop), ignore_eos=ignore_eos, n=n,
@@ -124,6 +137,15 @@ class Client:
             request.logprobs = logprobs
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
+        if json_schema is not None:
+            request.json_schema = (json_schema if isinstance(json_schema, str)
+                                   else json.dumps(json_schema))
+        elif json_object:
+            request.json_object = True
+        elif regex is not None:
+            request.regex = regex
+        elif grammar is not None:
+            request.grammar = grammar
 
         # Only the wait for the first message is retried; a failure after it reaches the caller.
         def attempt(left):
@@ -167,6 +189,15 @@ class Client:
         request = inference_pb2.TokenizeRequest(model=model, text=text)
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
+        if json_schema is not None:
+            request.json_schema = (json_schema if isinstance(json_schema, str)
+                                   else json.dumps(json_schema))
+        elif json_object:
+            request.json_object = True
+        elif regex is not None:
+            request.regex = regex
+        elif grammar is not None:
+            request.grammar = grammar
         response = self._with_retries(
             lambda left: self._stub.Tokenize(request, timeout=left), timeout)
         return list(response.token_ids)

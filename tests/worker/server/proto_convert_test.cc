@@ -94,6 +94,31 @@ TEST_F(ProtoConvertTest, SetFieldsAreCopied) {
   EXPECT_EQ(p.logprobs, 0);
 }
 
+TEST_F(ProtoConvertTest, ConstraintOneofBecomesTheEngineConstraint) {
+  using Kind = constraint::ConstraintSpec::Kind;
+  v1::GenerateRequest request;
+  request.set_prompt("Once upon a time");
+  absl::StatusOr<EngineRequest> none = ToEngineRequest(request, *model_);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->constraint.kind, Kind::kNone);
+  request.set_json_schema(R"({"type": "integer"})");
+  absl::StatusOr<EngineRequest> schema = ToEngineRequest(request, *model_);
+  ASSERT_TRUE(schema.ok());
+  EXPECT_EQ(schema->constraint.kind, Kind::kJsonSchema);
+  EXPECT_EQ(schema->constraint.text, R"({"type": "integer"})");
+  request.set_json_object(true);
+  EXPECT_EQ(ToEngineRequest(request, *model_)->constraint.kind, Kind::kJsonObject);
+  request.set_regex("a+");
+  EXPECT_EQ(ToEngineRequest(request, *model_)->constraint.text, "a+");
+  EXPECT_EQ(ToEngineRequest(request, *model_)->constraint.kind, Kind::kRegex);
+  request.set_grammar("root ::= \"a\"");
+  EXPECT_EQ(ToEngineRequest(request, *model_)->constraint.kind, Kind::kGrammar);
+  request.set_json_object(false);
+  absl::StatusOr<EngineRequest> off = ToEngineRequest(request, *model_);
+  EXPECT_EQ(off.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(off.status().message().find("json_object"), std::string::npos);
+}
+
 TEST_F(ProtoConvertTest, AddSpecialTokensFalseDropsBos) {
   v1::GenerateRequest request;
   request.set_prompt("Once upon a time");

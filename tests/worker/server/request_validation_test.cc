@@ -75,6 +75,17 @@ std::vector<BadRequest> BadRequests() {
          r->set_prompt(text);
        },
        "prompt"},
+      {"json_object false", [](v1::GenerateRequest* r) { r->set_json_object(false); },
+       "json_object"},
+      {"json_schema with an unsupported keyword",
+       [](v1::GenerateRequest* r) { r->set_json_schema(R"({"type": "array", "contains": {}})"); },
+       "contains"},
+      {"json_schema not JSON", [](v1::GenerateRequest* r) { r->set_json_schema("{"); },
+       "json schema"},
+      {"regex with a backreference", [](v1::GenerateRequest* r) { r->set_regex("(a)\\1"); },
+       "backreferences"},
+      {"grammar without root", [](v1::GenerateRequest* r) { r->set_grammar("x ::= \"a\""); },
+       "root"},
       {"max_tokens one past the context",
        [](v1::GenerateRequest* r) { r->set_max_tokens(kContext + 1); }, "max_tokens"},
       {"max_tokens UINT32_MAX",
@@ -89,8 +100,7 @@ std::vector<BadRequest> BadRequests() {
       {"temperature infinite",
        [inf](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(inf); },
        "temperature"},
-      {"top_p 0", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(0.0f); },
-       "top_p"},
+      {"top_p 0", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(0.0f); }, "top_p"},
       {"top_p above 1", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.01f); },
        "top_p"},
       {"top_p negative", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(-1.0f); },
@@ -140,8 +150,7 @@ std::vector<BadRequest> BadRequests() {
       {"empty stop string", [](v1::GenerateRequest* r) { r->add_stop(""); }, "stop[0]"},
       {"n above the limit", [](v1::GenerateRequest* r) { r->set_n(17); }, "n must be"},
       {"n UINT32_MAX",
-       [](v1::GenerateRequest* r) { r->set_n(std::numeric_limits<uint32_t>::max()); },
-       "n must be"},
+       [](v1::GenerateRequest* r) { r->set_n(std::numeric_limits<uint32_t>::max()); }, "n must be"},
       {"logprobs above the limit",
        [](v1::GenerateRequest* r) { r->set_logprobs(kMaxLogprobs + 1); }, "logprobs"},
       // Accepted by gRPC's 4 MiB transport limit, refused by the context check.
@@ -324,6 +333,18 @@ TEST(HttpRequestValidationTest, EachBadBodyIsInvalidArgumentNamingTheField) {
       {R"({"prompt": "hi")", "body"},
       // A non-string type used to throw out of the parser (found by openai_request_fuzzer).
       {R"({"prompt": "hi", "response_format": {"type": 1}})", "response_format"},
+      {R"({"prompt": "hi", "response_format": {"type": "yaml"}})", "response_format.type"},
+      {R"({"prompt": "hi", "response_format": {"type": "json_schema"}})",
+       "response_format.json_schema"},
+      {R"({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}})",
+       "response_format.json_schema.schema"},
+      {R"({"prompt": "hi", "guided_json": 5})", "guided_json"},
+      {R"({"prompt": "hi", "guided_choice": []})", "guided_choice"},
+      {R"({"prompt": "hi", "guided_choice": ["a", 1]})", "guided_choice"},
+      {R"({"prompt": "hi", "guided_regex": "a", "guided_grammar": "root ::= \"a\""})",
+       "guided_grammar"},
+      {R"({"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"})",
+       "guided_regex"},
   };
   http::RequestLimits limits;
   for (const Case& c : cases) {
@@ -335,6 +356,35 @@ TEST(HttpRequestValidationTest, EachBadBodyIsInvalidArgumentNamingTheField) {
     EXPECT_EQ(parsed.status().message().substr(0, c.field.size()), c.field) << parsed.status();
     EXPECT_EQ(http::HttpStatusFor(parsed.status().code()), 400);
   }
+}
+
+// response_format and vLLM's guided_* fields become GenerateRequest's constraint; a JSON schema
+// keeps its property order (the body is parsed into an ordered JSON object).
+TEST(HttpRequestValidationTest, OutputConstraintsBecomeTheConstraintOneof) {
+  http::RequestLimits limits;
+  auto parse = [&](const std::string& body) {
+    absl::StatusOr<http::OpenAiRequest> parsed =
+        http::ParseOpenAiRequest(http::Endpoint::kCompletions, body, limits);
+    EXPECT_TRUE(parsed.ok()) << body << ": " << parsed.status();
+    return parsed.ok() ? parsed->generate : v1::GenerateRequest();
+  };
+  v1::GenerateRequest g = parse(
+      R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+          "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {}}}}}})");
+  EXPECT_EQ(g.json_schema(), R"({"type":"object","properties":{"z":{"type":"string"},"a":{}}})");
+  EXPECT_TRUE(
+      parse(R"({"prompt": "x", "response_format": {"type": "json_object"}})").json_object());
+  EXPECT_EQ(parse(R"({"prompt": "x", "response_format": {"type": "text"}})").constraint_case(),
+            v1::GenerateRequest::CONSTRAINT_NOT_SET);
+  EXPECT_EQ(parse(R"({"prompt": "x", "guided_json": "{\"type\": \"integer\"}"})").json_schema(),
+            R"({"type": "integer"})");
+  EXPECT_EQ(parse(R"({"prompt": "x", "guided_json": {"enum": [1, 2]}})").json_schema(),
+            R"({"enum":[1,2]})");
+  EXPECT_EQ(parse(R"({"prompt": "x", "guided_regex": "[0-9]+"})").regex(), "[0-9]+");
+  EXPECT_EQ(parse(R"({"prompt": "x", "guided_grammar": "root ::= \"a\""})").grammar(),
+            "root ::= \"a\"");
+  EXPECT_EQ(parse(R"j({"prompt": "x", "guided_choice": ["a.b", "(c)"]})j").regex(),
+            "(a\\.b)|(\\(c\\))");
 }
 
 }  // namespace
