@@ -611,7 +611,9 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
       std::span<const TokenId> output(seq->tokens.data() + seq->num_prompt_tokens,
                                       seq->num_output_tokens());
       if (seq->constraint != nullptr) {
+        const Clock::time_point mask_start = Clock::now();
         const constraint::TokenBitmask& allowed = seq->constraint->Allowed();
+        p.constraint_seconds = SecondsBetween(mask_start, Clock::now());
         if (std::none_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; })) {
           p.result = absl::InvalidArgumentError(
               "no token of the vocabulary can continue the constrained output");
@@ -633,6 +635,7 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
   } else {
     sample(0, n);
   }
+  for (const PendingSample& p : pending) constraint_seconds_ += p.constraint_seconds;
 }
 
 void Engine::ForkSamples(Sequence* parent) {
@@ -699,7 +702,10 @@ void Engine::Emit(PendingSample& p) {
   }
   const TokenId token = sample->token;
   if (seq->constraint != nullptr) {
-    if (absl::Status s = seq->constraint->Accept(token); !s.ok()) {
+    const Clock::time_point accept_start = Clock::now();
+    const absl::Status s = seq->constraint->Accept(token);
+    constraint_seconds_ += SecondsBetween(accept_start, Clock::now());
+    if (!s.ok()) {
       // The mask only lets through tokens the parser takes: this is a bug.
       AbortRequest(state, absl::InternalError(absl::StrCat("constrained decoding: ", s.message())));
       return;
@@ -873,6 +879,7 @@ void Engine::PublishStats() {
   stats_.invariant_violations = invariant_violations_;
   stats_.step_seconds = step_seconds_;
   stats_.forward_seconds = forward_seconds_;
+  stats_.constraint_seconds = constraint_seconds_;
   stats_.first_violation = first_violation_;
 }
 

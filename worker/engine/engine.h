@@ -102,6 +102,9 @@ struct EngineStats {
   /// 1 - forward_seconds / step_seconds is the engine's overhead.
   double step_seconds = 0.0;
   double forward_seconds = 0.0;
+  /// Part of step_seconds spent on constrained decoding: token masks and parser advances,
+  /// summed over the sequences (parallel sampling threads add up, so it can exceed the wall).
+  double constraint_seconds = 0.0;
   std::string first_violation;
 };
 
@@ -170,6 +173,8 @@ class Engine {
     Sequence* seq = nullptr;
     std::span<const float> logits;
     absl::StatusOr<SampleResult> result = absl::UnknownError("not sampled");
+    /// Time spent on this sequence's token mask.
+    double constraint_seconds = 0.0;
   };
   /// Creates a sequence's sampler, stop checker and detokenizer (aborting its request if the
   /// parameters are refused).
@@ -231,6 +236,7 @@ class Engine {
   StepMetrics step_metrics_;
   double step_seconds_ = 0.0;     // EngineStats::step_seconds
   double forward_seconds_ = 0.0;  // EngineStats::forward_seconds
+  double constraint_seconds_ = 0.0;  // EngineStats::constraint_seconds
   // Inside Step(): final outputs of sequences finished by this step, pushed once its metrics
   // are out (see Step()).
   bool in_step_ = false;
