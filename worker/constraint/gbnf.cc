@@ -10,6 +10,9 @@
 namespace kvserve::constraint {
 namespace {
 
+// Deepest group nesting (the parser recurses once per level).
+constexpr int kMaxNesting = 200;
+
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
          c == '-';
@@ -136,6 +139,7 @@ class GbnfParser {
       return Sequence{Symbol::Rule(builder_.CharClass("any-char", {}, /*negate=*/true))};
     }
     if (c == '(') {
+      if (depth >= kMaxNesting) return Error("groups nested too deeply");
       ++i_;
       absl::StatusOr<std::vector<Sequence>> inner = Alternatives(depth + 1);
       if (!inner.ok()) return inner.status();

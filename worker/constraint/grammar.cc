@@ -1,7 +1,6 @@
 #include "worker/constraint/grammar.h"
 
 #include <algorithm>
-#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -302,26 +301,31 @@ absl::StatusOr<Grammar> GrammarBuilder::Build(int32_t root) const {
       }
     }
   }
-  std::vector<uint8_t> mark(n, 0);  // 0 new, 1 on the DFS path, 2 done
-  std::string cycle_rule;
-  std::function<bool(int32_t)> has_cycle = [&](int32_t r) {
-    mark[r] = 1;
-    for (int32_t next : leading[r]) {
-      if (mark[next] == 1) {
-        cycle_rule = rules_[next].name;
-        return true;
+  // Depth-first search with an explicit stack (a user's grammar may chain many rules).
+  std::vector<uint8_t> mark(n, 0);               // 0 new, 1 on the search path, 2 done
+  std::vector<std::pair<int32_t, size_t>> path;  // (rule, next edge to follow)
+  for (size_t start = 0; start < n; ++start) {
+    if (mark[start] != 0) continue;
+    mark[start] = 1;
+    path.emplace_back(static_cast<int32_t>(start), 0);
+    while (!path.empty()) {
+      auto& [rule, edge] = path.back();
+      if (edge == leading[rule].size()) {
+        mark[rule] = 2;
+        path.pop_back();
+        continue;
       }
-      if (mark[next] == 0 && has_cycle(next)) return true;
-    }
-    mark[r] = 2;
-    return false;
-  };
-  for (size_t r = 0; r < n; ++r) {
-    if (mark[r] == 0 && has_cycle(static_cast<int32_t>(r))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rule '", cycle_rule,
-                       "' is left-recursive (it can reach itself without matching a byte); "
-                       "rewrite it with repetition"));
+      const int32_t next = leading[rule][edge++];
+      if (mark[next] == 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rule '", rules_[next].name,
+                         "' is left-recursive (it can reach itself without matching a byte); "
+                         "rewrite it with repetition"));
+      }
+      if (mark[next] == 0) {
+        mark[next] = 1;
+        path.emplace_back(next, 0);
+      }
     }
   }
 

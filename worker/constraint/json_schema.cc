@@ -17,6 +17,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// Deepest schema nesting (the compiler recurses once per level).
+constexpr int kMaxNesting = 64;
 // Digits an integer part may have: 16 keeps every generated integer exact in a double.
 constexpr int kMaxIntegerDigits = 16;
 constexpr int64_t kLargestInteger = 9999999999999999;  // 10^16 - 1
@@ -139,6 +141,25 @@ class SchemaCompiler {
   SchemaCompiler(GrammarBuilder* b, const json& root) : b_(b), root_(root) {}
 
   absl::StatusOr<Symbol> Value(const json& schema, const std::string& path) {
+    // The compiler recurses once per level of nesting.
+    if (++depth_ > kMaxNesting) {
+      return Error(path, absl::StrCat("schemas nested deeper than ", kMaxNesting));
+    }
+    absl::StatusOr<Symbol> value = ValueAtDepth(schema, path);
+    --depth_;
+    return value;
+  }
+
+  /// Optional whitespace before the document: one space or newline.
+  Symbol LeadingSpace() {
+    ByteSet set;
+    set.set(' ');
+    set.set('\n');
+    return Symbol::Rule(b_->NewRule("lead", {{Symbol::Bytes(set)}, {}}));
+  }
+
+ private:
+  absl::StatusOr<Symbol> ValueAtDepth(const json& schema, const std::string& path) {
     if (schema.is_boolean()) {
       if (schema.get<bool>()) return Symbol::Rule(AnyValue());
       return Error(path, "the schema false matches nothing");
@@ -186,14 +207,6 @@ class SchemaCompiler {
     return Symbol::Rule(b_->NewRule("types", std::move(alternatives)));
   }
 
-  /// Optional whitespace before the document: one space or newline.
-  Symbol LeadingSpace() {
-    ByteSet set;
-    set.set(' ');
-    set.set('\n');
-    return Symbol::Rule(b_->NewRule("lead", {{Symbol::Bytes(set)}, {}}));
-  }
-
   int32_t AnyValue() {
     if (any_value_ >= 0) return any_value_;
     any_value_ = b_->AddRule("value");
@@ -227,7 +240,6 @@ class SchemaCompiler {
     return any_value_;
   }
 
- private:
   absl::Status Error(const std::string& path, const std::string& what) const {
     return absl::InvalidArgumentError(
         absl::StrCat("json schema at ", path.empty() ? "/" : path, ": ", what));
@@ -707,6 +719,7 @@ class SchemaCompiler {
 
   GrammarBuilder* b_;
   const json& root_;
+  int depth_ = 0;
   int32_t any_value_ = -1;
   int32_t char_ = -1;
   int32_t number_ = -1;

@@ -13,6 +13,8 @@ namespace {
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
 constexpr uint32_t kEndOfPattern = 0xFFFFFFFF;
+// Deepest group nesting (the parser recurses once per level).
+constexpr int kMaxNesting = 200;
 
 Ranges Complement(Ranges ranges) {
   std::sort(ranges.begin(), ranges.end());
@@ -225,6 +227,7 @@ class RegexParser {
   }
 
   absl::StatusOr<Sequence> Group() {
+    if (++depth_ > kMaxNesting) return Error("groups nested too deeply");
     ++i_;  // '('
     if (Peek() == '?') {
       if (Peek(1) == ':') {
@@ -247,6 +250,7 @@ class RegexParser {
     if (!alternatives.ok()) return alternatives.status();
     if (Peek() != ')') return Error("missing ')'");
     ++i_;
+    --depth_;
     if (alternatives->size() == 1) return std::move((*alternatives)[0]);
     return Sequence{Symbol::Rule(b_->NewRule("regex-group", std::move(*alternatives)))};
   }
@@ -428,6 +432,7 @@ class RegexParser {
   std::vector<uint32_t> cps_;
   std::vector<size_t> offsets_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

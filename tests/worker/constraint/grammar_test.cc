@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "worker/constraint/gbnf.h"
@@ -365,6 +366,32 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
     EXPECT_NE(g.status().message().find(c.message), std::string::npos)
         << c.schema << ": " << g.status();
   }
+}
+
+// Inputs built to exhaust the compilers' recursion are refused or handled without recursion.
+TEST(GrammarLimitsTest, DeepNestingIsRefusedAndLongRuleChainsCompile) {
+  const std::string deep_regex = std::string(300, '(') + "a" + std::string(300, ')');
+  EXPECT_NE(RegexGrammar(deep_regex).status().message().find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(GbnfGrammar(absl::StrCat("root ::= ", deep_regex))
+                .status()
+                .message()
+                .find("nested too deeply"),
+            std::string::npos);
+  json schema = {{"type", "integer"}};
+  for (int i = 0; i < 100; ++i) schema = {{"type", "array"}, {"items", schema}};
+  EXPECT_NE(JsonSchemaGrammar(schema).status().message().find("nested deeper than"),
+            std::string::npos);
+  // 50,000 rules, each starting with the next: the left-recursion check walks them without
+  // recursing; closing the chain into a loop is found.
+  std::string chain;
+  for (int i = 0; i < 50000; ++i) absl::StrAppend(&chain, "r", i, " ::= r", i + 1, " \"x\"\n");
+  absl::StatusOr<Grammar> open =
+      GbnfGrammar(absl::StrCat("root ::= r0\n", chain, "r50000 ::= \"y\"\n"));
+  EXPECT_TRUE(open.ok()) << open.status();
+  absl::StatusOr<Grammar> closed =
+      GbnfGrammar(absl::StrCat("root ::= r0\n", chain, "r50000 ::= r0\n"));
+  EXPECT_NE(closed.status().message().find("left-recursive"), std::string::npos) << closed.status();
 }
 
 // A byte-level vocabulary (one token per byte value) makes the token mask the set of allowed next
