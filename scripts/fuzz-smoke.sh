@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all_targets=(gguf_fuzzer safetensors_fuzzer tokenizer_json_fuzzer tokenizer_codec_fuzzer
-  generate_request_fuzzer openai_request_fuzzer)
+  generate_request_fuzzer openai_request_fuzzer constraint_fuzzer)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 runs=${FUZZ_RUNS:-20000}

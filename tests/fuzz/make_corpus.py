@@ -267,9 +267,28 @@ def make_openai():
     write("openai_request_fuzzer", "not_json.txt", "{\"prompt\": ")
 
 
+# --- Constraints: kind byte (0 JSON schema, 1 regex, 2 GBNF), text, NUL, text to match --------
+def make_constraints():
+    cases = {
+        "schema": (0, json.dumps({"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 3}, "b": {"type": "integer", "minimum": -5,
+                                                            "maximum": 300},
+            "c": {"type": "array", "items": {"enum": ["x", 1, None]}}}, "required": ["a"]}),
+                   '{"a": "yes", "b": 12}'),
+        "schema_ref": (0, json.dumps({"$defs": {"n": {"type": ["number", "null"]}},
+                                      "type": "array", "items": {"$ref": "#/$defs/n"}}), "[1.5, null]"),
+        "regex": (1, r"(ab|c[0-9]{2,3})+\.?[^\x00-\x1f]*", "abc123."),
+        "grammar": (2, 'root ::= "(" item* ")"\nitem ::= [a-z]+ | root\n', "(ab(c))"),
+        "ambiguous": (2, 'root ::= r\nr ::= "a" r "b" | "a" r "c" | ""\n', "aaaaaaaaaaaaaaaaaaaaaa"),
+    }
+    for name, (kind, text, feed) in cases.items():
+        write("constraint_fuzzer", name + ".bin", bytes([kind]) + text.encode() + b"\0" + feed.encode())
+
+
 make_gguf()
 make_safetensors()
 make_tokenizer_json()
 make_codec()
 make_requests()
 make_openai()
+make_constraints()

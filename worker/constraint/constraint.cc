@@ -41,6 +41,7 @@ std::shared_ptr<const TokenBitmask> CompiledConstraint::Mask(GrammarMatcher& mat
   }
   auto mask = std::make_shared<TokenBitmask>();
   matcher.FillTokenMask(trie, mask.get());
+  if (matcher.overflowed()) return mask;  // empty; not a property of the state, not cached
   absl::MutexLock lock(&mu_);
   if (masks_.size() >= kMaxCachedMasks) masks_.clear();
   masks_.emplace(std::move(key), mask);
@@ -137,6 +138,14 @@ absl::Status ConstraintState::Accept(TokenId token) {
         absl::StrCat("token ", token, " does not continue the constrained output"));
   }
   return absl::OkStatus();
+}
+
+std::string ConstraintState::EmptyMaskReason() const {
+  if (matcher_.overflowed()) {
+    return absl::StrCat("the constraint's grammar is too ambiguous to follow (more than ",
+                        GrammarMatcher::kMaxLeaves, " parses at once)");
+  }
+  return "no token of the vocabulary can continue the constrained output";
 }
 
 }  // namespace kvserve::constraint

@@ -102,6 +102,9 @@ class ConstraintState {
   bool Complete() const { return matcher_.CanEnd() && !matcher_.CanContinue(); }
   /// The output so far is a complete match.
   bool CanEnd() const { return matcher_.CanEnd(); }
+  /// Why Allowed() came back empty: the grammar was too ambiguous to follow (an error for the
+  /// request), or no token of the vocabulary continues the text.
+  std::string EmptyMaskReason() const;
 
  private:
   std::shared_ptr<const CompiledConstraint> constraint_;

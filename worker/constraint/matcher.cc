@@ -18,6 +18,7 @@ int32_t GrammarMatcher::Intern(int32_t pos, int32_t parent) {
       (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent + 1);
   auto [it, inserted] = node_index_.try_emplace(key, static_cast<int32_t>(nodes_.size()));
   if (inserted) {
+    if (nodes_.size() >= kMaxNodes) overflowed_ = true;
     nodes_.push_back({pos, parent});
     seen_.push_back(0);
   }
@@ -38,6 +39,10 @@ void GrammarMatcher::Expand(int32_t node, State* out) {
     const GrammarElement& e = g.at(current.pos);
     switch (e.kind) {
       case GrammarElement::Kind::kBytes:
+        if (out->leaves.size() >= kMaxLeaves) {
+          overflowed_ = true;
+          return;
+        }
         out->leaves.push_back(n);
         break;
       case GrammarElement::Kind::kEnd:
@@ -72,11 +77,12 @@ void GrammarMatcher::Step(const State& from, uint8_t byte, State* out) {
 }
 
 bool GrammarMatcher::Advance(std::string_view bytes) {
+  if (overflowed_) return false;
   State next;
   State current = state_;
   for (char c : bytes) {
     Step(current, static_cast<uint8_t>(c), &next);
-    if (next.leaves.empty() && !next.accepting) return false;
+    if (overflowed_ || (next.leaves.empty() && !next.accepting)) return false;
     std::swap(current, next);
   }
   state_ = std::move(current);
@@ -117,6 +123,7 @@ void GrammarMatcher::FillFrom(const State& s, const TokenTrie& trie, const Token
     if (!first.test(child.byte)) continue;
     State& next = scratch_[depth];
     Step(s, child.byte, &next);
+    if (overflowed_) return;
     const TokenTrie::Node& child_node = trie.node(child.node);
     for (TokenId id : trie.tokens(child_node)) {
       (*mask)[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
@@ -129,7 +136,10 @@ void GrammarMatcher::FillFrom(const State& s, const TokenTrie& trie, const Token
 
 void GrammarMatcher::FillTokenMask(const TokenTrie& trie, TokenBitmask* mask) {
   mask->assign((static_cast<size_t>(trie.vocab_size()) + 63) / 64, 0);
+  if (overflowed_) return;
   FillFrom(state_, trie, trie.root(), 0, mask);
+  // A walk that overflowed may have missed tokens: allow none rather than some.
+  if (overflowed_) std::fill(mask->begin(), mask->end(), 0);
 }
 
 }  // namespace kvserve::constraint

@@ -35,9 +35,17 @@ inline bool MaskAllows(const TokenBitmask& mask, int32_t id) {
 /// pushes no return position (a tail call), so repetition written as right recursion runs in
 /// constant stack depth. Termination is guaranteed by the builder's left-recursion check.
 ///
+/// An ambiguous grammar can make the number of live stacks grow exponentially with the text
+/// (`r ::= "a" r "b" | "a" r "c" | ""` doubles them per "a"): past kMaxLeaves stacks in one
+/// state or kMaxNodes interned nodes the matcher stops, overflowed() turns true, and it accepts
+/// nothing more.
+///
 /// Not thread-safe: one per sequence.
 class GrammarMatcher {
  public:
+  static constexpr size_t kMaxLeaves = 4096;
+  static constexpr size_t kMaxNodes = size_t{1} << 21;
+
   explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
 
   /// Consumes `bytes`; returns false and leaves the state unchanged when they do not continue a
@@ -55,6 +63,8 @@ class GrammarMatcher {
   void FillTokenMask(const TokenTrie& trie, TokenBitmask* mask);
   /// Number of interned stack nodes (memory use, for tests and limits).
   size_t num_nodes() const { return nodes_.size(); }
+  /// The grammar was too ambiguous to follow (see the class comment); the matcher is stuck.
+  bool overflowed() const { return overflowed_; }
 
  private:
   struct Node {
@@ -80,6 +90,7 @@ class GrammarMatcher {
   std::vector<Node> nodes_;
   absl::flat_hash_map<uint64_t, int32_t> node_index_;
   State state_;
+  bool overflowed_ = false;
   /// Expand's bookkeeping: a node was visited in the current expansion when its stamp equals
   /// stamp_ (no clearing between expansions).
   std::vector<uint32_t> seen_;

@@ -615,8 +615,7 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
         const constraint::TokenBitmask& allowed = seq->constraint->Allowed();
         p.constraint_seconds = SecondsBetween(mask_start, Clock::now());
         if (std::none_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; })) {
-          p.result = absl::InvalidArgumentError(
-              "no token of the vocabulary can continue the constrained output");
+          p.result = absl::InvalidArgumentError(seq->constraint->EmptyMaskReason());
           continue;
         }
         p.result = seq->sampler->Sample(p.logits, prompt, output, allowed);

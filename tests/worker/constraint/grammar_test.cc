@@ -394,6 +394,29 @@ TEST(GrammarLimitsTest, DeepNestingIsRefusedAndLongRuleChainsCompile) {
   EXPECT_NE(closed.status().message().find("left-recursive"), std::string::npos) << closed.status();
 }
 
+// Each "a" doubles the parses of r ::= "a" r "b" | "a" r "c" | "": the matcher gives up past its
+// limit instead of using exponential time and memory.
+TEST(GrammarLimitsTest, ExponentiallyAmbiguousGrammarsOverflow) {
+  std::shared_ptr<const Grammar> g =
+      Gbnf("root ::= r\nr ::= \"a\" r \"b\" | \"a\" r \"c\" | \"\"\n");
+  ASSERT_NE(g, nullptr);
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.Advance("aaaa"));
+  EXPECT_FALSE(m.overflowed());
+  EXPECT_FALSE(m.Advance(std::string(20, 'a')));
+  EXPECT_TRUE(m.overflowed());
+  EXPECT_FALSE(m.Advance("b"));
+  std::vector<std::pair<TokenId, std::string>> bytes = {{0, "a"}, {1, "b"}};
+  TokenBitmask mask;
+  m.FillTokenMask(*TokenTrie::FromTokens(2, bytes), &mask);
+  EXPECT_FALSE(MaskAllows(mask, 0) || MaskAllows(mask, 1));
+  // The unambiguous twin follows 20 a's and their closing letters.
+  std::shared_ptr<const Grammar> plain = Gbnf("root ::= r\nr ::= \"a\" r [bc] | \"\"\n");
+  GrammarMatcher p(plain);
+  EXPECT_TRUE(p.Advance(std::string(20, 'a') + std::string(20, 'c')));
+  EXPECT_TRUE(p.CanEnd());
+}
+
 // A byte-level vocabulary (one token per byte value) makes the token mask the set of allowed next
 // bytes: random walks through a schema's grammar produce documents that nlohmann::json parses.
 TEST(JsonSchemaGrammarTest, RandomWalksParseAsJson) {
