@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 
 namespace kvserve::constraint {
 namespace {
@@ -229,10 +230,9 @@ class GbnfParser {
       }
     }
     // A UTF-8 character.
-    const int len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-    if (len == 0 || i_ + len > text_.size()) return Error("invalid UTF-8");
-    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(text_[i_ + k]) & 0x3F);
+    const size_t len = utf8::SequenceLength(text_, i_);
+    if (len == 0) return Error("invalid UTF-8");
+    const uint32_t cp = utf8::Decode(text_, i_, len);
     i_ += len;
     return cp;
   }
@@ -260,7 +260,7 @@ class GbnfParser {
       if (text_[i_] == '\n') return Error("newline inside a literal");
       absl::StatusOr<uint32_t> cp = Char();
       if (!cp.ok()) return cp.status();
-      AppendUtf8(*cp, &bytes);
+      utf8::Append(*cp, &bytes);
     }
     if (i_ == text_.size()) return Error("unterminated literal");
     ++i_;

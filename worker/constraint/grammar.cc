@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/tokenizer/utf8.h"
 
 namespace kvserve::constraint {
 namespace {
@@ -47,8 +48,8 @@ void SplitUtf8Range(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>* out) {
     }
   }
   std::string a, b;
-  AppendUtf8(lo, &a);
-  AppendUtf8(hi, &b);
+  utf8::Append(lo, &a);
+  utf8::Append(hi, &b);
   ByteRangeSeq seq;
   for (size_t i = 0; i < a.size(); ++i) {
     seq.emplace_back(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]));
@@ -87,22 +88,17 @@ std::string ByteSetText(const ByteSet& set) {
 
 }  // namespace
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+std::vector<std::pair<uint32_t, uint32_t>> ComplementRanges(
+    std::vector<std::pair<uint32_t, uint32_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  uint32_t next = 0;
+  for (const auto& [lo, hi] : ranges) {
+    if (lo > next) out.emplace_back(next, lo - 1);
+    next = std::max(next, hi + 1);
   }
+  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
+  return out;
 }
 
 std::string Grammar::ToString() const {
@@ -198,16 +194,7 @@ int32_t GrammarBuilder::CharClass(std::string_view hint,
       merged.emplace_back(lo, hi);
     }
   }
-  if (negate) {
-    std::vector<std::pair<uint32_t, uint32_t>> complement;
-    uint32_t next = 0;
-    for (const auto& [lo, hi] : merged) {
-      if (lo > next) complement.emplace_back(next, lo - 1);
-      next = hi + 1;
-    }
-    if (next <= kMaxCodePoint) complement.emplace_back(next, kMaxCodePoint);
-    merged = std::move(complement);
-  }
+  if (negate) merged = ComplementRanges(std::move(merged));
   // Surrogates are not characters: UTF-8 never encodes them.
   std::vector<std::pair<uint32_t, uint32_t>> valid;
   for (const auto& [lo, hi] : merged) {

@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -136,8 +137,10 @@ class GrammarBuilder {
   int32_t next_anonymous_ = 0;
 };
 
-/// Appends the UTF-8 encoding of code point `cp` (< 0x110000) to `out`.
-void AppendUtf8(uint32_t cp, std::string* out);
+/// Code point ranges (inclusive pairs, any order, may overlap): their complement within
+/// [0, 0x10FFFF], sorted.
+std::vector<std::pair<uint32_t, uint32_t>> ComplementRanges(
+    std::vector<std::pair<uint32_t, uint32_t>> ranges);
 
 }  // namespace kvserve::constraint
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/tokenizer/utf8.h"
 
 namespace kvserve::constraint {
 namespace {
@@ -15,18 +16,6 @@ using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 constexpr uint32_t kEndOfPattern = 0xFFFFFFFF;
 // Deepest group nesting (the parser recurses once per level).
 constexpr int kMaxNesting = 200;
-
-Ranges Complement(Ranges ranges) {
-  std::sort(ranges.begin(), ranges.end());
-  Ranges out;
-  uint32_t next = 0;
-  for (const auto& [lo, hi] : ranges) {
-    if (lo > next) out.emplace_back(next, lo - 1);
-    next = std::max(next, hi + 1);
-  }
-  if (next <= 0x10FFFF) out.emplace_back(next, 0x10FFFF);
-  return out;
-}
 
 bool Contains(const Ranges& ranges, uint32_t cp) {
   for (const auto& [lo, hi] : ranges) {
@@ -67,7 +56,7 @@ std::string JsonEscaped(uint32_t cp) {
   }
   if (cp < 0x20) return absl::StrFormat("\\u%04x", cp);
   std::string out;
-  AppendUtf8(cp, &out);
+  utf8::Append(cp, &out);
   return out;
 }
 
@@ -89,15 +78,12 @@ class RegexParser {
  private:
   absl::Status Decode() {
     for (size_t i = 0; i < pattern_.size();) {
-      const auto c = static_cast<uint8_t>(pattern_[i]);
-      int len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-      if (len == 0 || i + len > pattern_.size()) {
+      const size_t len = utf8::SequenceLength(pattern_, i);
+      if (len == 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("regex: invalid UTF-8 at byte ", i, " of the pattern"));
       }
-      uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-      for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(pattern_[i + k]) & 0x3F);
-      cps_.push_back(cp);
+      cps_.push_back(utf8::Decode(pattern_, i, len));
       offsets_.push_back(i);
       i += len;
     }
@@ -286,7 +272,7 @@ class RegexParser {
       case 'W':
       case 'S': {
         const Ranges& base = c == 'D' ? kDigit : c == 'W' ? kWord : kSpace;
-        return in_class ? ClassEscape(Complement(base), false) : ClassEscape(base, true);
+        return in_class ? ClassEscape(ComplementRanges(base), false) : ClassEscape(base, true);
       }
       case 'n':
         return LiteralEscape('\n');
@@ -402,7 +388,7 @@ class RegexParser {
     if (options_.json_string) {
       text = JsonEscaped(cp);
     } else {
-      AppendUtf8(cp, &text);
+      utf8::Append(cp, &text);
     }
     return GrammarBuilder::Literal(text);
   }
@@ -411,7 +397,7 @@ class RegexParser {
     if (!options_.json_string) {
       return {Symbol::Rule(b_->CharClass("regex-class", std::move(ranges), negate))};
     }
-    if (negate) ranges = Complement(std::move(ranges));
+    if (negate) ranges = ComplementRanges(std::move(ranges));
     // Inside a JSON string, characters that must be escaped are matched by their escapes.
     std::vector<Sequence> alternatives;
     for (uint32_t special :

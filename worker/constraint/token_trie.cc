@@ -6,11 +6,10 @@
 
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/utf8.h"
 
 namespace kvserve::constraint {
 namespace {
-
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
 // "<0xAB>" -> 0xAB.
 std::optional<uint8_t> ByteFallbackValue(std::string_view piece) {
@@ -45,8 +44,8 @@ std::string TokenBytesMidText(const Tokenizer& tokenizer, TokenId id) {
   absl::StatusOr<std::string> two = tokenizer.Decode(twice);
   if (!one.ok() || !two.ok()) return {};
   std::string text = two->starts_with(*one) ? two->substr(one->size()) : *one;
-  if (text.find(kReplacementChar) != std::string::npos &&
-      piece.find(kReplacementChar) == std::string_view::npos) {
+  if (text.find(utf8::kReplacement) != std::string::npos &&
+      piece.find(utf8::kReplacement) == std::string_view::npos) {
     // Part of a UTF-8 character: only its raw bytes mean anything (byte-level vocabularies).
     std::string raw;
     if (!ByteLevelToBytes(piece, &raw)) return {};

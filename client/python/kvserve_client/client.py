@@ -189,15 +189,6 @@ class Client:
         request = inference_pb2.TokenizeRequest(model=model, text=text)
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
-        if json_schema is not None:
-            request.json_schema = (json_schema if isinstance(json_schema, str)
-                                   else json.dumps(json_schema))
-        elif json_object:
-            request.json_object = True
-        elif regex is not None:
-            request.regex = regex
-        elif grammar is not None:
-            request.grammar = grammar
         response = self._with_retries(
             lambda left: self._stub.Tokenize(request, timeout=left), timeout)
         return list(response.token_ids)

@@ -134,6 +134,8 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(client.detokenize([1, ord("o"), ord("k")]), "ok")
             with self.assertRaises(ValueError):
                 next(client.generate())
+            with self.assertRaises(ValueError):  # two output constraints
+                next(client.generate("x", regex="a", json_object=True))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -27,19 +28,6 @@ std::vector<Vocabulary> Vocabularies() {
   return {{"stories260K", SharedPath("models/stories260K-hf/tokenizer.json")},
           {"gpt2", SharedPath("models/tokenizers/gpt2/tokenizer.json")},
           {"tinyllama", SharedPath("models/tokenizers/tinyllama-1.1b-chat-v1.0/tokenizer.json")}};
-}
-
-bool IsValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (int k = 1; k < len; ++k) {
-      if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 const char* kSchema = R"({
@@ -64,7 +52,7 @@ TEST(TokenTrieTest, TokenBytesAgreeWithTheDecoder) {
     for (TokenId id = 0; id < trie->vocab_size(); ++id) {
       if (trie->bytes(id).empty()) continue;
       usable.push_back(id);
-      if (IsValidUtf8(trie->bytes(id))) whole.push_back(id);
+      if (utf8::IsValid(trie->bytes(id))) whole.push_back(id);
     }
     ASSERT_GT(usable.size(), static_cast<size_t>(trie->vocab_size()) * 9 / 10) << v.name;
     absl::StatusOr<std::vector<TokenId>> context =
@@ -83,7 +71,7 @@ TEST(TokenTrieTest, TokenBytesAgreeWithTheDecoder) {
         ids.push_back(id);
         expected += trie->bytes(id);
       }
-      if (!IsValidUtf8(expected)) continue;  // partial characters decode to U+FFFD
+      if (!utf8::IsValid(expected)) continue;  // partial characters decode to U+FFFD
       absl::StatusOr<std::string> decoded = (*tok)->Decode(ids);
       ASSERT_TRUE(decoded.ok());
       ASSERT_EQ(*decoded, expected) << v.name;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "worker/constraint/gbnf.h"
@@ -150,7 +151,7 @@ TEST(RegexGrammarTest, Utf8ClassesAreExact) {
   for (uint32_t cp = 0; cp < 0x30000; cp += (cp < 0x2000 ? 1 : 7)) {
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
     std::string text;
-    AppendUtf8(cp, &text);
+    utf8::Append(cp, &text);
     ASSERT_EQ(Matches(g, text), in_class(cp)) << std::hex << cp;
     ASSERT_EQ(Matches(negated, text), !in_class(cp)) << std::hex << cp;
   }
