@@ -6,11 +6,11 @@ namespace kvserve::constraint {
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar)
     : grammar_(std::move(grammar)) {
+  ++state_stamp_;
   for (int32_t start : grammar_->alternatives(grammar_->root())) {
     Expand(Intern(start, -1), &state_);
   }
   std::sort(state_.leaves.begin(), state_.leaves.end());
-  state_.leaves.erase(std::unique(state_.leaves.begin(), state_.leaves.end()), state_.leaves.end());
 }
 
 int32_t GrammarMatcher::Intern(int32_t pos, int32_t parent) {
@@ -21,6 +21,7 @@ int32_t GrammarMatcher::Intern(int32_t pos, int32_t parent) {
     if (nodes_.size() >= kMaxNodes) overflowed_ = true;
     nodes_.push_back({pos, parent});
     seen_.push_back(0);
+    in_state_.push_back(0);
   }
   return it->second;
 }
@@ -39,10 +40,12 @@ void GrammarMatcher::Expand(int32_t node, State* out) {
     const GrammarElement& e = g.at(current.pos);
     switch (e.kind) {
       case GrammarElement::Kind::kBytes:
+        if (in_state_[n] == state_stamp_) break;  // reached from another stack already
         if (out->leaves.size() >= kMaxLeaves) {
           overflowed_ = true;
           return;
         }
+        in_state_[n] = state_stamp_;
         out->leaves.push_back(n);
         break;
       case GrammarElement::Kind::kEnd:
@@ -66,6 +69,7 @@ void GrammarMatcher::Expand(int32_t node, State* out) {
 void GrammarMatcher::Step(const State& from, uint8_t byte, State* out) {
   out->leaves.clear();
   out->accepting = false;
+  ++state_stamp_;
   const Grammar& g = *grammar_;
   for (int32_t leaf : from.leaves) {
     const Node n = nodes_[leaf];
@@ -73,7 +77,6 @@ void GrammarMatcher::Step(const State& from, uint8_t byte, State* out) {
     Expand(Intern(n.pos + 1, n.parent), out);
   }
   std::sort(out->leaves.begin(), out->leaves.end());
-  out->leaves.erase(std::unique(out->leaves.begin(), out->leaves.end()), out->leaves.end());
 }
 
 bool GrammarMatcher::Advance(std::string_view bytes) {

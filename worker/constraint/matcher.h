@@ -43,7 +43,7 @@ inline bool MaskAllows(const TokenBitmask& mask, int32_t id) {
 /// Not thread-safe: one per sequence.
 class GrammarMatcher {
  public:
-  static constexpr size_t kMaxLeaves = 4096;
+  static constexpr size_t kMaxLeaves = 16384;
   static constexpr size_t kMaxNodes = size_t{1} << 21;
 
   explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
@@ -95,6 +95,9 @@ class GrammarMatcher {
   /// stamp_ (no clearing between expansions).
   std::vector<uint32_t> seen_;
   uint32_t stamp_ = 0;
+  /// The same for leaves already in the state being built (one stamp per state).
+  std::vector<uint32_t> in_state_;
+  uint32_t state_stamp_ = 0;
   std::vector<int32_t> work_;
   /// One scratch state per trie depth for FillTokenMask (a deque: growing it keeps the states
   /// of shallower depths in place).

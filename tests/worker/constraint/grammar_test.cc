@@ -418,6 +418,20 @@ TEST(GrammarLimitsTest, ExponentiallyAmbiguousGrammarsOverflow) {
   EXPECT_TRUE(p.CanEnd());
 }
 
+// A large enum starts with one stack per value: far from the ambiguity limit's concern.
+TEST(GrammarLimitsTest, AnEnumOfTenThousandValuesIsFollowed) {
+  json values = json::array();
+  for (int i = 0; i < 10000; ++i) values.push_back(absl::StrCat("value-", i));
+  std::shared_ptr<const Grammar> g = Schema(json{{"enum", values}});
+  ASSERT_NE(g, nullptr);
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.Advance("\"value-9"));
+  EXPECT_FALSE(m.overflowed());
+  EXPECT_TRUE(m.Advance("876\""));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(Matches(g, "\"value-10000\""));
+}
+
 // A byte-level vocabulary (one token per byte value) makes the token mask the set of allowed next
 // bytes: random walks through a schema's grammar produce documents that nlohmann::json parses.
 TEST(JsonSchemaGrammarTest, RandomWalksParseAsJson) {
