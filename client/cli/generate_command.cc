@@ -218,6 +218,7 @@ absl::StatusOr<GenerateParams> ToRemoteParams(const GenerateOptions& o) {
     case Kind::kGrammar:
       p.constraint = {OutputConstraint::Kind::kGrammar, spec->text};
       break;
+    case Kind::kToolCalls:  // no flag makes one: tool calls come from the chat endpoint
     case Kind::kNone:
       break;
   }

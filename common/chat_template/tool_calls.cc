@@ -1,5 +1,7 @@
 #include "common/chat_template/tool_calls.h"
 
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
 
 #include "nlohmann/json.hpp"
@@ -144,6 +146,46 @@ ParsedReply ParseMistral(std::string_view text) {
   return reply;
 }
 
+ParsedReply ParseJsonArray(std::string_view text) {
+  ParsedReply reply;
+  const json calls = ParseJson(Trim(text));
+  if (calls.is_array()) {
+    for (const json& c : calls) {
+      std::optional<ParsedToolCall> call = CallFromJson(c);
+      if (!call.has_value()) {
+        reply.tool_calls.clear();
+        break;
+      }
+      reply.tool_calls.push_back(*std::move(call));
+    }
+  }
+  if (reply.tool_calls.empty()) reply.content = std::string(Trim(text));
+  return reply;
+}
+
+// The first position of `marker` in `text`, or of a prefix of it that ends the text; npos.
+size_t MarkerStart(std::string_view text, std::string_view marker) {
+  if (const size_t at = text.find(marker); at != std::string_view::npos) return at;
+  const size_t longest = std::min(text.size(), marker.size() - 1);
+  for (size_t n = longest; n > 0; --n) {
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return text.size() - n;
+  }
+  return std::string_view::npos;
+}
+
+// For replies that are calls as a whole: where the call starts when the reply begins with one of
+// `openers` (or a prefix of one), 0 while blank, else npos.
+size_t WholeReplyStart(std::string_view text, std::initializer_list<std::string_view> openers) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return 0;
+  const std::string_view rest = text.substr(first);
+  for (std::string_view opener : openers) {
+    const size_t n = std::min(rest.size(), opener.size());
+    if (rest.substr(0, n) == opener.substr(0, n)) return first;
+  }
+  return std::string_view::npos;
+}
+
 // <｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
 std::optional<ParsedToolCall> DeepSeekCall(std::string_view call) {
   const size_t sep = call.find(kDeepSeekSep);
@@ -208,6 +250,8 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "mistral";
     case ToolCallFormat::kDeepSeek:
       return "deepseek";
+    case ToolCallFormat::kJsonArray:
+      return "json";
     case ToolCallFormat::kNone:
       break;
   }
@@ -235,10 +279,30 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
       return ParseMistral(text);
     case ToolCallFormat::kDeepSeek:
       return ParseDeepSeek(text);
+    case ToolCallFormat::kJsonArray:
+      return ParseJsonArray(text);
     case ToolCallFormat::kNone:
       break;
   }
   return ParsedReply{std::string(text), {}};
+}
+
+size_t ToolCallStart(ToolCallFormat format, std::string_view text) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return MarkerStart(text, kHermesOpen);
+    case ToolCallFormat::kMistral:
+      return MarkerStart(text, kMistralTag);
+    case ToolCallFormat::kDeepSeek:
+      return MarkerStart(text, kDeepSeekCallsBegin);
+    case ToolCallFormat::kLlama3Json:
+      return WholeReplyStart(text, {"{", kPythonTag});
+    case ToolCallFormat::kJsonArray:
+      return WholeReplyStart(text, {"["});
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace kvserve

@@ -23,9 +23,13 @@ enum class ToolCallFormat {
   /// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`,
   /// then `<｜tool▁calls▁end｜>`.
   kDeepSeek,
+  /// No family's own format: the whole reply is a JSON array of
+  /// `{"name": ..., "parameters": {...}}` (what a required or named tool_choice forces on a
+  /// model whose template teaches no format, as vLLM does).
+  kJsonArray,
 };
 
-/// "hermes", "llama3_json", "mistral", "deepseek" or "none".
+/// "hermes", "llama3_json", "mistral", "deepseek", "json" or "none".
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
 /// The format a chat template's text teaches (by the markers it writes); kNone when it has none.
@@ -44,6 +48,14 @@ struct ParsedReply {
   std::string content;
   std::vector<ParsedToolCall> tool_calls;
 };
+
+/// Where in `text` (a reply still being written) a tool call starts or may be starting: the
+/// position of the first call marker, or of a partial marker at the end of the text; for the
+/// formats whose calls are the whole reply (kLlama3Json, kJsonArray), the first non-blank byte
+/// when the reply starts like a call, or 0 while it is all blank. npos when no call can have
+/// started: the text up to that point is content whatever follows. A streaming response sends
+/// the text before this position as content and holds the rest back.
+size_t ToolCallStart(ToolCallFormat format, std::string_view text);
 
 /// Splits `text` (a whole reply) by `format`. A call that is not well formed (bad JSON, no name)
 /// is left in the content, as vLLM's parsers do, so nothing the model wrote is lost.

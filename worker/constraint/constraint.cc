@@ -7,6 +7,7 @@
 #include "worker/constraint/gbnf.h"
 #include "worker/constraint/json_schema.h"
 #include "worker/constraint/regex_grammar.h"
+#include "worker/constraint/tool_call_grammar.h"
 
 namespace kvserve::constraint {
 
@@ -22,6 +23,8 @@ std::string_view ConstraintSpec::KindName() const {
       return "regex";
     case Kind::kGrammar:
       return "grammar";
+    case Kind::kToolCalls:
+      return "tool_calls";
   }
   return "none";
 }
@@ -89,6 +92,13 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
     case ConstraintSpec::Kind::kGrammar:
       grammar = GbnfGrammar(spec.text);
       break;
+    case ConstraintSpec::Kind::kToolCalls: {
+      const nlohmann::ordered_json tools =
+          nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+      if (tools.is_discarded()) return absl::InvalidArgumentError("tool_calls: not valid JSON");
+      grammar = ToolCallGrammar(tools);
+      break;
+    }
     case ConstraintSpec::Kind::kNone:
       break;
   }

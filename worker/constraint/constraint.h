@@ -31,12 +31,14 @@ struct ConstraintSpec {
     kRegex,
     /// `text` is a GBNF grammar (GbnfGrammar).
     kGrammar,
+    /// `text` is a tool-call spec as JSON (ToolCallGrammar): the output is tool calls only.
+    kToolCalls,
   };
   Kind kind = Kind::kNone;
   std::string text;
 
   bool active() const { return kind != Kind::kNone; }
-  /// "json_schema", "json_object", "regex", "grammar" or "none".
+  /// "json_schema", "json_object", "regex", "grammar", "tool_calls" or "none".
   std::string_view KindName() const;
 };
 

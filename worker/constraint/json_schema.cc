@@ -740,6 +740,11 @@ absl::StatusOr<Grammar> JsonSchemaGrammar(const json& schema) {
   return builder.Build(root);
 }
 
+absl::StatusOr<Symbol> AddJsonSchemaRule(GrammarBuilder* builder, const json& schema) {
+  SchemaCompiler compiler(builder, schema);
+  return compiler.Value(schema, "");
+}
+
 absl::StatusOr<Grammar> JsonObjectGrammar() { return JsonSchemaGrammar(json{{"type", "object"}}); }
 
 }  // namespace kvserve::constraint

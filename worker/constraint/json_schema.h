@@ -27,6 +27,13 @@ namespace kvserve::constraint {
 /// /properties/x is not supported").
 absl::StatusOr<Grammar> JsonSchemaGrammar(const nlohmann::ordered_json& schema);
 
+/// Adds the rules for JSON documents valid against `schema` (as JsonSchemaGrammar, without the
+/// optional whitespace before the document) to `builder` and returns the symbol that matches
+/// one, so that other grammars (tool calls) can embed a schema. Errors as JsonSchemaGrammar.
+/// `schema` must outlive the call only.
+absl::StatusOr<Symbol> AddJsonSchemaRule(GrammarBuilder* builder,
+                                         const nlohmann::ordered_json& schema);
+
 /// A grammar for any JSON object (the OpenAI API's response_format "json_object").
 absl::StatusOr<Grammar> JsonObjectGrammar();
 

@@ -68,10 +68,6 @@ class TokenTrie {
   std::vector<TokenId> tokens_;
 };
 
-/// The bytes token `id` adds to text that already has something before it (see
-/// TokenTrie::FromTokenizer); empty when it adds none or cannot be represented.
-std::string TokenBytesMidText(const Tokenizer& tokenizer, TokenId id);
-
 }  // namespace kvserve::constraint
 
 #endif  // KVSERVE_WORKER_CONSTRAINT_TOKEN_TRIE_H_

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/utf8.h"
+#include "nlohmann/json.hpp"
 
 namespace kvserve {
 namespace {
@@ -16,6 +17,30 @@ namespace {
 int32_t Saturate(uint32_t value) {
   return static_cast<int32_t>(
       std::min<uint32_t>(value, static_cast<uint32_t>(std::numeric_limits<int32_t>::max())));
+}
+
+// The tool-call constraint as the JSON spec ToolCallGrammar reads (parameters parsed here, so that
+// a schema that is not JSON is refused naming its function).
+absl::StatusOr<std::string> ToolCallSpec(const v1::ToolCallConstraint& tools) {
+  using json = nlohmann::ordered_json;
+  json functions = json::array();
+  for (int i = 0; i < tools.functions_size(); ++i) {
+    const v1::ToolFunction& f = tools.functions(i);
+    json function = {{"name", f.name()}};
+    if (!f.parameters().empty()) {
+      json parameters = json::parse(f.parameters(), nullptr, /*allow_exceptions=*/false);
+      if (parameters.is_discarded()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tool_calls.functions[", i, "].parameters: not valid JSON"));
+      }
+      function["parameters"] = std::move(parameters);
+    }
+    functions.push_back(std::move(function));
+  }
+  const json spec = {{"format", tools.format()},
+                     {"functions", std::move(functions)},
+                     {"parallel", tools.parallel()}};
+  return spec.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 absl::StatusOr<std::vector<TokenId>> PromptIds(const v1::GenerateRequest& request,
@@ -113,6 +138,12 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const v1::GenerateRequest& request
     case v1::GenerateRequest::kGrammar:
       out.constraint = {Kind::kGrammar, request.grammar()};
       break;
+    case v1::GenerateRequest::kToolCalls: {
+      absl::StatusOr<std::string> spec = ToolCallSpec(request.tool_calls());
+      if (!spec.ok()) return spec.status();
+      out.constraint = {Kind::kToolCalls, *std::move(spec)};
+      break;
+    }
     case v1::GenerateRequest::CONSTRAINT_NOT_SET:
       break;
   }

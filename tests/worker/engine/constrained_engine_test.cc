@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/chat_template/tool_calls.h"
 #include "common/tokenizer/regex.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -166,6 +167,74 @@ TEST_F(ConstrainedEngineTest, RegexAndGrammarShapeTheText) {
   testing_engine::ExpectPoolFree(*engine);
 }
 
+TEST_F(ConstrainedEngineTest, ToolCallsInEveryFamilysFormatParseAndValidate) {
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
+  const nlohmann::ordered_json functions = nlohmann::ordered_json::parse(R"([
+      {"name": "get_weather", "parameters": {"type": "object",
+       "properties": {"city": {"type": "string", "maxLength": 12},
+                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+       "required": ["city"], "additionalProperties": false}},
+      {"name": "get_time", "parameters": {"type": "object",
+       "properties": {"tz": {"enum": ["UTC", "CET"]}}, "additionalProperties": false}}])");
+  const std::pair<const char*, ToolCallFormat> formats[] = {
+      {"hermes", ToolCallFormat::kHermes},
+      {"llama3_json", ToolCallFormat::kLlama3Json},
+      {"mistral", ToolCallFormat::kMistral},
+      {"deepseek", ToolCallFormat::kDeepSeek},
+      {"json", ToolCallFormat::kJsonArray}};
+  // Each call valid: a listed function, arguments that validate.
+  auto expect_valid = [](const ParsedToolCall& call, const std::string& text) {
+    const nlohmann::json args = nlohmann::json::parse(call.arguments);
+    ASSERT_TRUE(args.is_object()) << text;
+    if (call.name == "get_weather") {
+      ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << text;
+      for (const auto& [key, value] : args.items()) {
+        EXPECT_TRUE(key == "city" ||
+                    (key == "unit" && (value == "celsius" || value == "fahrenheit")))
+            << text;
+      }
+    } else {
+      ASSERT_EQ(call.name, "get_time") << text;
+      for (const auto& [key, value] : args.items()) {
+        EXPECT_TRUE(key == "tz" && (value == "UTC" || value == "CET")) << text;
+      }
+    }
+  };
+  for (const auto& [format, parser] : formats) {
+    for (int seed = 0; seed < 4; ++seed) {
+      SCOPED_TRACE(absl::StrCat(format, " seed ", seed));
+      // One call: the grammar ends after it, so the reply ends there (finish reason stop).
+      const nlohmann::ordered_json spec = {
+          {"format", format}, {"functions", functions}, {"parallel", false}};
+      Collected got = Drain(**engine->Submit(
+          Request(absl::StrCat("tools-", format, "-", seed),
+                  {ConstraintSpec::Kind::kToolCalls, spec.dump()}, 1.0f, seed)))[0];
+      ASSERT_TRUE(got.final_output.status.ok()) << got.final_output.status;
+      EXPECT_EQ(got.final_output.finish_reason, FinishReason::kStop) << got.text;
+      // Parsed by the HTTP front's parser for the family: one call and nothing else.
+      const ParsedReply reply = ParseToolCalls(parser, got.text);
+      EXPECT_EQ(reply.content, "") << got.text;
+      ASSERT_EQ(reply.tool_calls.size(), 1u) << got.text;
+      expect_valid(reply.tool_calls[0], got.text);
+    }
+    // Parallel: stories260K rarely stops choosing another call, so the reply may run to the end
+    // of its context; every whole call in it is valid all the same.
+    const nlohmann::ordered_json spec = {
+        {"format", format}, {"functions", functions}, {"parallel", true}};
+    Collected got = Drain(
+        **engine->Submit(Request(absl::StrCat("parallel-", format),
+                                 {ConstraintSpec::Kind::kToolCalls, spec.dump()}, 1.0f, 11)))[0];
+    ASSERT_TRUE(got.final_output.status.ok()) << got.final_output.status;
+    const ParsedReply reply = ParseToolCalls(parser, got.text);
+    if (got.final_output.finish_reason == FinishReason::kStop) {
+      EXPECT_EQ(reply.content, "") << got.text;
+      EXPECT_GE(reply.tool_calls.size(), 1u) << got.text;
+    }
+    for (const ParsedToolCall& call : reply.tool_calls) expect_valid(call, got.text);
+  }
+  testing_engine::ExpectPoolFree(*engine);
+}
+
 TEST_F(ConstrainedEngineTest, MaxTokensCutsTheOutputShort) {
   std::unique_ptr<Engine> engine = *Engine::Create(model_, Options());
   EngineRequest r = Request("short", {ConstraintSpec::Kind::kJsonSchema, kSchema}, 1.0f, 5);
@@ -188,6 +257,8 @@ TEST_F(ConstrainedEngineTest, BadConstraintsAreRefusedAtSubmit) {
       {{ConstraintSpec::Kind::kJsonSchema, "[1, 2"}, "not valid JSON"},
       {{ConstraintSpec::Kind::kRegex, "(a"}, "missing ')'"},
       {{ConstraintSpec::Kind::kGrammar, "root ::= x"}, "never defined"},
+      {{ConstraintSpec::Kind::kToolCalls, R"({"format": "hermes", "functions": []})"},
+       "tool_calls.functions"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::shared_ptr<RequestStream>> s =

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/worker/model/golden.h"
 
 namespace kvserve {
@@ -117,6 +118,27 @@ TEST_F(ProtoConvertTest, ConstraintOneofBecomesTheEngineConstraint) {
   absl::StatusOr<EngineRequest> off = ToEngineRequest(request, *model_);
   EXPECT_EQ(off.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(off.status().message().find("json_object"), std::string::npos);
+
+  // Tool calls: the spec the tool-call grammar reads, parameters parsed.
+  v1::ToolCallConstraint* tools = request.mutable_tool_calls();
+  tools->set_format("hermes");
+  tools->set_parallel(true);
+  v1::ToolFunction* f = tools->add_functions();
+  f->set_name("get_weather");
+  f->set_parameters(R"({"type": "object"})");
+  tools->add_functions()->set_name("get_time");
+  absl::StatusOr<EngineRequest> calls = ToEngineRequest(request, *model_);
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  EXPECT_EQ(calls->constraint.kind, Kind::kToolCalls);
+  EXPECT_EQ(nlohmann::json::parse(calls->constraint.text),
+            nlohmann::json::parse(R"({"format": "hermes", "parallel": true, "functions": [
+                {"name": "get_weather", "parameters": {"type": "object"}},
+                {"name": "get_time"}]})"));
+  f->set_parameters("{oops");
+  absl::StatusOr<EngineRequest> bad = ToEngineRequest(request, *model_);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("tool_calls.functions[0].parameters"), std::string::npos)
+      << bad.status();
 }
 
 TEST_F(ProtoConvertTest, AddSpecialTokensFalseDropsBos) {
