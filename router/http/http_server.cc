@@ -151,6 +151,8 @@ struct HttpServer::State {
   std::unique_ptr<v1::Inference::Stub> stub;
   std::optional<ChatTemplate> chat_template;
   absl::Status chat_template_status;
+  /// How the model's template teaches it to write tool calls.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
   http::AdmissionCounters admission;
   BacklogServer server;
   std::thread listener;
@@ -224,6 +226,7 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
     if (deps.tokenizer->eos_id() != kNoToken) {
       render.eos_token = std::string(deps.tokenizer->IdToPiece(deps.tokenizer->eos_id()));
     }
+    render.tools = request.tools;
     absl::StatusOr<std::string> prompt = chat_template->Render(request.messages, render);
     if (!prompt.ok()) {
       return SendError(res, http::ErrorFromStatus(absl::InvalidArgumentError(
@@ -235,6 +238,8 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
     }
     request.generate.set_prompt(*std::move(prompt));
   }
+  const ToolCallFormat tool_format = http::ToolCallFormatFor(request, this->tool_format);
+  http::SetToolCallConstraint(tool_format, &request);
   if (req.has_header("X-Request-Id")) {
     request.generate.set_request_id(req.get_header_value("X-Request-Id"));
   }
@@ -262,6 +267,8 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
   builder_options.created = UnixSeconds();
   builder_options.n = request.generate.n() == 0 ? 1 : static_cast<int>(request.generate.n());
   builder_options.logprobs = request.logprobs;
+  builder_options.tool_format = tool_format;
+  builder_options.single_tool_call = !request.parallel_tool_calls;
   auto builder = std::make_shared<http::ResponseBuilder>(builder_options, deps.tokenizer);
 
   if (!request.stream) {
@@ -287,11 +294,17 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
           const std::string text = absl::StrCat("data: ", Dump(event), "\n\n");
           return sink.write(text.data(), text.size());
         };
+        auto send_all = [&send](const std::vector<json>& events) {
+          for (const json& event : events) {
+            if (!send(event)) return false;
+          }
+          return true;
+        };
         bool ok = true;
         if (chat) {
           for (int i = 0; i < n && ok; ++i) ok = send(builder->RoleChunk(i));
         }
-        ok = ok && send(builder->Add(first));
+        ok = ok && send_all(builder->Add(first));
         {
           StreamPump pump(call->reader.get());
           v1::GenerateResponse message;
@@ -302,7 +315,7 @@ void HttpServer::State::HandleGenerate(http::Endpoint endpoint, const httplib::R
               static constexpr char kHeartbeat[] = ": waiting\n\n";  // an SSE comment
               ok = sink.write(kHeartbeat, sizeof(kHeartbeat) - 1);
             } else {
-              ok = send(builder->Add(message));
+              ok = send_all(builder->Add(message));
             }
           }
           // The client went away: cancel; the pump's thread then reads the stream to its end.
@@ -411,6 +424,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
       state->chat_template_status = absl::InvalidArgumentError(absl::StrCat(
           "messages: the model's chat template cannot be used: ", compiled.status().message()));
     }
+    state->tool_format = DetectToolCallFormat(source);
   }
 
   State* s = state.get();

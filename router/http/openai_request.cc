@@ -1,10 +1,12 @@
 #include "router/http/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -237,6 +239,32 @@ absl::Status ParsePrompt(const Fields& f, v1::GenerateRequest* out) {
   return WrongType("prompt", "a string or an array of token ids", *one);
 }
 
+// An assistant message's tool_calls: checked, and arguments given as JSON text (as OpenAI
+// clients send them) parsed into objects, which is what chat templates render.
+absl::Status NormalizeToolCalls(const std::string& field, json* message) {
+  auto calls = message->find("tool_calls");
+  if (calls == message->end() || calls->is_null()) return absl::OkStatus();
+  if (!calls->is_array()) return WrongType(field + ".tool_calls", "an array", *calls);
+  for (size_t j = 0; j < calls->size(); ++j) {
+    json& call = (*calls)[j];
+    const std::string call_field = absl::StrCat(field, ".tool_calls[", j, "]");
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+        !call["function"].value("name", json()).is_string()) {
+      return Invalid(call_field, "expected {\"function\": {\"name\": ..., \"arguments\": ...}}");
+    }
+    json& function = call["function"];
+    if (function.contains("arguments") && function["arguments"].is_string()) {
+      const std::string& text = function["arguments"].get_ref<const std::string&>();
+      json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) {
+        return Invalid(call_field + ".function.arguments", "is not valid JSON");
+      }
+      function["arguments"] = std::move(parsed);
+    }
+  }
+  return absl::OkStatus();
+}
+
 /// Flattens a message's content (string, null, or [{"type": "text", "text": ...}]).
 absl::StatusOr<json> ParseMessages(const Fields& f) {
   const json* messages = f.Get("messages");
@@ -273,6 +301,7 @@ absl::StatusOr<json> ParseMessages(const Fields& f) {
     } else if (!content->is_string()) {
       return WrongType(field + ".content", "a string or an array of parts", *content);
     }
+    if (absl::Status s = NormalizeToolCalls(field, &message); !s.ok()) return s;
     out.push_back(std::move(message));
   }
   return out;
@@ -291,9 +320,96 @@ absl::Status RefuseUnsupported(const Fields& f) {
   if (const json* bias = f.Get("logit_bias"); bias != nullptr && !bias->empty()) {
     return Invalid("logit_bias", "is not supported");
   }
-  if (const json* tools = f.Get("tools"); tools != nullptr && !tools->empty()) {
-    return Invalid("tools", "tool calling is not supported");
+  return absl::OkStatus();
+}
+
+// OpenAI's rule for function names: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'.
+bool ValidFunctionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-') return false;
   }
+  return true;
+}
+
+// tools, tool_choice and parallel_tool_calls of a chat request.
+absl::Status ParseTools(const Fields& f, OpenAiRequest* request) {
+  const json* tools = f.Get("tools");
+  std::vector<std::string> names;
+  if (tools != nullptr) {
+    if (!tools->is_array()) return WrongType("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string field = absl::StrCat("tools[", i, "]");
+      if (!tool.is_object()) return WrongType(field, "an object", tool);
+      if (tool.value("type", json()) != "function") {
+        return Invalid(field + ".type", "expected \"function\"");
+      }
+      const json* function = tool.contains("function") ? &tool["function"] : nullptr;
+      if (function == nullptr || !function->is_object()) {
+        return Invalid(field + ".function", "expected an object with a name");
+      }
+      const json name = function->value("name", json());
+      if (!name.is_string() || !ValidFunctionName(name.get<std::string>())) {
+        return Invalid(field + ".function.name", "expected 1 to 64 letters, digits, '_' or '-'");
+      }
+      if (std::find(names.begin(), names.end(), name.get<std::string>()) != names.end()) {
+        return Invalid(field + ".function.name",
+                       absl::StrCat("'", name.get<std::string>(), "' is defined twice"));
+      }
+      names.push_back(name.get<std::string>());
+      if (function->contains("description") && !(*function)["description"].is_string() &&
+          !(*function)["description"].is_null()) {
+        return WrongType(field + ".function.description", "a string", (*function)["description"]);
+      }
+      if (function->contains("parameters") && !(*function)["parameters"].is_object() &&
+          !(*function)["parameters"].is_null()) {
+        return WrongType(field + ".function.parameters", "a JSON schema object",
+                         (*function)["parameters"]);
+      }
+    }
+    if (!tools->empty()) {
+      request->tools = *tools;
+      request->tool_choice = ToolChoice::kAuto;
+    }
+  }
+  if (const json* choice = f.Get("tool_choice")) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") {
+        request->tool_choice = ToolChoice::kNone;
+      } else if (c == "auto" || c == "required") {
+        if (names.empty() && c == "required") {
+          return Invalid("tool_choice", "\"required\" needs tools");
+        }
+        if (!names.empty()) {
+          request->tool_choice = c == "auto" ? ToolChoice::kAuto : ToolChoice::kRequired;
+        }
+      } else {
+        return Invalid("tool_choice", absl::StrCat("expected \"none\", \"auto\", \"required\" "
+                                                   "or a function, got \"",
+                                                   c, "\""));
+      }
+    } else if (choice->is_object()) {
+      const json* function = choice->contains("function") ? &(*choice)["function"] : nullptr;
+      if (choice->value("type", json()) != "function" || function == nullptr ||
+          !function->is_object() || !function->value("name", json()).is_string()) {
+        return Invalid("tool_choice",
+                       "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      const std::string name = (*function)["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        return Invalid("tool_choice.function.name",
+                       absl::StrCat("no function named '", name, "' in tools"));
+      }
+      request->tool_choice = ToolChoice::kNamed;
+      request->tool_choice_name = name;
+    } else {
+      return WrongType("tool_choice", "a string or an object", *choice);
+    }
+  }
+  KV_ASSIGN_OR_RETURN(parallel, f.Bool("parallel_tool_calls"));
+  if (parallel) request->parallel_tool_calls = *parallel;
   return absl::OkStatus();
 }
 
@@ -399,8 +515,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::s
   if (model) request.model = *model;
 
   if (endpoint == Endpoint::kCompletions) {
+    if (const json* tools = f.Get("tools"); tools != nullptr && !tools->empty()) {
+      return Invalid("tools", "only /v1/chat/completions takes tools");
+    }
     if (absl::Status s = ParsePrompt(f, &g); !s.ok()) return s;
   } else {
+    if (absl::Status s = ParseTools(f, &request); !s.ok()) return s;
     KV_ASSIGN_OR_RETURN(messages, ParseMessages(f));
     request.messages = messages;
     g.set_add_special_tokens(false);
@@ -475,7 +595,47 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::s
   KV_ASSIGN_OR_RETURN(include_stop, f.Bool("include_stop_str_in_output"));
   if (include_stop) g.set_include_stop_str_in_output(*include_stop);
   if (absl::Status s = ParseConstraint(f, &g); !s.ok()) return s;
+  if ((request.tool_choice == ToolChoice::kRequired || request.tool_choice == ToolChoice::kNamed) &&
+      g.constraint_case() != v1::GenerateRequest::CONSTRAINT_NOT_SET) {
+    return Invalid("tool_choice",
+                   "a required or named tool_choice cannot be combined with response_format or "
+                   "guided_* (the reply is the tool calls)");
+  }
   return request;
+}
+
+ToolCallFormat ToolCallFormatFor(const OpenAiRequest& request, ToolCallFormat model_format) {
+  switch (request.tool_choice) {
+    case ToolChoice::kNone:
+      return ToolCallFormat::kNone;
+    case ToolChoice::kAuto:
+      return model_format;
+    case ToolChoice::kRequired:
+    case ToolChoice::kNamed:
+      break;
+  }
+  return model_format == ToolCallFormat::kNone ? ToolCallFormat::kJsonArray : model_format;
+}
+
+void SetToolCallConstraint(ToolCallFormat format, OpenAiRequest* request) {
+  if (request->tool_choice != ToolChoice::kRequired && request->tool_choice != ToolChoice::kNamed) {
+    return;
+  }
+  v1::ToolCallConstraint* constraint = request->generate.mutable_tool_calls();
+  constraint->set_format(std::string(ToolCallFormatName(format)));
+  const bool named = request->tool_choice == ToolChoice::kNamed;
+  constraint->set_parallel(!named && request->parallel_tool_calls);
+  for (const json& tool : request->tools) {
+    const json& function = tool["function"];
+    const std::string name = function["name"].get<std::string>();
+    if (named && name != request->tool_choice_name) continue;
+    v1::ToolFunction* f = constraint->add_functions();
+    f->set_name(name);
+    if (function.contains("parameters") && function["parameters"].is_object()) {
+      f->set_parameters(
+          function["parameters"].dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
 }
 
 }  // namespace kvserve::http

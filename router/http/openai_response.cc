@@ -1,11 +1,14 @@
 #include "router/http/openai_response.h"
 
 #include <algorithm>
+#include <random>
 #include <span>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/token_bytes.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace kvserve::http {
@@ -31,8 +34,13 @@ const char* ErrorType(int http_status) {
   }
 }
 
-/// The field a message names first: "a.b[2]: text" → "a.b[2]".
+/// The field a message names first: "a.b[2]: text" → "a.b[2]", also after the prefix the router
+/// puts on a worker's errors ("worker 10.0.0.7:7001: max_tokens: ...").
 json ParamOf(absl::string_view message) {
+  if (absl::StartsWith(message, "worker ")) {
+    const size_t end = message.find(": ");
+    if (end != absl::string_view::npos) message.remove_prefix(end + 2);
+  }
   const size_t colon = message.find(": ");
   if (colon == absl::string_view::npos || colon == 0) return nullptr;
   for (char c : message.substr(0, colon)) {
@@ -54,6 +62,16 @@ const char* FinishReason(v1::FinishReason reason) {
     default:
       return "";
   }
+}
+
+// "call_" and 24 random letters and digits, as OpenAI's tool call ids look.
+std::string ToolCallId() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 random(std::random_device{}());
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id.push_back(kAlphabet[random() % (sizeof(kAlphabet) - 1)]);
+  return id;
 }
 
 json Bytes(const std::string& text) {
@@ -121,10 +139,12 @@ json ResponseBuilder::Envelope(const char* object) const {
 }
 
 std::string ResponseBuilder::TokenText(uint32_t id) const {
-  if (tokenizer_ != nullptr) {
-    const TokenId token = static_cast<TokenId>(id);
-    absl::StatusOr<std::string> text = tokenizer_->Decode(std::span<const TokenId>(&token, 1));
-    if (text.ok()) return *std::move(text);
+  // As the token reads inside the text (SentencePiece's "▁there" is " there"), so that the
+  // tokens joined are the text and text_offset points at each; a byte-fallback piece is its
+  // byte.
+  if (tokenizer_ != nullptr && id < static_cast<uint32_t>(tokenizer_->vocab_size())) {
+    std::string text = TokenBytesMidText(*tokenizer_, static_cast<TokenId>(id));
+    if (!text.empty()) return text;
   }
   return absl::StrCat("token_id:", id);
 }
@@ -163,8 +183,27 @@ json ResponseBuilder::Logprobs(const v1::GenerateResponse& message, Choice* choi
   return {{"content", std::move(content)}};
 }
 
-json ResponseBuilder::Add(const v1::GenerateResponse& message) {
+void ResponseBuilder::ParseReply(Choice* choice) const {
+  ParsedReply reply = ParseToolCalls(options_.tool_format, choice->text);
+  if (reply.tool_calls.empty()) {
+    choice->content = choice->text;
+    return;
+  }
+  if (options_.single_tool_call) reply.tool_calls.resize(1);
+  choice->content = std::move(reply.content);
+  for (size_t k = 0; k < reply.tool_calls.size(); ++k) {
+    choice->tool_calls.push_back({{"id", ToolCallId()},
+                                  {"type", "function"},
+                                  {"function",
+                                   {{"name", std::move(reply.tool_calls[k].name)},
+                                    {"arguments", std::move(reply.tool_calls[k].arguments)}}}});
+  }
+  if (choice->finish_reason == "stop") choice->finish_reason = "tool_calls";
+}
+
+std::vector<json> ResponseBuilder::Add(const v1::GenerateResponse& message) {
   const bool chat = options_.endpoint == Endpoint::kChatCompletions;
+  const bool parse_tools = chat && options_.tool_format != ToolCallFormat::kNone;
   const size_t index = message.index();
   if (index >= choices_.size()) choices_.resize(index + 1);
   Choice& choice = choices_[index];
@@ -185,22 +224,72 @@ json ResponseBuilder::Add(const v1::GenerateResponse& message) {
   if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     choice.finish_reason = FinishReason(message.finish_reason());
     choice.stop_reason = message.stop_reason();
-    finish = choice.finish_reason;
     prompt_tokens_ = std::max(prompt_tokens_, message.usage().prompt_tokens());
     cached_tokens_ = std::max(cached_tokens_, message.usage().cached_prompt_tokens());
     completion_tokens_ += message.usage().completion_tokens();
+    if (parse_tools) ParseReply(&choice);
+    finish = choice.finish_reason;
   }
-  json entry = {{"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
-  if (chat) {
-    entry["delta"] = message.text().empty() && !finish.is_null()
-                         ? json::object()
-                         : json{{"content", message.text()}};
+  const char* object = chat ? "chat.completion.chunk" : "text_completion";
+  auto make_chunk = [&](json delta, json logprobs_value, json finish_value) {
+    json entry = {{"index", index},
+                  {"logprobs", std::move(logprobs_value)},
+                  {"finish_reason", std::move(finish_value)}};
+    if (chat) {
+      entry["delta"] = std::move(delta);
+    } else {
+      entry["text"] = message.text();
+    }
+    json chunk = Envelope(object);
+    chunk["choices"] = json::array({std::move(entry)});
+    return chunk;
+  };
+  if (!parse_tools) {
+    json delta = message.text().empty() && !finish.is_null() ? json::object()
+                                                             : json{{"content", message.text()}};
+    return {make_chunk(std::move(delta), std::move(logprobs), std::move(finish))};
+  }
+
+  // Content goes out up to where a call may start; the rest waits for the end of the reply.
+  json delta = json::object();
+  if (finish.is_null()) {
+    const size_t start = ToolCallStart(options_.tool_format, choice.text);
+    const size_t visible = start == std::string::npos ? choice.text.size() : start;
+    if (visible > choice.streamed) {
+      delta["content"] = choice.text.substr(choice.streamed, visible - choice.streamed);
+      choice.streamed = visible;
+    }
+    if (delta.empty() && logprobs.is_null()) return {};
+    return {make_chunk(std::move(delta), std::move(logprobs), nullptr)};
+  }
+  if (choice.tool_calls.empty()) {
+    if (choice.streamed < choice.text.size())
+      delta["content"] = choice.text.substr(choice.streamed);
   } else {
-    entry["text"] = message.text();
+    // What of the parsed content was not sent yet (the content is trimmed around the calls).
+    std::string_view sent = std::string_view(choice.text).substr(0, choice.streamed);
+    const size_t first = sent.find_first_not_of(" \t\r\n");
+    sent = first == std::string_view::npos
+               ? std::string_view()
+               : sent.substr(first, sent.find_last_not_of(" \t\r\n") - first + 1);
+    if (choice.content.size() > sent.size() && std::string_view(choice.content).starts_with(sent)) {
+      delta["content"] = choice.content.substr(sent.size());
+    }
+    json calls = json::array();
+    for (size_t k = 0; k < choice.tool_calls.size(); ++k) {
+      json call = choice.tool_calls[k];
+      call["index"] = k;
+      calls.push_back(std::move(call));
+    }
+    delta["tool_calls"] = std::move(calls);
   }
-  json chunk = Envelope(chat ? "chat.completion.chunk" : "text_completion");
-  chunk["choices"] = json::array({std::move(entry)});
-  return chunk;
+  choice.streamed = choice.text.size();
+  std::vector<json> chunks;
+  if (!delta.empty() || !logprobs.is_null()) {
+    chunks.push_back(make_chunk(std::move(delta), std::move(logprobs), nullptr));
+  }
+  chunks.push_back(make_chunk(json::object(), nullptr, std::move(finish)));
+  return chunks;
 }
 
 json ResponseBuilder::RoleChunk(int index) const {
@@ -237,7 +326,11 @@ json ResponseBuilder::Final() const {
                   {"logprobs", options_.logprobs && !c.logprobs.is_null() ? c.logprobs : json()},
                   {"finish_reason", c.finish_reason.empty() ? json() : json(c.finish_reason)}};
     if (!c.stop_reason.empty()) entry["stop_reason"] = c.stop_reason;
-    if (chat) {
+    if (chat && !c.tool_calls.empty()) {
+      entry["message"] = {{"role", "assistant"},
+                          {"content", c.content.empty() ? json() : json(c.content)},
+                          {"tool_calls", c.tool_calls}};
+    } else if (chat) {
       entry["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       entry["text"] = c.text;

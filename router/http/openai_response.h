@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/chat_template/tool_calls.h"
 #include "kvserve/v1/inference.pb.h"
 #include "nlohmann/json.hpp"
 #include "router/http/openai_request.h"
@@ -49,13 +50,20 @@ class ResponseBuilder {
     /// Samples requested (choices are pre-created so indexes are dense).
     int n = 1;
     bool logprobs = false;
+    /// Chat: the format tool calls are parsed from (ToolCallFormatFor); kNone: none are.
+    ToolCallFormat tool_format = ToolCallFormat::kNone;
+    /// Report at most the first call of a reply (parallel_tool_calls false).
+    bool single_tool_call = false;
   };
 
   /// `tokenizer` (may be null) spells out logprob tokens; it must outlive the builder.
   ResponseBuilder(Options options, const Tokenizer* tokenizer);
 
-  /// Adds one message to the totals and returns its stream chunk.
-  nlohmann::json Add(const v1::GenerateResponse& message);
+  /// Adds one message to the totals and returns its stream chunks: usually one. With tool calls
+  /// parsed, text that may be a call is held back (no chunk, or one with logprobs only) until the
+  /// reply ends; then the calls come as one chunk of `delta.tool_calls` (each call whole: index,
+  /// id, type, function name and arguments) and the finish reason ("tool_calls") in another.
+  std::vector<nlohmann::json> Add(const v1::GenerateResponse& message);
   /// Chat streams open with one chunk per choice carrying the role ({"role": "assistant"}).
   nlohmann::json RoleChunk(int index) const;
   /// The last stream chunk when stream_options.include_usage: no choices, the usage.
@@ -70,7 +78,16 @@ class ResponseBuilder {
     std::string stop_reason;
     nlohmann::json logprobs;
     size_t text_offset = 0;
+    /// Bytes of `text` sent as content deltas (with tool calls parsed).
+    size_t streamed = 0;
+    /// At the end, with tool calls parsed: the content outside the calls, and the calls as
+    /// OpenAI tool_calls entries (empty when the reply made none).
+    std::string content;
+    nlohmann::json tool_calls = nlohmann::json::array();
   };
+
+  /// At the end of a choice's reply: splits it into content and tool calls.
+  void ParseReply(Choice* choice) const;
 
   nlohmann::json Envelope(const char* object) const;
   nlohmann::json Logprobs(const v1::GenerateResponse& message, Choice* choice) const;

@@ -25,8 +25,14 @@ v1::KvEventBatch MakeBatch(bool reset, const std::vector<BlockKey>& keys, bool s
 // a stream parked in held_ (removal from held_ under the owner's lock decides who finishes).
 class FakeWorker::GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(FakeWorker* owner, Mode mode, grpc::StatusCode fail_code, std::string id)
-      : owner_(owner), mode_(mode), fail_code_(fail_code), id_(std::move(id)) {}
+  GenerateReactor(FakeWorker* owner, Mode mode, grpc::StatusCode fail_code, std::string id,
+                  std::vector<std::string> texts, v1::FinishReason finish)
+      : owner_(owner),
+        mode_(mode),
+        fail_code_(fail_code),
+        id_(std::move(id)),
+        texts_(std::move(texts)),
+        finish_(finish) {}
 
   void Begin() {
     if (mode_ == Mode::kFailBeforeFirst) {
@@ -86,18 +92,18 @@ class FakeWorker::GenerateReactor final : public grpc::ServerWriteReactor<v1::Ge
 
  private:
   void WriteNext() {
-    constexpr size_t kCount = std::size(kTokens);
-    if (next_ == kCount) {
+    const size_t count = texts_.size();
+    if (next_ == count) {
       Finish(grpc::Status::OK);
       return;
     }
     message_.Clear();
     message_.set_request_id(id_);
-    message_.add_token_ids(kTokens[next_]);
-    message_.set_text("t");
-    if (next_ + 1 == kCount) {
-      message_.set_finish_reason(v1::FINISH_REASON_LENGTH);
-      message_.mutable_usage()->set_completion_tokens(kCount);
+    message_.add_token_ids(kTokens[next_ % std::size(kTokens)]);
+    message_.set_text(texts_[next_]);
+    if (next_ + 1 == count) {
+      message_.set_finish_reason(finish_);
+      message_.mutable_usage()->set_completion_tokens(static_cast<uint32_t>(count));
     }
     ++next_;
     StartWrite(&message_);
@@ -107,6 +113,8 @@ class FakeWorker::GenerateReactor final : public grpc::ServerWriteReactor<v1::Ge
   const Mode mode_;
   const grpc::StatusCode fail_code_;
   const std::string id_;
+  const std::vector<std::string> texts_;
+  const v1::FinishReason finish_;
   size_t next_ = 0;
   bool cancelled_ = false;  // guarded by owner_->mu_
   v1::GenerateResponse message_;
@@ -196,14 +204,19 @@ class FakeWorker::InferenceImpl final : public v1::Inference::CallbackService {
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
     Mode mode;
     grpc::StatusCode code;
+    std::vector<std::string> texts;
+    v1::FinishReason finish;
     {
       absl::MutexLock lock(&owner_->mu_);
       owner_->requests_.push_back(*request);
       owner_->last_deadline_ = context->deadline();
       mode = owner_->mode_;
       code = owner_->fail_code_;
+      texts = owner_->texts_;
+      finish = owner_->finish_;
     }
-    auto* reactor = new GenerateReactor(owner_, mode, code, request->request_id());
+    auto* reactor =
+        new GenerateReactor(owner_, mode, code, request->request_id(), std::move(texts), finish);
     reactor->Begin();
     return reactor;
   }
@@ -282,6 +295,17 @@ void FakeWorker::set_mode(Mode mode, grpc::StatusCode fail_code) {
   mode_ = mode;
   fail_code_ = fail_code;
   hold_released_ = false;
+}
+
+void FakeWorker::set_texts(std::vector<std::string> texts, v1::FinishReason finish) {
+  absl::MutexLock lock(&mu_);
+  if (texts.empty()) {
+    texts_ = {"t", "t", "t"};
+    finish_ = v1::FINISH_REASON_LENGTH;
+  } else {
+    texts_ = std::move(texts);
+    finish_ = finish;
+  }
 }
 
 void FakeWorker::set_load(const v1::LoadReport& load) {

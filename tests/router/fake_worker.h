@@ -40,6 +40,9 @@ class FakeWorker {
   const std::string& address() const { return address_; }
 
   void set_mode(Mode mode, grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE);
+  /// Normal streams write these texts instead (one message each, token ids 7, 8, 9, 7, ...),
+  /// the last with `finish` and completion_tokens = texts.size(). Empty: the default "t" x 3.
+  void set_texts(std::vector<std::string> texts, v1::FinishReason finish = v1::FINISH_REASON_STOP);
   void set_load(const v1::LoadReport& load);
   void SetServing(bool serving);
   /// Adds keys to the cache (STORED events to connected streams; new streams get a snapshot).
@@ -78,6 +81,8 @@ class FakeWorker {
   Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kNormal;
   grpc::StatusCode fail_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
   v1::LoadReport load_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> texts_ ABSL_GUARDED_BY(mu_) = {"t", "t", "t"};
+  v1::FinishReason finish_ ABSL_GUARDED_BY(mu_) = v1::FINISH_REASON_LENGTH;
   std::vector<v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::chrono::system_clock::time_point last_deadline_ ABSL_GUARDED_BY(mu_);
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;

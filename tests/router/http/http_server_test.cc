@@ -10,17 +10,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "router/http/openai_response.h"
 #include "router/router_server.h"
 #include "tests/router/fake_worker.h"
+#include "tests/test_util/scratch_dir.h"
 
 namespace kvserve {
 namespace {
@@ -456,6 +460,203 @@ TEST_F(HttpServerTest, NegativeLimitsAreRefusedAtStart) {
   server = HttpServer::Start(options, deps);
   ASSERT_FALSE(server.ok());
   EXPECT_NE(server.status().message().find("http-listen-backlog"), std::string::npos);
+}
+
+// A tokenizer directory with TinyLlama's tokenizer and Qwen2.5-Coder's released chat template,
+// which teaches Hermes-style tool calls (<tool_call> tags).
+std::string HermesModelDir() {
+  const std::string dir = test_util::ScratchPath("hermes");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(std::string(kTinyLlama) + "/tokenizer.json", dir + "/tokenizer.json");
+  json config = json::parse(std::ifstream(std::string(kTinyLlama) + "/tokenizer_config.json"));
+  const json qwen = json::parse(std::ifstream(
+      KVSERVE_SHARED_DIR "/models/chat_templates/qwen2.5-coder-3b-instruct/tokenizer_config.json"));
+  config["chat_template"] = qwen["chat_template"];
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+constexpr char kTools[] = R"("tools": [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time"}}])";
+
+std::string ChatWithTools(const std::string& extra) {
+  return absl::StrCat(R"({"messages": [{"role": "user", "content": "Weather in Paris?"}], )",
+                      kTools, extra, "}");
+}
+
+TEST_F(HttpServerTest, ToolsAreRenderedAndCallsParsedFromTheReply) {
+  Start(HermesModelDir());
+  worker_->set_texts({"I will check.", "<tool",
+                      "_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"
+                      "\n</tool_call>"});
+  const Reply reply = Post("/v1/chat/completions", ChatWithTools(""));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const json choice = reply.Json()["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "I will check.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << reply.body;
+  const json call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(call["function"]["arguments"], R"({"city":"Paris"})");
+
+  // The tools reached the prompt through the model's own template; "auto" adds no constraint.
+  const v1::GenerateRequest g = worker_->requests().at(0);
+  EXPECT_EQ(g.constraint_case(), v1::GenerateRequest::CONSTRAINT_NOT_SET);
+  absl::StatusOr<std::string> prompt = router_->tokenizer().Decode(
+      std::vector<TokenId>(g.prompt_token_ids().begin(), g.prompt_token_ids().end()));
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_NE(prompt->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": "
+                         "\"get_weather\", \"description\": \"Weather now\""),
+            std::string::npos)
+      << *prompt;
+
+  // tool_choice "none": nothing is parsed, the reply is content.
+  const Reply none = Post("/v1/chat/completions", ChatWithTools(R"(, "tool_choice": "none")"));
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_EQ(none.Json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(none.Json()["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_NE(none.Json()["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"),
+            std::string::npos);
+}
+
+TEST_F(HttpServerTest, ToolCallsStreamAsDeltas) {
+  Start(HermesModelDir());
+  worker_->set_texts({"I will check.", "<tool",
+                      "_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"
+                      "\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}"
+                      "\n</tool_call>"});
+  const Reply reply = Post("/v1/chat/completions", ChatWithTools(R"(, "stream": true)"));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const std::vector<std::string> events = reply.Events();
+  // role, the content before the call, nothing while "<tool" may open a call, the calls, the
+  // finish reason, [DONE].
+  ASSERT_EQ(events.size(), 5u) << reply.body;
+  EXPECT_EQ(json::parse(events[1])["choices"][0]["delta"]["content"], "I will check.");
+  const json calls = json::parse(events[2])["choices"][0]["delta"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u) << events[2];
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(calls[1]["index"], 1);
+  EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+  EXPECT_EQ(calls[1]["type"], "function");
+  EXPECT_EQ(json::parse(events[2])["choices"][0]["finish_reason"], nullptr);
+  EXPECT_EQ(json::parse(events[3])["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(events[4], "[DONE]");
+
+  // parallel_tool_calls false reports the first call only.
+  const Reply single =
+      Post("/v1/chat/completions", ChatWithTools(R"(, "parallel_tool_calls": false)"));
+  ASSERT_EQ(single.status, 200) << single.body;
+  EXPECT_EQ(single.Json()["choices"][0]["message"]["tool_calls"].size(), 1u);
+}
+
+TEST_F(HttpServerTest, RequiredAndNamedToolChoicesConstrainTheReply) {
+  Start(HermesModelDir());
+  ASSERT_EQ(Post("/v1/chat/completions", ChatWithTools(R"(, "tool_choice": "required")")).status,
+            200);
+  ASSERT_EQ(Post("/v1/chat/completions", ChatWithTools(R"(, "tool_choice": {"type": "function",
+                                   "function": {"name": "get_time"}})"))
+                .status,
+            200);
+  ASSERT_EQ(Post("/v1/chat/completions",
+                 ChatWithTools(R"(, "tool_choice": "required", "parallel_tool_calls": false)"))
+                .status,
+            200);
+  const std::vector<v1::GenerateRequest> requests = worker_->requests();
+  ASSERT_EQ(requests.size(), 3u);
+  const v1::ToolCallConstraint& required = requests[0].tool_calls();
+  EXPECT_EQ(required.format(), "hermes");
+  EXPECT_TRUE(required.parallel());
+  ASSERT_EQ(required.functions_size(), 2);
+  EXPECT_EQ(required.functions(0).name(), "get_weather");
+  EXPECT_EQ(json::parse(required.functions(0).parameters()),
+            json::parse(R"({"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]})"));
+  EXPECT_EQ(required.functions(1).name(), "get_time");
+  EXPECT_EQ(required.functions(1).parameters(), "");
+  const v1::ToolCallConstraint& named = requests[1].tool_calls();
+  ASSERT_EQ(named.functions_size(), 1);
+  EXPECT_EQ(named.functions(0).name(), "get_time");
+  EXPECT_FALSE(named.parallel());
+  EXPECT_FALSE(requests[2].tool_calls().parallel());
+}
+
+TEST_F(HttpServerTest, ModelsWithoutAToolFormatGetAJsonArrayOfCalls) {
+  Start(kTinyLlama);  // its template teaches no tool-call format
+  worker_->set_texts({"[{\"name\": \"get_time\", ", "\"parameters\": {\"tz\": \"UTC\"}}]"});
+  const Reply reply = Post("/v1/chat/completions", ChatWithTools(R"(, "tool_choice": "required")"));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(worker_->requests().at(0).tool_calls().format(), "json");
+  const json message = reply.Json()["choices"][0]["message"];
+  EXPECT_EQ(message["content"], nullptr);
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << reply.body;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["arguments"], R"({"tz":"UTC"})");
+}
+
+TEST_F(HttpServerTest, ToolCallsAndToolResultsRoundTripIntoThePrompt) {
+  Start(HermesModelDir());
+  const Reply reply = Post("/v1/chat/completions", absl::StrCat(R"({"messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}], )",
+                                                                kTools, "}"));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const v1::GenerateRequest g = worker_->requests().at(0);
+  absl::StatusOr<std::string> prompt = router_->tokenizer().Decode(
+      std::vector<TokenId>(g.prompt_token_ids().begin(), g.prompt_token_ids().end()));
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_NE(prompt->find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+                         "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+                         "<|im_start|>user\n<tool_response>\n22 C\n</tool_response><|im_end|>\n"
+                         "<|im_start|>assistant\n"),
+            std::string::npos)
+      << *prompt;
+}
+
+TEST_F(HttpServerTest, BadToolRequestsNameTheField) {
+  Start(HermesModelDir());
+  struct Case {
+    std::string path;
+    std::string body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions",
+       ChatWithTools(R"(, "tool_choice": {"type": "function", "function": {"name": "x"}})"),
+       "tool_choice.function.name"},
+      {"/v1/chat/completions", ChatWithTools(R"(, "tool_choice": "sometimes")"), "tool_choice"},
+      {"/v1/chat/completions",
+       ChatWithTools(R"(, "tool_choice": "required", "response_format": {"type": "json_object"})"),
+       "tool_choice"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}],
+           "tools": [{"type": "function", "function": {"name": "bad name"}}]})",
+       "tools[0].function.name"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]})",
+       "tools[0].type"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls":
+           [{"function": {"name": "f", "arguments": "{oops"}}]}]})",
+       "messages[1].tool_calls[0].function.arguments"},
+      {"/v1/completions", absl::StrCat(R"({"prompt": "x", )", kTools, "}"), "tools"},
+  };
+  for (const Case& c : cases) {
+    const json error = ExpectError(Post(c.path, c.body), 400);
+    EXPECT_EQ(error["param"], c.param) << c.body;
+  }
+  EXPECT_EQ(worker_->generate_count(), 0);
 }
 
 TEST(HttpStatusTest, MapsGrpcCodes) {
