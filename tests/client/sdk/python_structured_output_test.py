@@ -6,7 +6,9 @@ text is nonsense, so only constrained decoding can make its output valid. Then:
   * 100 sampled requests through the Python client over gRPC, each with a JSON schema of nested
     objects, arrays, enums, numbers and required keys: every output must parse and validate;
   * the same schema as OpenAI's response_format json_schema on /v1/completions, vLLM's
-    guided_regex and guided_choice, and a schema with an unsupported keyword (a 400 naming it).
+    guided_regex and guided_choice, and a schema with an unsupported keyword (a 400 naming it);
+  * over gRPC, what tests/client/openai_npm checks over HTTP: streaming equal to the gathered
+    completion, n, logprobs, stop strings, json_object, and an error status naming the field.
 The cluster is always stopped.
 """
 
@@ -21,6 +23,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import grpc
 import jsonschema
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +76,52 @@ def post(http: str, body: dict):
 def check(ok: bool, what: str, failures: list) -> None:
     if not ok:
         failures.append(what)
+
+
+def grpc_parity(client: Client, failures: list) -> None:
+    """The openai npm test's cases (tests/client/openai_npm) through the Python client."""
+    prompt = "Once upon a time"
+    whole = client.complete(prompt, max_tokens=24, temperature=0).samples[0]
+    streamed = "".join(m.text for m in client.generate(prompt, max_tokens=24, temperature=0))
+    check(streamed == whole.text and whole.finish_reason == "length",
+          f"stream {streamed!r} vs {whole.text!r} ({whole.finish_reason})", failures)
+
+    samples = client.complete(prompt, max_tokens=12, temperature=1.0, seed=1234, n=3).samples
+    check([s.index for s in samples] == [0, 1, 2] and len({s.text for s in samples}) > 1,
+          f"n=3: {[(s.index, s.text) for s in samples]}", failures)
+
+    entries = []
+    tokens = 0
+    for message in client.generate(prompt, max_tokens=8, temperature=0, logprobs=2):
+        entries.extend(message.logprobs)
+        tokens += len(message.token_ids)
+    check(len(entries) == tokens == 8 and all(
+        len(e.top) == 2 and e.logprob <= 0 and abs(e.top[0].logprob - e.logprob) < 1e-5
+        and e.top[0].token_id == e.token_id for e in entries),
+        f"logprobs: {tokens} tokens, {[(e.token_id, e.logprob, list(e.top)) for e in entries]}",
+        failures)
+
+    middle = len(whole.text) // 2
+    stop = whole.text[middle:middle + 4]
+    cut = client.complete(prompt, max_tokens=24, temperature=0, stop=[stop]).samples[0]
+    check(cut.text == whole.text[:whole.text.index(stop)] and cut.finish_reason == "stop",
+          f"stop {stop!r}: {cut.text!r} ({cut.finish_reason}) from {whole.text!r}", failures)
+
+    obj = client.complete(prompt, max_tokens=300, temperature=0.7, seed=4,
+                          json_object=True).samples[0]
+    try:
+        check(isinstance(json.loads(obj.text), dict) and obj.finish_reason == "stop",
+              f"json_object: {obj.text!r} ({obj.finish_reason})", failures)
+    except json.JSONDecodeError as e:
+        failures.append(f"json_object: {obj.text!r}: {e}")
+
+    try:
+        client.complete(prompt, max_tokens=4, temperature=-1.0)
+        failures.append("temperature -1 was accepted over gRPC")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in e.details(),
+              f"temperature -1: {e.code()} {e.details()}", failures)
+    print(f"gRPC parity: {len(failures)} failures so far")
 
 
 def main() -> int:
@@ -149,6 +198,7 @@ def main() -> int:
         status, body = post(http, {"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]})
         check(status == 400 and "guided_choice" in body["error"]["message"],
               f"two constraints: {status} {body}", failures)
+        grpc_parity(client, failures)
     except Exception:
         print("cluster output:\n" + "".join(log), file=sys.stderr)
         raise
