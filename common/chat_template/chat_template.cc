@@ -50,8 +50,10 @@ absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& m
       {"bos_token", jinja::Value::String(options.bos_token)},
       {"eos_token", jinja::Value::String(options.eos_token)},
   };
-  for (const auto& [name, value] : options.variables.items()) {
-    jinja::Value v = jinja::Value::FromJson(value);
+  for (const auto& item : options.variables.items()) {
+    // Not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+    const std::string& name = item.key();
+    jinja::Value v = jinja::Value::FromJson(item.value());
     auto it = std::find_if(globals.begin(), globals.end(),
                            [&](const auto& entry) { return entry.first == name; });
     if (it != globals.end()) {

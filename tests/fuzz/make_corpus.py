@@ -261,6 +261,22 @@ def make_openai():
         "response_format_type_number": {"prompt": "x", "response_format": {"type": 1}},
         "chat_part_type_number": {"messages": [{"role": "user",
                                                 "content": [{"type": 7, "text": "hi"}]}]},
+        "tools": {"messages": [{"role": "user", "content": "Weather?"},
+                               {"role": "assistant", "content": None, "tool_calls": [
+                                   {"id": "call_1", "type": "function",
+                                    "function": {"name": "get_weather",
+                                                 "arguments": "{\"city\": \"Paris\"}"}}]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}],
+                  "tools": [{"type": "function", "function": {
+                      "name": "get_weather", "description": "Weather now",
+                      "parameters": {"type": "object",
+                                     "properties": {"city": {"type": "string"}}}}},
+                            {"type": "function", "function": {"name": "get_time"}}],
+                  "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                  "parallel_tool_calls": False},
+        "tools_required": {"messages": [{"role": "user", "content": "x"}],
+                           "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": "required"},
     }
     for name, body in bodies.items():
         write("openai_request_fuzzer", name + ".json", json.dumps(body))
