@@ -1,4 +1,5 @@
-// `kvserve synth`: writes a random-weight Llama model as GGUF and/or a Hugging Face directory.
+// `kvserve synth`: writes a random-weight Llama or Qwen3 model as GGUF and/or a Hugging Face
+// directory.
 
 #include <cstdio>
 #include <memory>
@@ -54,9 +55,10 @@ int RunSynth(const SynthFlags& flags) {
   options.format = *format;
   absl::StatusOr<SynthOutputs> out = WriteSynthModel(options);
   if (!out.ok()) return ReportError("synth", out.status());
-  std::printf("kvserve synth: %.1fM parameters, %s weights, %d-token vocabulary (%d real pieces)\n",
-              static_cast<double>(out->num_params) / 1e6, flags.dtype.c_str(),
-              options.model.vocab_size, out->num_real_tokens);
+  std::printf(
+      "kvserve synth: %s, %.1fM parameters, %s weights, %d-token vocabulary (%d real pieces)\n",
+      options.model.architecture.c_str(), static_cast<double>(out->num_params) / 1e6,
+      flags.dtype.c_str(), options.model.vocab_size, out->num_real_tokens);
   if (!out->gguf_path.empty()) std::printf("kvserve synth: wrote %s\n", out->gguf_path.c_str());
   if (!out->hf_dir.empty()) std::printf("kvserve synth: wrote %s/\n", out->hf_dir.c_str());
   if (!out->dequantized_twin_path.empty()) {
@@ -73,11 +75,18 @@ Command AddSynthCommand(CLI::App& app) {
   SyntheticModelOptions& m = f->model;
   CLI::App* sub = app.add_subcommand(
       "synth",
-      "Write a random-weight Llama model (GGUF and/or Hugging Face directory) for benchmarks.");
+      "Write a random-weight Llama or Qwen3 model (GGUF and/or Hugging Face directory) for "
+      "benchmarks and tests.");
+  sub->add_option("--arch", m.architecture,
+                  "Model family: llama, or qwen3 (per-head q/k norms, rotate_half q/k rows)")
+      ->capture_default_str();
   sub->add_option("--layers", m.num_layers, "Decoder layers")->capture_default_str();
   sub->add_option("--hidden", m.hidden_size, "Hidden size")->capture_default_str();
   sub->add_option("--heads", m.num_heads, "Attention heads")->capture_default_str();
   sub->add_option("--kv-heads", m.num_kv_heads, "Key/value heads (divides --heads)")
+      ->capture_default_str();
+  sub->add_option("--head-dim", m.head_dim,
+                  "Width of one attention head; 0 means --hidden / --heads")
       ->capture_default_str();
   sub->add_option("--ffn", m.intermediate_size, "MLP intermediate size")->capture_default_str();
   sub->add_option("--vocab", m.vocab_size,

@@ -13,7 +13,9 @@ struct RmsNormArgs {
   float* x;               // [rows, dim], row i at x + i * x_stride
   const float* residual;  // [rows, dim], row i at residual + i * residual_stride, or nullptr
   const float* weight;    // [dim]
-  float* y;               // [rows, dim], row i at y + i * y_stride; aliases nothing else
+  // [rows, dim], row i at y + i * y_stride; aliases nothing else, except that y may be x itself
+  // (in place, y_stride == x_stride) when there is no residual.
+  float* y;
   int64_t rows, dim;
   float eps;
   int64_t x_stride, y_stride;   // elements

@@ -52,6 +52,8 @@ ModelSpec SpecOf(const ModelWeights& w) {
   spec.vocab_size = c.vocab_size;
   spec.tie_word_embeddings = c.tie_word_embeddings;
   spec.qkv_bias = c.qkv_bias;
+  spec.o_bias = c.o_bias;
+  spec.qk_norm = c.qk_norm;
   spec.max_position_embeddings = c.max_position_embeddings;
   spec.sliding_window = c.sliding_window;
   ShardedSizes bytes;

@@ -122,9 +122,10 @@ absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
   if (model_type != nullptr) {
     if (!model_type->is_string()) return f.Error("'model_type' must be a string");
     from_type = model_type->get<std::string>();
-    if (*from_type != "llama" && *from_type != "mistral" && *from_type != "qwen2") {
+    if (*from_type != "llama" && *from_type != "mistral" && *from_type != "qwen2" &&
+        *from_type != "qwen3") {
       return f.Error(absl::StrCat("unsupported architecture '", *from_type,
-                                  "' (supported: llama, mistral, qwen2)"));
+                                  "' (supported: llama, mistral, qwen2, qwen3)"));
     }
   }
   std::optional<std::string> from_archs;
@@ -139,9 +140,11 @@ absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
       from_archs = "mistral";
     } else if (a == "Qwen2ForCausalLM") {
       from_archs = "qwen2";
+    } else if (a == "Qwen3ForCausalLM") {
+      from_archs = "qwen3";
     } else {
-      return f.Error(
-          absl::StrCat("unsupported architecture '", a, "' (supported: llama, mistral, qwen2)"));
+      return f.Error(absl::StrCat("unsupported architecture '", a,
+                                  "' (supported: llama, mistral, qwen2, qwen3)"));
     }
   }
   if (from_type && from_archs && *from_type != *from_archs) {
@@ -240,6 +243,20 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
     }
   } else if (c.architecture == "mistral") {
     if (absl::Status s = f.Int("sliding_window", &c.sliding_window, 0); !s.ok()) return s;
+  } else if (c.architecture == "qwen3") {
+    // Qwen3: per-head q/k RMSNorm, an explicit head_dim (read above), and `attention_bias`
+    // putting a bias on the q, k, v and o projections alike.
+    c.qk_norm = true;
+    bool bias = false;
+    if (absl::Status s = f.Bool("attention_bias", &bias, false); !s.ok()) return s;
+    c.qkv_bias = c.o_bias = bias;
+    bool use_sliding = false;
+    if (absl::Status s = f.Bool("use_sliding_window", &use_sliding, false); !s.ok()) return s;
+    if (use_sliding) {
+      return f.Error(
+          "'use_sliding_window' true is not supported for qwen3 (its window applies to some "
+          "layers only)");
+    }
   } else {  // qwen2
     c.qkv_bias = true;
     bool use_sliding = false;
@@ -343,63 +360,85 @@ class GgufFields {
   const GgufFile& file_;
 };
 
-absl::Status ReadGgufRopeScaling(const GgufFields& g, const GgufFile& file, RopeScaling* out) {
+absl::Status ReadGgufRopeScaling(const GgufFields& g, const GgufFile& file, const std::string& arch,
+                                 RopeScaling* out) {
+  const std::string type_key = arch + ".rope.scaling.type";
+  const std::string factor_key = arch + ".rope.scaling.factor";
+  const std::string linear_key = arch + ".rope.scale_linear";
   std::string type = "none";
-  if (file.Has("llama.rope.scaling.type")) {
-    absl::StatusOr<std::string> t = file.GetString("llama.rope.scaling.type");
+  if (file.Has(type_key)) {
+    absl::StatusOr<std::string> t = file.GetString(type_key);
     if (!t.ok()) return t.status();
     type = *t;
-  } else if (file.Has("llama.rope.scale_linear")) {  // older converters
+  } else if (file.Has(linear_key)) {  // older converters
     out->type = RopeScaling::Type::kLinear;
-    return g.Float("llama.rope.scale_linear", &out->factor, std::nullopt);
+    return g.Float(linear_key, &out->factor, std::nullopt);
   }
   if (type == "none") return absl::OkStatus();
   if (type == "linear") {
     out->type = RopeScaling::Type::kLinear;
-    return g.Float("llama.rope.scaling.factor", &out->factor, std::nullopt);
+    return g.Float(factor_key, &out->factor, std::nullopt);
   }
-  return g.Error(
-      absl::StrCat("unsupported llama.rope.scaling.type '", type, "' (supported: none, linear)"));
+  return g.Error(absl::StrCat("unsupported ", type_key, " '", type, "' (supported: none, linear)"));
 }
 
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   const GgufFields g(file);
-  absl::StatusOr<std::string> arch = file.GetString("general.architecture");
-  if (!arch.ok()) return arch.status();
-  if (*arch != "llama") {
-    return g.Error(absl::StrCat("unsupported GGUF architecture '", *arch, "' (supported: llama)"));
+  absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
+  if (!arch_name.ok()) return arch_name.status();
+  const std::string arch = *arch_name;
+  if (arch != "llama" && arch != "qwen3") {
+    return g.Error(
+        absl::StrCat("unsupported GGUF architecture '", arch, "' (supported: llama, qwen3)"));
   }
   ModelConfig c;
-  c.architecture = "llama";
-  c.rope_style = RopeStyle::kInterleaved;
-  for (auto [key, out] : {std::pair{"llama.context_length", &c.max_position_embeddings},
-                          std::pair{"llama.embedding_length", &c.hidden_size},
-                          std::pair{"llama.feed_forward_length", &c.intermediate_size},
-                          std::pair{"llama.attention.head_count", &c.num_heads},
-                          std::pair{"llama.block_count", &c.num_layers}}) {
-    if (absl::Status s = g.Int(key, out); !s.ok()) return s;
+  c.architecture = arch;
+  // llama.cpp's converter permutes Llama's HF q/k rows back to Meta's interleaved pairs; it
+  // keeps Qwen's rows as they are and runs them with NeoX (rotate_half) RoPE.
+  c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  auto key = [&arch](const char* suffix) { return absl::StrCat(arch, ".", suffix); };
+  for (auto [suffix, out] :
+       {std::pair{"context_length", &c.max_position_embeddings},
+        std::pair{"embedding_length", &c.hidden_size},
+        std::pair{"feed_forward_length", &c.intermediate_size},
+        std::pair{"attention.head_count", &c.num_heads}, std::pair{"block_count", &c.num_layers}}) {
+    if (absl::Status s = g.Int(key(suffix), out); !s.ok()) return s;
   }
-  if (absl::Status s = g.Int("llama.attention.head_count_kv", &c.num_kv_heads, c.num_heads);
+  if (absl::Status s = g.Int(key("attention.head_count_kv"), &c.num_kv_heads, c.num_heads);
       !s.ok()) {
     return s;
   }
   const int default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
   int rope_dims = 0;
-  if (absl::Status s = g.Int("llama.attention.key_length", &c.head_dim, -1); !s.ok()) return s;
-  if (absl::Status s = g.Int("llama.rope.dimension_count", &rope_dims, -1); !s.ok()) return s;
+  int value_length = 0;
+  if (absl::Status s = g.Int(key("attention.key_length"), &c.head_dim, -1); !s.ok()) return s;
+  if (absl::Status s = g.Int(key("attention.value_length"), &value_length, -1); !s.ok()) return s;
+  if (absl::Status s = g.Int(key("rope.dimension_count"), &rope_dims, -1); !s.ok()) return s;
   if (c.head_dim < 0) c.head_dim = rope_dims >= 0 ? rope_dims : default_head_dim;
   if (rope_dims >= 0 && rope_dims != c.head_dim) {
-    return g.Error(absl::StrCat("llama.rope.dimension_count ", rope_dims, " differs from head_dim ",
-                                c.head_dim, " (partial rotary embeddings are not supported)"));
+    return g.Error(absl::StrCat(key("rope.dimension_count"), " ", rope_dims,
+                                " differs from head_dim ", c.head_dim,
+                                " (partial rotary embeddings are not supported)"));
   }
-  if (absl::Status s = g.Float("llama.attention.layer_norm_rms_epsilon", &c.rms_norm_eps, 1e-5f);
+  if (value_length >= 0 && value_length != c.head_dim) {
+    return g.Error(absl::StrCat(key("attention.value_length"), " ", value_length,
+                                " differs from key_length ", c.head_dim,
+                                " (distinct value head sizes are not supported)"));
+  }
+  if (absl::Status s = g.Float(key("attention.layer_norm_rms_epsilon"), &c.rms_norm_eps, 1e-5f);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = g.Float("llama.rope.freq_base", &c.rope_theta, 10000.0f); !s.ok()) return s;
-  if (absl::Status s = ReadGgufRopeScaling(g, file, &c.rope_scaling); !s.ok()) return s;
+  if (absl::Status s = g.Float(key("rope.freq_base"), &c.rope_theta, 10000.0f); !s.ok()) return s;
+  if (absl::Status s = ReadGgufRopeScaling(g, file, arch, &c.rope_scaling); !s.ok()) return s;
+  if (arch == "qwen3") {
+    c.qk_norm = true;
+    // Biases are optional (Qwen3's attention_bias); their presence in layer 0 decides.
+    c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+    c.o_bias = file.FindTensor("blk.0.attn_output.bias") != nullptr;
+  }
 
   const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
   if (embd == nullptr) return g.Error("tensor 'token_embd.weight' is missing");

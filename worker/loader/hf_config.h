@@ -15,7 +15,7 @@ namespace kvserve {
 /// model_type llama / mistral / qwen2 (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
 /// rope_style is kHalfSplit: HF checkpoints store q/k rows permuted for rotate_half. The result
 /// is validated. Errors start with `config_name` (e.g. "config.json: unsupported architecture
-/// 'gpt2' (supported: llama, mistral, qwen2)").
+/// 'gpt2' (supported: llama, mistral, qwen2, qwen3)").
 absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
                                           absl::string_view generation_config_json,
                                           absl::string_view config_name = "config.json");
@@ -24,9 +24,11 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
 /// Error messages name the file by its full path.
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir);
 
-/// Builds a ModelConfig from GGUF metadata (general.architecture must be "llama"; llama.* keys,
-/// tokenizer.ggml.* special ids) and the token_embd.weight / output.weight tensors (vocab size,
-/// tied embedding). rope_style is kInterleaved. The result is validated; errors name the path.
+/// Builds a ModelConfig from GGUF metadata (general.architecture "llama" or "qwen3"; the
+/// `<arch>.*` keys, tokenizer.ggml.* special ids) and the token_embd.weight / output.weight
+/// tensors (vocab size, tied embedding). rope_style is kInterleaved for llama (llama.cpp's
+/// converter permutes q/k back to Meta's layout) and kHalfSplit for qwen3 (kept as in the HF
+/// checkpoint, run with NeoX RoPE). The result is validated; errors name the path.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
 }  // namespace kvserve

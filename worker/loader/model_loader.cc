@@ -37,7 +37,23 @@ struct RawTensor {
 using TensorTable = std::unordered_map<std::string, RawTensor>;
 
 /// The roles of a decoder layer's tensors, named per format by a LayerNamer.
-enum class Role { kAttnNorm, kWq, kWk, kWv, kBq, kBk, kBv, kWo, kFfnNorm, kGate, kUp, kDown };
+enum class Role {
+  kAttnNorm,
+  kWq,
+  kWk,
+  kWv,
+  kBq,
+  kBk,
+  kBv,
+  kWo,
+  kBo,
+  kQNorm,
+  kKNorm,
+  kFfnNorm,
+  kGate,
+  kUp,
+  kDown
+};
 using LayerNamer = std::function<std::string(int layer, Role role)>;
 
 /// Tensor names of one file format.
@@ -70,6 +86,12 @@ NameScheme HfNames() {
                           return p + "self_attn.v_proj.bias";
                         case Role::kWo:
                           return p + "self_attn.o_proj.weight";
+                        case Role::kBo:
+                          return p + "self_attn.o_proj.bias";
+                        case Role::kQNorm:
+                          return p + "self_attn.q_norm.weight";
+                        case Role::kKNorm:
+                          return p + "self_attn.k_norm.weight";
                         case Role::kFfnNorm:
                           return p + "post_attention_layernorm.weight";
                         case Role::kGate:
@@ -104,6 +126,12 @@ NameScheme GgufNames() {
                           return p + "attn_v.bias";
                         case Role::kWo:
                           return p + "attn_output.weight";
+                        case Role::kBo:
+                          return p + "attn_output.bias";
+                        case Role::kQNorm:
+                          return p + "attn_q_norm.weight";
+                        case Role::kKNorm:
+                          return p + "attn_k_norm.weight";
                         case Role::kFfnNorm:
                           return p + "ffn_norm.weight";
                         case Role::kGate:
@@ -201,6 +229,30 @@ class Binder {
   ModelWeights* weights_;
 };
 
+/// A shape error of an attention tensor, with the config numbers its shape comes from (a wrong
+/// or missing `head_dim` shows up here first).
+absl::Status WithHeadShapeHint(const absl::Status& s, Role role, const ModelConfig& c) {
+  if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+  switch (role) {
+    case Role::kWq:
+    case Role::kBq:
+    case Role::kWo:
+      return absl::InvalidArgumentError(absl::StrCat(s.message(), " (num_attention_heads ",
+                                                     c.num_heads, " x head_dim ", c.head_dim, ")"));
+    case Role::kWk:
+    case Role::kWv:
+    case Role::kBk:
+    case Role::kBv:
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.message(), " (num_key_value_heads ", c.num_kv_heads, " x head_dim ", c.head_dim, ")"));
+    case Role::kQNorm:
+    case Role::kKNorm:
+      return absl::InvalidArgumentError(absl::StrCat(s.message(), " (head_dim ", c.head_dim, ")"));
+    default:
+      return s;
+  }
+}
+
 /// Fills every view of `w` (whose config is set) from `table` using `names`.
 absl::Status BindAll(const TensorTable& table, const NameScheme& names, const std::string& source,
                      ModelWeights* w) {
@@ -240,11 +292,16 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
       items.push_back({Role::kBk, {kv_dim}, &l.bk, false});
       items.push_back({Role::kBv, {kv_dim}, &l.bv, false});
     }
+    if (c.o_bias) items.push_back({Role::kBo, {hidden}, &l.bo, false});
+    if (c.qk_norm) {
+      items.push_back({Role::kQNorm, {c.head_dim}, &l.q_norm, false});
+      items.push_back({Role::kKNorm, {c.head_dim}, &l.k_norm, false});
+    }
     for (const Item& it : items) {
       const std::string name = n(i, it.role);
       absl::Status s =
           it.matrix ? b.Matrix(name, it.shape, it.out) : b.Vector(name, it.shape, it.out);
-      if (!s.ok()) return s;
+      if (!s.ok()) return WithHeadShapeHint(s, it.role, c);
     }
   }
   if (absl::Status s = b.Vector(names.final_norm, {hidden}, &w->final_norm); !s.ok()) return s;

@@ -119,6 +119,18 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
                                                    " layers loaded, config says ",
                                                    weights->config.num_layers));
   }
+  if (weights->config.qk_norm) {
+    const int64_t head_dim = weights->config.head_dim;
+    for (size_t i = 0; i < weights->layers.size(); ++i) {
+      const LayerWeights& l = weights->layers[i];
+      if (l.q_norm.numel() != head_dim || l.k_norm.numel() != head_dim ||
+          l.q_norm.dtype != DType::kF32 || l.k_norm.dtype != DType::kF32) {
+        return absl::InvalidArgumentError(absl::StrCat("LlamaModel: layer ", i,
+                                                       " needs f32 q_norm and k_norm weights of ",
+                                                       head_dim, " elements (head_dim)"));
+      }
+    }
+  }
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
   if (backend == nullptr) {
     model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
@@ -168,8 +180,14 @@ absl::Status LlamaModel::PrepareWeights() {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& w = weights_->layers[i];
     Layer& l = layers_[i];
-    for (auto [t, v] : {std::pair{&w.attn_norm, &l.attn_norm}, {&w.ffn_norm, &l.ffn_norm},
-                        {&w.bq, &l.bq}, {&w.bk, &l.bk}, {&w.bv, &l.bv}}) {
+    for (auto [t, v] : {std::pair{&w.attn_norm, &l.attn_norm},
+                        {&w.ffn_norm, &l.ffn_norm},
+                        {&w.bq, &l.bq},
+                        {&w.bk, &l.bk},
+                        {&w.bv, &l.bv},
+                        {&w.bo, &l.bo},
+                        {&w.q_norm, &l.q_norm},
+                        {&w.k_norm, &l.k_norm}}) {
       if (absl::Status s = vector(*t, v); !s.ok()) return s;
     }
     for (auto [t, m] : {std::pair{&w.wq, &l.wq}, {&w.wk, &l.wk}, {&w.wv, &l.wv}, {&w.wo, &l.wo},
@@ -311,6 +329,22 @@ void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& wei
   args.eps = c.rms_norm_eps;
   args.x_stride = c.hidden_size;
   args.y_stride = c.hidden_size;
+  backend_->RmsNorm(args);
+}
+
+void LlamaModel::HeadNorm(float* x, const PreparedVector& weight, int64_t tokens, int64_t heads) {
+  // Each (token, head) vector is one row of the ordinary RMSNorm, so its result depends on that
+  // vector alone, whatever the batch.
+  const ModelConfig& c = weights_->config;
+  cpu::RmsNormArgs args{};
+  args.x = x;
+  args.weight = weight.data;
+  args.y = x;
+  args.rows = tokens * heads;
+  args.dim = c.head_dim;
+  args.eps = c.rms_norm_eps;
+  args.x_stride = c.head_dim;
+  args.y_stride = c.head_dim;
   backend_->RmsNorm(args);
 }
 
@@ -553,6 +587,10 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   Linear(normed_, w.wq, w.bq, q_, t);
   Linear(normed_, w.wk, w.bk, k_, t);
   Linear(normed_, w.wv, w.bv, v_, t);
+  if (c.qk_norm) {
+    HeadNorm(q_, w.q_norm, t, c.num_heads);
+    HeadNorm(k_, w.k_norm, t, c.num_kv_heads);
+  }
 
   RopeKvWriteArgs rope{};
   rope.q = q_;
@@ -592,7 +630,7 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   attn.sliding_window = c.sliding_window;
   backend_->RunAttention(step.plan, attn);
 
-  Linear(attn_out_, w.wo, PreparedVector{}, delta_, t);
+  Linear(attn_out_, w.wo, w.bo, delta_, t);
   // Under tensor parallelism each rank holds some heads: their output projections add up.
   if (all_reduce_) {
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;

@@ -66,10 +66,10 @@ std::vector<int32_t> DecodeGraphBatchSizes(int32_t max_batch);
 /// AllReduceSum); every rank must call it at the same points with the same n.
 using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
 
-/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) with fp32 activations,
-/// running every op through a Backend (kernels/backend.h): by default the CPU backend, whose
-/// kernels read weights in their stored dtype and fan out over the thread pool; or a CUDA
-/// backend, whose weights are prepared (uploaded, converted) once at Create and whose
+/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM) with fp32
+/// activations, running every op through a Backend (kernels/backend.h): by default the CPU
+/// backend, whose kernels read weights in their stored dtype and fan out over the thread pool;
+/// or a CUDA backend, whose weights are prepared (uploaded, converted) once at Create and whose
 /// activations, workspace and KV cache live in device memory. Not thread-safe: one engine loop
 /// drives it.
 ///
@@ -122,7 +122,7 @@ class LlamaModel {
  private:
   /// One layer's weights as the backend uses them.
   struct Layer {
-    PreparedVector attn_norm, ffn_norm, bq, bk, bv;
+    PreparedVector attn_norm, ffn_norm, bq, bk, bv, bo, q_norm, k_norm;
     PreparedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   };
   /// The batch's arrays where the backend reads them (the host spans themselves on the CPU).
@@ -176,6 +176,9 @@ class LlamaModel {
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
+  /// Qwen3's q/k norm: RMS-normalizes each of the `heads` head_dim-wide vectors of every token
+  /// row of `x` ([tokens, heads * head_dim]) in place with `weight` ([head_dim]).
+  void HeadNorm(float* x, const PreparedVector& weight, int64_t tokens, int64_t heads);
 
   const ModelWeights* weights_;
   cpu::ThreadPool* pool_;

@@ -30,13 +30,15 @@ struct RopeScaling {
 
 /// Architecture hyper-parameters of a Llama-family decoder, whatever file format it came from.
 struct ModelConfig {
-  /// "llama", "mistral" or "qwen2" (TinyLlama and SmolLM are "llama").
+  /// "llama", "mistral", "qwen2" or "qwen3" (TinyLlama and SmolLM are "llama").
   std::string architecture = "llama";
   int hidden_size = 0;
   int intermediate_size = 0;
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
+  /// Width of one q/k/v head. Llama-family configs derive it as hidden_size / num_heads; Qwen3
+  /// states it (`head_dim`, GGUF `<arch>.attention.key_length`) and it may differ.
   int head_dim = 0;
   int vocab_size = 0;
   int max_position_embeddings = 0;
@@ -46,8 +48,13 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::kInterleaved;
   /// Attention window in tokens (Mistral `sliding_window`); 0 means full attention.
   int sliding_window = 0;
-  /// Qwen2: q/k/v projections carry a bias.
+  /// Qwen2 (and Qwen3 with `attention_bias`): q/k/v projections carry a bias.
   bool qkv_bias = false;
+  /// Qwen3 with `attention_bias`: the attention output projection carries a bias too.
+  bool o_bias = false;
+  /// Qwen3: after the q/k projections and before RoPE, every head of q and of k is RMS-normed
+  /// with one [head_dim] weight per layer (q_norm, k_norm) shared by all heads.
+  bool qk_norm = false;
   /// The output projection is the token embedding.
   bool tie_word_embeddings = false;
   TokenId bos_token_id = kNoToken;

@@ -245,10 +245,19 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
     const std::string g = absl::StrCat("blk.", l, ".");
     const std::string h = absl::StrCat("model.layers.", l, ".");
     out.push_back({&lw.attn_norm, g + "attn_norm.weight", h + "input_layernorm.weight"});
-    out.push_back({&lw.wq, g + "attn_q.weight", h + "self_attn.q_proj.weight", c.num_heads});
-    out.push_back({&lw.wk, g + "attn_k.weight", h + "self_attn.k_proj.weight", c.num_kv_heads});
+    // Interleaved (GGUF llama) q/k rows are permuted for the HF copy; rotate_half ones (qwen3)
+    // are stored as they are in both files.
+    const bool permute = c.rope_style == RopeStyle::kInterleaved;
+    out.push_back(
+        {&lw.wq, g + "attn_q.weight", h + "self_attn.q_proj.weight", permute ? c.num_heads : 0});
+    out.push_back(
+        {&lw.wk, g + "attn_k.weight", h + "self_attn.k_proj.weight", permute ? c.num_kv_heads : 0});
     out.push_back({&lw.wv, g + "attn_v.weight", h + "self_attn.v_proj.weight"});
     out.push_back({&lw.wo, g + "attn_output.weight", h + "self_attn.o_proj.weight"});
+    if (c.qk_norm) {
+      out.push_back({&lw.q_norm, g + "attn_q_norm.weight", h + "self_attn.q_norm.weight"});
+      out.push_back({&lw.k_norm, g + "attn_k_norm.weight", h + "self_attn.k_norm.weight"});
+    }
     out.push_back({&lw.ffn_norm, g + "ffn_norm.weight", h + "post_attention_layernorm.weight"});
     out.push_back({&lw.w_gate, g + "ffn_gate.weight", h + "mlp.gate_proj.weight"});
     out.push_back({&lw.w_up, g + "ffn_up.weight", h + "mlp.up_proj.weight"});
@@ -263,20 +272,27 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
                        const std::string& path) {
   const ModelConfig& c = w.config;
   GgufWriter g;
-  g.SetString("general.architecture", "llama");
+  const std::string& arch = c.architecture;
+  auto key = [&arch](const char* suffix) { return absl::StrCat(arch, ".", suffix); };
+  auto u32 = [](int v) { return static_cast<uint32_t>(v); };
+  g.SetString("general.architecture", arch);
   g.SetString("general.name", "kvserve-synth");
   g.SetU32("general.file_type", file_type);
   g.SetU32("general.quantization_version", 2);
-  g.SetU32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
-  g.SetU32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
-  g.SetU32("llama.embedding_length", static_cast<uint32_t>(c.hidden_size));
-  g.SetU32("llama.block_count", static_cast<uint32_t>(c.num_layers));
-  g.SetU32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
-  g.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim));
-  g.SetU32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
-  g.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
-  g.SetF32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
-  g.SetF32("llama.rope.freq_base", c.rope_theta);
+  g.SetU32(key("vocab_size"), u32(c.vocab_size));
+  g.SetU32(key("context_length"), u32(c.max_position_embeddings));
+  g.SetU32(key("embedding_length"), u32(c.hidden_size));
+  g.SetU32(key("block_count"), u32(c.num_layers));
+  g.SetU32(key("feed_forward_length"), u32(c.intermediate_size));
+  g.SetU32(key("rope.dimension_count"), u32(c.head_dim));
+  g.SetU32(key("attention.head_count"), u32(c.num_heads));
+  g.SetU32(key("attention.head_count_kv"), u32(c.num_kv_heads));
+  if (arch != "llama" || c.head_dim * c.num_heads != c.hidden_size) {
+    g.SetU32(key("attention.key_length"), u32(c.head_dim));
+    g.SetU32(key("attention.value_length"), u32(c.head_dim));
+  }
+  g.SetF32(key("attention.layer_norm_rms_epsilon"), c.rms_norm_eps);
+  g.SetF32(key("rope.freq_base"), c.rope_theta);
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -399,30 +415,39 @@ ojson TokenizerConfigJson(int max_len) {
 }
 
 ojson ConfigJson(const ModelConfig& c, DType dtype) {
-  return ojson{{"architectures", {"LlamaForCausalLM"}},
-               {"attention_bias", false},
-               {"attention_dropout", 0.0},
-               {"bos_token_id", 1},
-               {"eos_token_id", 2},
-               {"head_dim", c.head_dim},
-               {"hidden_act", "silu"},
-               {"hidden_size", c.hidden_size},
-               {"initializer_range", 0.02},
-               {"intermediate_size", c.intermediate_size},
-               {"max_position_embeddings", c.max_position_embeddings},
-               {"mlp_bias", false},
-               {"model_type", "llama"},
-               {"num_attention_heads", c.num_heads},
-               {"num_hidden_layers", c.num_layers},
-               {"num_key_value_heads", c.num_kv_heads},
-               {"pretraining_tp", 1},
-               {"rms_norm_eps", c.rms_norm_eps},
-               {"rope_scaling", nullptr},
-               {"rope_theta", c.rope_theta},
-               {"tie_word_embeddings", c.tie_word_embeddings},
-               {"torch_dtype", TorchDtype(dtype)},
-               {"use_cache", true},
-               {"vocab_size", c.vocab_size}};
+  const bool qwen3 = c.architecture == "qwen3";
+  // nlohmann::json keeps its keys sorted, as transformers writes config.json.
+  nlohmann::json j = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                      {"attention_bias", false},
+                      {"attention_dropout", 0.0},
+                      {"bos_token_id", 1},
+                      {"eos_token_id", 2},
+                      {"head_dim", c.head_dim},
+                      {"hidden_act", "silu"},
+                      {"hidden_size", c.hidden_size},
+                      {"initializer_range", 0.02},
+                      {"intermediate_size", c.intermediate_size},
+                      {"max_position_embeddings", c.max_position_embeddings},
+                      {"model_type", qwen3 ? "qwen3" : "llama"},
+                      {"num_attention_heads", c.num_heads},
+                      {"num_hidden_layers", c.num_layers},
+                      {"num_key_value_heads", c.num_kv_heads},
+                      {"rms_norm_eps", c.rms_norm_eps},
+                      {"rope_scaling", nullptr},
+                      {"rope_theta", c.rope_theta},
+                      {"tie_word_embeddings", c.tie_word_embeddings},
+                      {"torch_dtype", TorchDtype(dtype)},
+                      {"use_cache", true},
+                      {"vocab_size", c.vocab_size}};
+  if (qwen3) {
+    j["max_window_layers"] = c.num_layers;
+    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = false;
+  } else {
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  }
+  return ojson::parse(j.dump());
 }
 
 absl::Status WriteJson(const fs::path& path, const ojson& j) {
@@ -492,12 +517,21 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
   for (const auto& [flag, value] : positive) {
     if (value < 1) return bad(flag, " must be at least 1, got ", value);
   }
-  if (m.hidden_size % m.num_heads != 0) {
-    return bad("--heads ", m.num_heads, " must divide --hidden ", m.hidden_size);
+  if (m.architecture != "llama" && m.architecture != "qwen3") {
+    return bad("--arch '", m.architecture, "' is not one of llama, qwen3");
   }
-  if ((m.hidden_size / m.num_heads) % 2 != 0) {
-    return bad("head size --hidden / --heads = ", m.hidden_size / m.num_heads,
-               " must be even (RoPE rotates pairs)");
+  if (m.head_dim < 0) return bad("--head-dim must be at least 0, got ", m.head_dim);
+  if (m.head_dim == 0) {
+    if (m.hidden_size % m.num_heads != 0) {
+      return bad("--heads ", m.num_heads, " must divide --hidden ", m.hidden_size,
+                 " (or set --head-dim)");
+    }
+    if ((m.hidden_size / m.num_heads) % 2 != 0) {
+      return bad("head size --hidden / --heads = ", m.hidden_size / m.num_heads,
+                 " must be even (RoPE rotates pairs)");
+    }
+  } else if (m.head_dim % 2 != 0) {
+    return bad("--head-dim ", m.head_dim, " must be even (RoPE rotates pairs)");
   }
   if (m.num_heads % m.num_kv_heads != 0) {
     return bad("--kv-heads ", m.num_kv_heads, " must divide --heads ", m.num_heads);
@@ -514,6 +548,10 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
     return bad("--dtype ", std::string(DTypeName(m.dtype)),
                " needs --hidden and --ffn to be multiples of ", block, ", got ", m.hidden_size,
                " and ", m.intermediate_size);
+  }
+  if (block > 1 && m.head_dim > 0 && (int64_t{m.num_heads} * m.head_dim) % block != 0) {
+    return bad("--dtype ", std::string(DTypeName(m.dtype)), " needs --heads x --head-dim to be a ",
+               "multiple of ", block, ", got ", m.num_heads * m.head_dim);
   }
   if (block > 1 && options.format != SynthFormat::kGguf) {
     return bad("--dtype ", std::string(DTypeName(m.dtype)),

@@ -1,8 +1,9 @@
 #ifndef KVSERVE_WORKER_MODEL_SYNTH_WRITER_H_
 #define KVSERVE_WORKER_MODEL_SYNTH_WRITER_H_
 
-// Writes a random-weight Llama model (worker/model/synthetic_model.h) to disk, as a GGUF file and
-// as a Hugging Face directory, each with a working tokenizer, for benchmarks at realistic shapes.
+// Writes a random-weight Llama or Qwen3 model (worker/model/synthetic_model.h) to disk, as a GGUF
+// file and as a Hugging Face directory, each with a working tokenizer, for benchmarks at realistic
+// shapes.
 //
 // The tokenizer: a SentencePiece-style BPE vocabulary trained at write time on a small built-in
 // English text: <unk> <s> </s>, the 256 byte-fallback tokens <0x00>..<0xFF>, the characters of
@@ -13,9 +14,12 @@
 // into two pieces of the vocabulary, ordered by the merged piece's score (the SentencePiece to
 // Hugging Face conversion), so both files encode text to the same ids.
 //
-// Layout: GGUF stores q/k rows in Meta's interleaved-pair RoPE order; the Hugging Face copy
-// permutes each head's q/k rows for `rotate_half` (new row h*d + j*d/2 + k = old row
-// h*d + 2k + j), as Hugging Face's Llama converter does, so both give the same logits.
+// Layout: for a llama model, GGUF stores q/k rows in Meta's interleaved-pair RoPE order; the
+// Hugging Face copy permutes each head's q/k rows for `rotate_half` (new row h*d + j*d/2 + k =
+// old row h*d + 2k + j), as Hugging Face's Llama converter does, so both give the same logits.
+// A qwen3 model (GGUF architecture "qwen3", config.json model_type "qwen3") keeps its rows in
+// rotate_half order in both files, as llama.cpp's Qwen converter does, and carries the per-head
+// q/k norm weights (attn_q_norm / self_attn.q_norm, and k).
 
 #include <cstdint>
 #include <string>

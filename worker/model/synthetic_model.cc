@@ -63,6 +63,17 @@ class Builder {
     return t;
   }
 
+  /// A norm weight drawn from [0.5, 1.5], so a test sees whether it is applied.
+  absl::StatusOr<TensorView> AroundOne(std::string name, int64_t n) {
+    std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+    TensorView t{std::move(name), DType::kF32, {n}, nullptr};
+    auto* data = reinterpret_cast<float*>(Allocate(n * 4));
+    if (data == nullptr) return absl::ResourceExhaustedError("synthetic model: out of memory");
+    for (int64_t i = 0; i < n; ++i) data[i] = dist(rng_);
+    t.data = data;
+    return t;
+  }
+
   absl::StatusOr<TensorView> Ones(std::string name, int64_t n) {
     TensorView t{std::move(name), DType::kF32, {n}, nullptr};
     auto* data = reinterpret_cast<float*>(Allocate(n * 4));
@@ -84,13 +95,20 @@ class Builder {
 absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const SyntheticModelOptions& o) {
   auto weights = std::make_unique<ModelWeights>();
   ModelConfig& c = weights->config;
-  c.architecture = "llama";
+  if (o.architecture != "llama" && o.architecture != "qwen3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: architecture '", o.architecture, "' is not llama or qwen3"));
+  }
+  const bool qwen3 = o.architecture == "qwen3";
+  c.architecture = o.architecture;
+  c.qk_norm = qwen3;
+  c.rope_style = qwen3 ? RopeStyle::kHalfSplit : RopeStyle::kInterleaved;
   c.hidden_size = o.hidden_size;
   c.intermediate_size = o.intermediate_size;
   c.num_layers = o.num_layers;
   c.num_heads = o.num_heads;
   c.num_kv_heads = o.num_kv_heads;
-  c.head_dim = o.num_heads > 0 ? o.hidden_size / o.num_heads : 0;
+  c.head_dim = o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0);
   c.vocab_size = o.vocab_size;
   c.max_position_embeddings = o.max_position_embeddings;
   c.tie_word_embeddings = o.tie_word_embeddings;
@@ -134,6 +152,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
     KVSERVE_ASSIGN(w.wk, b.Random(p + "attn_k", dt("attn_k", l, h), kv_dim, h));
     KVSERVE_ASSIGN(w.wv, b.Random(p + "attn_v", dt("attn_v", l, h), kv_dim, h));
     KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", dt("attn_output", l, q_dim), h, q_dim));
+    if (qwen3) {
+      KVSERVE_ASSIGN(w.q_norm, b.AroundOne(p + "attn_q_norm", c.head_dim));
+      KVSERVE_ASSIGN(w.k_norm, b.AroundOne(p + "attn_k_norm", c.head_dim));
+    }
     KVSERVE_ASSIGN(w.ffn_norm, b.Ones(p + "ffn_norm", h));
     KVSERVE_ASSIGN(w.w_gate,
                    b.Random(p + "ffn_gate", dt("ffn_gate", l, h), c.intermediate_size, h));
@@ -195,6 +217,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> DequantizedTwin(const ModelWeights
                                {&s.bk, &d.bk},
                                {&s.bv, &d.bv},
                                {&s.wo, &d.wo},
+                               {&s.bo, &d.bo},
+                               {&s.q_norm, &d.q_norm},
+                               {&s.k_norm, &d.k_norm},
                                {&s.ffn_norm, &d.ffn_norm},
                                {&s.w_gate, &d.w_gate},
                                {&s.w_up, &d.w_up},

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
@@ -25,10 +26,15 @@ enum class WeightMix {
 /// super-block) is stored as kQ8_0 instead, so quantized dtypes need sizes that are multiples of
 /// 32 only.
 struct SyntheticModelOptions {
+  /// "llama" or "qwen3". A qwen3 model has per-head q/k norms (weights drawn from [0.5, 1.5]) and
+  /// its q/k rows in rotate_half order (RopeStyle::kHalfSplit), as Qwen3 checkpoints have.
+  std::string architecture = "llama";
   int num_layers = 2;
   int hidden_size = 256;
   int num_heads = 4;
   int num_kv_heads = 4;
+  /// Width of one attention head; 0 means hidden_size / num_heads.
+  int head_dim = 0;
   int intermediate_size = 688;
   int vocab_size = 1024;
   int max_position_embeddings = 2048;
@@ -40,7 +46,8 @@ struct SyntheticModelOptions {
 };
 
 /// Builds a model in memory with weights drawn uniformly from [-a, a], a = 1/sqrt(fan_in) (so
-/// activations stay O(1) through the layers), norm weights 1. Deterministic for a given seed.
+/// activations stay O(1) through the layers), norm weights 1 (qwen3's q/k norms excepted).
+/// Deterministic for a given seed; a llama model's weights do not depend on the new options.
 absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const SyntheticModelOptions& options);
 
 /// A copy of `weights` with every matrix and the embedding converted to F32 (quantized blocks

@@ -6,8 +6,9 @@ int64_t ModelWeights::TotalBytes() const {
   int64_t total = token_embedding.nbytes() + final_norm.nbytes();
   if (output.data != token_embedding.data) total += output.nbytes();
   for (const LayerWeights& l : layers) {
-    for (const TensorView* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.wo,
-                                &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const TensorView* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.wo, &l.bo, &l.q_norm,
+          &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
       if (t->present()) total += t->nbytes();
     }
   }

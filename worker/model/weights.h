@@ -42,6 +42,9 @@ struct LayerWeights {
   TensorView wv;         // [kv_heads * head_dim, hidden]
   TensorView bq, bk, bv; // [out] when config.qkv_bias, else absent
   TensorView wo;         // [hidden, heads * head_dim]
+  TensorView bo;         // [hidden] when config.o_bias, else absent
+  TensorView q_norm;     // [head_dim] when config.qk_norm, else absent
+  TensorView k_norm;     // [head_dim] when config.qk_norm, else absent
   TensorView ffn_norm;   // [hidden]
   TensorView w_gate;     // [intermediate, hidden]
   TensorView w_up;       // [intermediate, hidden]

@@ -110,10 +110,10 @@ absl::Status ReadDeepseek2(const GgufKeys& keys, ModelSpec& spec) {
 absl::StatusOr<ModelSpec> ModelSpecFromGguf(const GgufFile& file) {
   absl::StatusOr<std::string> arch = file.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
-  if (*arch != "llama" && *arch != "qwen2" && *arch != "deepseek2") {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(),
-                                                   ": unsupported general.architecture \"", *arch,
-                                                   "\" (supported: llama, qwen2, deepseek2)"));
+  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3" && *arch != "deepseek2") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": unsupported general.architecture \"", *arch,
+                     "\" (supported: llama, qwen2, qwen3, deepseek2)"));
   }
   ModelSpec spec;
   spec.source = file.path();
@@ -139,6 +139,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromGguf(const GgufFile& file) {
   spec.tie_word_embeddings = file.FindTensor("output.weight") == nullptr;
   spec.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
   spec.o_bias = file.FindTensor("blk.0.attn_output.bias") != nullptr;
+  spec.qk_norm = file.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
 
   if (*arch == "deepseek2") {
     if (s = ReadDeepseek2(keys, spec); !s.ok()) return s;

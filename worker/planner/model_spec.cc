@@ -138,11 +138,12 @@ absl::Status ModelSpec::Validate() const {
 // Whole model: embedding V·H (vocab-parallel), output head V·H unless tied (vocab-parallel),
 // final norm H (replicated), plus per layer:
 //   norms                      2H                                    replicated
-//   standard attention (Llama, Mistral, Qwen2, Mixtral):
+//   standard attention (Llama, Mistral, Qwen2, Qwen3, Mixtral):
 //     q, o                     2·H·nh·d                              split
 //     k, v                     2·H·nkv·d                             kv_heads
 //     q/k/v bias (Qwen2)       nh·d split + 2·nkv·d kv_heads; Llama attention_bias adds an
 //                              o bias H (replicated: added once after the all-reduce)
+//     q/k norms (Qwen3)        2d                                    replicated
 //   MLA (DeepSeek-V2/V3; r = qk_rope_head_dim, n = qk_nope_head_dim, v = v_head_dim):
 //     q_a_proj + q_a_layernorm H·q_lora + q_lora                      replicated
 //     q_b_proj                 q_lora·nh·(n + r)  (no q_lora: q_proj H·nh·(n + r))  split
@@ -186,6 +187,7 @@ ShardedSizes CountParameters(const ModelSpec& spec) {
         p.kv_heads += 2 * kv_width;
       }
       if (spec.o_bias) p.replicated += h;
+      if (spec.qk_norm) p.replicated += 2 * int64_t{spec.head_dim};
     }
     if (spec.IsMoeLayer(layer)) {
       const MoeSpec& moe = spec.moe;

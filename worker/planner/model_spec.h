@@ -72,7 +72,8 @@ struct MlaSpec {
 
 /// What the capacity planner needs to know about a model, whatever file it was read from.
 struct ModelSpec {
-  /// Hugging Face model_type ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2", ...).
+  /// Hugging Face model_type ("llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v2",
+  /// ...).
   std::string model_type;
   /// Where the spec came from (a directory, config.json or GGUF path), for messages.
   std::string source;
@@ -91,8 +92,10 @@ struct ModelSpec {
   bool tie_word_embeddings = false;
   /// q/k/v projections carry a bias (Qwen2, or Llama `attention_bias`).
   bool qkv_bias = false;
-  /// The o projection carries a bias too (Llama `attention_bias`).
+  /// The o projection carries a bias too (Llama and Qwen3 `attention_bias`).
   bool o_bias = false;
+  /// Per-head q/k RMSNorm weights, head_dim each per layer (Qwen3).
+  bool qk_norm = false;
   /// 0 when the source does not say.
   int max_position_embeddings = 0;
   /// Attention window in tokens; 0 means full attention.

@@ -77,8 +77,8 @@ std::optional<WeightDType> CheckpointDType(const Json& config) {
   return std::nullopt;
 }
 
-constexpr std::array<absl::string_view, 6> kKnownModelTypes = {
-    "llama", "mistral", "qwen2", "mixtral", "deepseek_v2", "deepseek_v3"};
+constexpr std::array<absl::string_view, 7> kKnownModelTypes = {
+    "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v2", "deepseek_v3"};
 constexpr std::array<absl::string_view, 5> kLlamaFields = {
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"};
 
@@ -150,6 +150,12 @@ absl::Status FillFromConfig(const Json& config, const std::string& origin, Model
 
   if (spec.model_type == "qwen2") {
     spec.qkv_bias = true;
+    if (OptBool(config, "use_sliding_window", false)) {
+      if (s = read("sliding_window", spec.sliding_window, 0); !s.ok()) return s;
+    }
+  } else if (spec.model_type == "qwen3") {
+    spec.qk_norm = true;
+    spec.qkv_bias = spec.o_bias = OptBool(config, "attention_bias", false);
     if (OptBool(config, "use_sliding_window", false)) {
       if (s = read("sliding_window", spec.sliding_window, 0); !s.ok()) return s;
     }

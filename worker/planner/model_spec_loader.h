@@ -20,7 +20,7 @@ namespace kvserve {
 /// Errors name the file and the field.
 absl::StatusOr<ModelSpec> LoadModelSpec(const std::string& path);
 
-/// Parses the text of a config.json. Knows model_type llama, mistral, qwen2, mixtral,
+/// Parses the text of a config.json. Knows model_type llama, mistral, qwen2, qwen3, mixtral,
 /// deepseek_v2 and deepseek_v3; any other type with the Llama fields (hidden_size,
 /// num_hidden_layers, num_attention_heads, intermediate_size, vocab_size) is treated as Llama
 /// and flagged `assumed_llama_like`. `origin` names the file in errors.
@@ -33,7 +33,7 @@ absl::StatusOr<std::optional<ShardedSizes>> SafetensorsWeightBytes(const std::st
                                                                    int num_layers);
 
 /// Builds a ModelSpec from a parsed GGUF file (architectures llama — Mixtral when it has
-/// experts —, qwen2 and deepseek2).
+/// experts —, qwen2, qwen3 and deepseek2).
 absl::StatusOr<ModelSpec> ModelSpecFromGguf(const GgufFile& file);
 
 }  // namespace kvserve

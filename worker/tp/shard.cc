@@ -159,6 +159,8 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
           CheckShape(w.w_gate, l, "w_gate", inter, h), CheckShape(w.w_up, l, "w_up", inter, h),
           CheckShape(w.w_down, l, "w_down", h, inter), CheckBias(w.bq, l, "bq", q_dim),
           CheckBias(w.bk, l, "bk", kv_dim), CheckBias(w.bv, l, "bv", kv_dim),
+          CheckBias(w.bo, l, "bo", h), CheckBias(w.q_norm, l, "q_norm", hd),
+          CheckBias(w.k_norm, l, "k_norm", hd),
           CheckColumnCut(w.wo, l, "wo", plan.q_head_begin * hd, plan.q_head_end * hd, tp),
           CheckColumnCut(w.w_down, l, "w_down", plan.ffn_begin, plan.ffn_end, tp)}) {
       if (!s.ok()) return s;
@@ -194,6 +196,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
     LayerWeights& s = shard->layers[l];
     s.attn_norm = w.attn_norm;
     s.ffn_norm = w.ffn_norm;
+    // q/k norms act per head, so every rank holds them whole.
+    s.q_norm = w.q_norm;
+    s.k_norm = w.k_norm;
+    // The output bias is added once: by rank 0, whose partial projection the all-reduce sums
+    // with the others'.
+    if (rank == 0) s.bo = w.bo;
     s.wq = RowSlice(w.wq, q_begin, q_end);
     s.bq = RowSlice(w.bq, q_begin, q_end);
     s.wk = RowSlice(w.wk, kv_begin, kv_end);

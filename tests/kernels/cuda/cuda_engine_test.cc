@@ -2,7 +2,7 @@
 // KVSERVE_TEST_DEVICE=cuda-sim), with f32 weights kept in f32: stories260K's golden greedy tokens
 // for both prompts; 64 mixed concurrent requests identical to each run alone, with chunked
 // prefill, prefix-cache hits and preemption; int8 and fp8 KV; decode graphs against eager
-// launches; and tensor parallelism over NCCL (--tp 2, where two devices exist).
+// launches; tensor parallelism over NCCL (--tp 2, where two devices exist); and a tiny Qwen3.
 
 #include <algorithm>
 #include <cstdio>
@@ -12,9 +12,11 @@
 
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/test_util/scratch_dir.h"
 #include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/golden.h"
 #include "worker/engine/engine.h"
+#include "worker/model/synth_writer.h"
 
 namespace kvserve {
 namespace {
@@ -202,6 +204,61 @@ TEST_F(CudaEngineTest, TensorParallelOverNccl) {
     EXPECT_EQ(Drain(*streams[i])[0].tokens, golden.cases[i].generated_ids);
   }
   ExpectPoolFree(**e);
+}
+
+// A tiny random Qwen3 (per-head q/k norms, head_dim 32 != hidden / heads): the device decodes
+// the CPU's greedy tokens, with graphs and eagerly, and over NCCL where two devices exist.
+TEST_F(CudaEngineTest, Qwen3MatchesTheCpu) {
+  SynthWriteOptions w;
+  w.model.architecture = "qwen3";
+  w.model.num_layers = 2;
+  w.model.hidden_size = 64;
+  w.model.num_heads = 4;
+  w.model.num_kv_heads = 2;
+  w.model.head_dim = 32;
+  w.model.intermediate_size = 96;
+  w.model.vocab_size = 600;
+  w.model.max_position_embeddings = 128;
+  w.model.seed = 11;
+  w.format = SynthFormat::kGguf;
+  w.out_dir = test_util::ScratchPath("qwen3");
+  absl::StatusOr<SynthOutputs> written = WriteSynthModel(w);
+  ASSERT_TRUE(written.ok()) << written.status();
+  absl::StatusOr<LoadedModel> qwen3 = LoadModel(written->gguf_path);
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  std::vector<TokenId> prompt = {1};
+  for (int i = 1; i < 21; ++i) prompt.push_back(static_cast<TokenId>(3 + (i * 37) % 590));
+  const EngineRequest r = Greedy("q", prompt, 10);
+
+  EngineOptions cpu_options;
+  cpu_options.num_threads = 1;
+  cpu_options.kv_cache_memory = int64_t{4} << 20;
+  const Collected cpu = Drain(**(*Engine::Create(&*qwen3, cpu_options))->Submit(r))[0];
+  auto run = [&](const EngineOptions& o, const char* what) {
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(&*qwen3, o);
+    if (!e.ok()) {
+      FailOrSkip(e.status());
+      return;
+    }
+    const Collected got = Drain(**(*e)->Submit(r))[0];
+    EXPECT_EQ(got.tokens, cpu.tokens) << what;
+    ASSERT_EQ(got.logprobs.size(), cpu.logprobs.size()) << what;
+    for (size_t j = 0; j < got.logprobs.size(); ++j) {
+      EXPECT_NEAR(got.logprobs[j], cpu.logprobs[j], 1e-3) << what;
+    }
+    ExpectPoolFree(**e);
+  };
+  for (bool graphs : {true, false}) {
+    EngineOptions o = Options();
+    o.cuda_graphs = graphs;
+    run(o, graphs ? "graphs" : "eager");
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+  KVSERVE_REQUIRE_DEVICES(2);
+  EngineOptions o = Options();
+  o.tensor_parallel_size = 2;
+  o.num_threads = 2;
+  run(o, "tp 2");
 }
 
 }  // namespace

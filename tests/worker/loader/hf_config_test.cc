@@ -111,8 +111,9 @@ TEST(HfConfigTest, RopeScaling) {
 }
 
 TEST(HfConfigTest, Errors) {
-  ExpectError(ParseHfConfig(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})", ""),
-              "config.json: unsupported architecture 'gpt2' (supported: llama, mistral, qwen2)");
+  ExpectError(
+      ParseHfConfig(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})", ""),
+      "config.json: unsupported architecture 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
   ExpectError(ParseHfConfig(R"({"architectures": ["MixtralForCausalLM"]})", ""),
               "config.json: unsupported architecture 'MixtralForCausalLM'");
   ExpectError(ParseHfConfig(Llama(R"("attention_bias": true,)"), ""),
@@ -203,7 +204,7 @@ TEST(HfConfigTest, GgufDefaultsAndErrors) {
   GgufWriter arch = MinimalGguf();
   arch.SetString("general.architecture", "falcon");
   ExpectError(GgufConfigOf(arch, "falcon.gguf"),
-              "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama)");
+              "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama, qwen3)");
 
   GgufWriter missing;
   missing.SetString("general.architecture", "llama");

@@ -355,8 +355,9 @@ TEST(ModelLoaderTest, GgufErrors) {
   {
     GgufWriter w = TinyGguf(DType::kF32);
     w.SetString("general.architecture", "gemma");
-    ExpectError(LoadGgufBytes(w, "gemma.gguf").status(),
-                dir + "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama)");
+    ExpectError(
+        LoadGgufBytes(w, "gemma.gguf").status(),
+        dir + "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama, qwen3)");
   }
   {
     // A K-quant row must be whole 256-element super-blocks: hidden 32 is not.
@@ -508,7 +509,7 @@ TEST(ModelLoaderTest, HfErrors) {
     ExpectError(LoadModelWeights(dir).status(),
                 dir +
                     "/config.json: unsupported architecture 'gpt2' (supported: llama, mistral, "
-                    "qwen2)");
+                    "qwen2, qwen3)");
   }
   {
     const std::string dir =
