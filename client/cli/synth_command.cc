@@ -1,5 +1,5 @@
-// `kvserve synth`: writes a random-weight Llama or Qwen3 model as GGUF and/or a Hugging Face
-// directory.
+// `kvserve synth`: writes a random-weight Llama, Qwen3, Mixtral or Qwen3-MoE model as GGUF and/or
+// a Hugging Face directory (the mixture-of-experts ones as a Hugging Face directory only).
 
 #include <cstdio>
 #include <memory>
@@ -45,6 +45,7 @@ absl::Status ParseWeightDType(const std::string& name, SyntheticModelOptions* mo
 int RunSynth(const SynthFlags& flags) {
   SynthWriteOptions options;
   options.model = flags.model;
+  if (options.model.architecture == "qwen3moe") options.model.architecture = "qwen3_moe";
   options.out_dir = flags.out;
   options.dequantized_twin_path = flags.dequantized_twin;
   if (absl::Status s = ParseWeightDType(flags.dtype, &options.model); !s.ok()) {
@@ -75,10 +76,19 @@ Command AddSynthCommand(CLI::App& app) {
   SyntheticModelOptions& m = f->model;
   CLI::App* sub = app.add_subcommand(
       "synth",
-      "Write a random-weight Llama or Qwen3 model (GGUF and/or Hugging Face directory) for "
-      "benchmarks and tests.");
+      "Write a random-weight Llama, Qwen3, Mixtral or Qwen3-MoE model (GGUF and/or Hugging Face "
+      "directory) for benchmarks and tests.");
   sub->add_option("--arch", m.architecture,
-                  "Model family: llama, or qwen3 (per-head q/k norms, rotate_half q/k rows)")
+                  "Model family: llama, qwen3 (per-head q/k norms, rotate_half q/k rows), "
+                  "mixtral or qwen3moe (mixture of experts; --format hf only)")
+      ->capture_default_str();
+  sub->add_option("--experts", m.num_experts, "Experts per layer (mixtral, qwen3moe)")
+      ->capture_default_str();
+  sub->add_option("--experts-per-tok", m.num_experts_per_tok,
+                  "Experts each token runs (mixtral, qwen3moe)")
+      ->capture_default_str();
+  sub->add_option("--expert-ffn", m.moe_intermediate_size,
+                  "Width of one expert (qwen3moe; 0 means --ffn; mixtral's experts are --ffn wide)")
       ->capture_default_str();
   sub->add_option("--layers", m.num_layers, "Decoder layers")->capture_default_str();
   sub->add_option("--hidden", m.hidden_size, "Hidden size")->capture_default_str();

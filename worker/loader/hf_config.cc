@@ -114,6 +114,47 @@ absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view name)
   return j;
 }
 
+/// The Hugging Face model types this loader reads, and their architectures[0] class names.
+struct HfArchitecture {
+  const char* model_type;
+  const char* class_name;
+};
+constexpr HfArchitecture kHfArchitectures[] = {
+    {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
+    {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+constexpr char kSupportedTypes[] = "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe";
+
+/// Reads the mixture-of-experts fields of a mixtral or qwen3_moe config into `c`.
+absl::Status ParseMoe(const JsonFields& f, ModelConfig& c) {
+  const bool mixtral = c.architecture == "mixtral";
+  // Mixtral's experts are as wide as its intermediate_size; Qwen3-MoE states their width.
+  if (absl::Status s = f.Int(mixtral ? "num_local_experts" : "num_experts", &c.num_experts);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = f.Int("num_experts_per_tok", &c.num_experts_per_tok); !s.ok()) return s;
+  if (mixtral) {
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    return absl::OkStatus();
+  }
+  if (absl::Status s = f.Int("moe_intermediate_size", &c.moe_intermediate_size); !s.ok()) return s;
+  if (absl::Status s = f.Bool("norm_topk_prob", &c.norm_topk_prob, false); !s.ok()) return s;
+  int sparse_step = 1;
+  if (absl::Status s = f.Int("decoder_sparse_step", &sparse_step, 1); !s.ok()) return s;
+  if (sparse_step != 1) {
+    return f.Error(absl::StrCat("'decoder_sparse_step' ", sparse_step,
+                                " is not supported (only every layer an MoE layer: 1)"));
+  }
+  if (const json* dense = f.Get("mlp_only_layers");
+      dense != nullptr && !(dense->is_array() && dense->empty())) {
+    return f.Error(absl::StrCat("'mlp_only_layers' ", dense->dump(),
+                                " is not supported (dense layers among MoE layers)"));
+  }
+  return absl::OkStatus();
+}
+
 /// Resolves the architecture from model_type and architectures[0].
 absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
   const json* model_type = f.Get("model_type");
@@ -122,10 +163,10 @@ absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
   if (model_type != nullptr) {
     if (!model_type->is_string()) return f.Error("'model_type' must be a string");
     from_type = model_type->get<std::string>();
-    if (*from_type != "llama" && *from_type != "mistral" && *from_type != "qwen2" &&
-        *from_type != "qwen3") {
+    if (std::none_of(std::begin(kHfArchitectures), std::end(kHfArchitectures),
+                     [&](const HfArchitecture& a) { return *from_type == a.model_type; })) {
       return f.Error(absl::StrCat("unsupported architecture '", *from_type,
-                                  "' (supported: llama, mistral, qwen2, qwen3)"));
+                                  "' (supported: ", kSupportedTypes, ")"));
     }
   }
   std::optional<std::string> from_archs;
@@ -134,17 +175,12 @@ absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
       return f.Error("'architectures' must be a non-empty list of strings");
     }
     const std::string a = (*archs)[0].get<std::string>();
-    if (a == "LlamaForCausalLM") {
-      from_archs = "llama";
-    } else if (a == "MistralForCausalLM") {
-      from_archs = "mistral";
-    } else if (a == "Qwen2ForCausalLM") {
-      from_archs = "qwen2";
-    } else if (a == "Qwen3ForCausalLM") {
-      from_archs = "qwen3";
-    } else {
-      return f.Error(absl::StrCat("unsupported architecture '", a,
-                                  "' (supported: llama, mistral, qwen2, qwen3)"));
+    for (const HfArchitecture& known : kHfArchitectures) {
+      if (a == known.class_name) from_archs = known.model_type;
+    }
+    if (!from_archs) {
+      return f.Error(
+          absl::StrCat("unsupported architecture '", a, "' (supported: ", kSupportedTypes, ")"));
     }
   }
   if (from_type && from_archs && *from_type != *from_archs) {
@@ -243,7 +279,10 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
     }
   } else if (c.architecture == "mistral") {
     if (absl::Status s = f.Int("sliding_window", &c.sliding_window, 0); !s.ok()) return s;
-  } else if (c.architecture == "qwen3") {
+  } else if (c.architecture == "mixtral") {
+    if (absl::Status s = f.Int("sliding_window", &c.sliding_window, 0); !s.ok()) return s;
+    if (absl::Status s = ParseMoe(f, c); !s.ok()) return s;
+  } else if (c.architecture == "qwen3" || c.architecture == "qwen3_moe") {
     // Qwen3: per-head q/k RMSNorm, an explicit head_dim (read above), and `attention_bias`
     // putting a bias on the q, k, v and o projections alike.
     c.qk_norm = true;
@@ -256,6 +295,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
       return f.Error(
           "'use_sliding_window' true is not supported for qwen3 (its window applies to some "
           "layers only)");
+    }
+    if (c.architecture == "qwen3_moe") {
+      if (absl::Status s = ParseMoe(f, c); !s.ok()) return s;
     }
   } else {  // qwen2
     c.qkv_bias = true;
@@ -433,6 +475,14 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   }
   if (absl::Status s = g.Float(key("rope.freq_base"), &c.rope_theta, 10000.0f); !s.ok()) return s;
   if (absl::Status s = ReadGgufRopeScaling(g, file, arch, &c.rope_scaling); !s.ok()) return s;
+  int experts = 0;
+  if (absl::Status s = g.Int(key("expert_count"), &experts, 0); !s.ok()) return s;
+  if (experts > 0) {
+    // Mixtral GGUF files are architecture "llama" with merged [experts, ...] expert tensors.
+    return g.Error(absl::StrCat(key("expert_count"), " ", experts,
+                                ": mixture-of-experts GGUF files are not supported (load the "
+                                "Hugging Face directory instead)"));
+  }
   if (arch == "qwen3") {
     c.qk_norm = true;
     // Biases are optional (Qwen3's attention_bias); their presence in layer 0 decides.

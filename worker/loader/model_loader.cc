@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -55,6 +56,10 @@ enum class Role {
   kDown
 };
 using LayerNamer = std::function<std::string(int layer, Role role)>;
+/// Names a mixture-of-experts tensor: the router when `expert` < 0, else that expert's kGate,
+/// kUp or kDown matrix.
+using ExpertNamer =
+    std::function<std::string(const std::string& arch, int layer, int expert, Role role)>;
 
 /// Tensor names of one file format.
 struct NameScheme {
@@ -63,10 +68,35 @@ struct NameScheme {
   std::string output;
   std::string rope_freqs;  // empty: the format has none
   LayerNamer layer;
+  /// Empty when the format has no mixture-of-experts layout this loader reads (GGUF).
+  ExpertNamer expert;
 };
 
+/// Hugging Face names of Mixtral's (block_sparse_moe.gate, experts.J.w1/w3/w2) and Qwen3-MoE's
+/// (mlp.gate, experts.J.gate_proj/up_proj/down_proj) router and expert matrices.
+std::string HfExpertName(const std::string& arch, int layer, int expert, Role role) {
+  const bool mixtral = arch == "mixtral";
+  const std::string p =
+      absl::StrCat("model.layers.", layer, mixtral ? ".block_sparse_moe." : ".mlp.");
+  if (expert < 0) return p + "gate.weight";
+  const std::string e = absl::StrCat(p, "experts.", expert, ".");
+  switch (role) {
+    case Role::kGate:
+      return e + (mixtral ? "w1.weight" : "gate_proj.weight");
+    case Role::kUp:
+      return e + (mixtral ? "w3.weight" : "up_proj.weight");
+    case Role::kDown:
+      return e + (mixtral ? "w2.weight" : "down_proj.weight");
+    default:
+      return std::string();
+  }
+}
+
 NameScheme HfNames() {
-  return NameScheme{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "",
+  return NameScheme{"model.embed_tokens.weight",
+                    "model.norm.weight",
+                    "lm_head.weight",
+                    "",
                     [](int i, Role r) {
                       const std::string p = absl::StrCat("model.layers.", i, ".");
                       switch (r) {
@@ -102,11 +132,15 @@ NameScheme HfNames() {
                           return p + "mlp.down_proj.weight";
                       }
                       return std::string();
-                    }};
+                    },
+                    HfExpertName};
 }
 
 NameScheme GgufNames() {
-  return NameScheme{"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+  return NameScheme{"token_embd.weight",
+                    "output_norm.weight",
+                    "output.weight",
+                    "rope_freqs.weight",
                     [](int i, Role r) {
                       const std::string p = absl::StrCat("blk.", i, ".");
                       switch (r) {
@@ -142,7 +176,8 @@ NameScheme GgufNames() {
                           return p + "ffn_down.weight";
                       }
                       return std::string();
-                    }};
+                    },
+                    nullptr};
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -253,6 +288,42 @@ absl::Status WithHeadShapeHint(const absl::Status& s, Role role, const ModelConf
   }
 }
 
+/// Binds layer `layer`'s router and experts (config.num_experts > 0).
+absl::Status BindExperts(Binder& b, const NameScheme& names, const ModelConfig& c, int layer,
+                         LayerWeights* l) {
+  if (!names.expert) {
+    return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts models (", c.architecture,
+                                                   ") load from Hugging Face directories only"));
+  }
+  const int64_t hidden = c.hidden_size;
+  const int64_t width = c.moe_intermediate_size;
+  auto hint = [&c](const absl::Status& s) {
+    if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (num_experts ", c.num_experts,
+                                                   ", expert width ", c.moe_intermediate_size,
+                                                   ", hidden_size ", c.hidden_size, ")"));
+  };
+  const std::string& arch = c.architecture;
+  if (absl::Status s =
+          b.Matrix(names.expert(arch, layer, -1, Role::kGate), {c.num_experts, hidden}, &l->router);
+      !s.ok()) {
+    return hint(s);
+  }
+  l->experts.resize(c.num_experts);
+  for (int e = 0; e < c.num_experts; ++e) {
+    ExpertWeights& x = l->experts[e];
+    for (auto [role, shape, out] :
+         {std::tuple{Role::kGate, std::vector<int64_t>{width, hidden}, &x.w_gate},
+          std::tuple{Role::kUp, std::vector<int64_t>{width, hidden}, &x.w_up},
+          std::tuple{Role::kDown, std::vector<int64_t>{hidden, width}, &x.w_down}}) {
+      if (absl::Status s = b.Matrix(names.expert(arch, layer, e, role), shape, out); !s.ok()) {
+        return hint(s);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 /// Fills every view of `w` (whose config is set) from `table` using `names`.
 absl::Status BindAll(const TensorTable& table, const NameScheme& names, const std::string& source,
                      ModelWeights* w) {
@@ -283,10 +354,12 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
         {Role::kWv, {kv_dim, hidden}, &l.wv, true},
         {Role::kWo, {hidden, q_dim}, &l.wo, true},
         {Role::kFfnNorm, {hidden}, &l.ffn_norm, false},
-        {Role::kGate, {inter, hidden}, &l.w_gate, true},
-        {Role::kUp, {inter, hidden}, &l.w_up, true},
-        {Role::kDown, {hidden, inter}, &l.w_down, true},
     };
+    if (!c.is_moe()) {
+      items.push_back({Role::kGate, {inter, hidden}, &l.w_gate, true});
+      items.push_back({Role::kUp, {inter, hidden}, &l.w_up, true});
+      items.push_back({Role::kDown, {hidden, inter}, &l.w_down, true});
+    }
     if (c.qkv_bias) {
       items.push_back({Role::kBq, {q_dim}, &l.bq, false});
       items.push_back({Role::kBk, {kv_dim}, &l.bk, false});
@@ -302,6 +375,9 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
       absl::Status s =
           it.matrix ? b.Matrix(name, it.shape, it.out) : b.Vector(name, it.shape, it.out);
       if (!s.ok()) return WithHeadShapeHint(s, it.role, c);
+    }
+    if (c.is_moe()) {
+      if (absl::Status s = BindExperts(b, names, c, i, &l); !s.ok()) return s;
     }
   }
   if (absl::Status s = b.Vector(names.final_norm, {hidden}, &w->final_norm); !s.ok()) return s;

@@ -102,6 +102,31 @@ std::vector<float> ComputeRopeInvFreq(const ModelConfig& config, const TensorVie
   return inv_freq;
 }
 
+namespace {
+
+// Every layer of a mixture-of-experts model has a router and num_experts complete experts.
+absl::Status CheckExperts(const ModelWeights& weights) {
+  const ModelConfig& c = weights.config;
+  if (!c.is_moe()) return absl::OkStatus();
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& l = weights.layers[i];
+    bool complete = l.router.present() && l.router.shape.size() == 2 &&
+                    l.router.shape[0] == c.num_experts &&
+                    static_cast<int>(l.experts.size()) == c.num_experts;
+    for (size_t e = 0; complete && e < l.experts.size(); ++e) {
+      const ExpertWeights& x = l.experts[e];
+      complete = x.w_gate.present() && x.w_up.present() && x.w_down.present();
+    }
+    if (!complete) {
+      return absl::InvalidArgumentError(absl::StrCat("LlamaModel: layer ", i, " needs a router of ",
+                                                     c.num_experts, " rows and ", c.num_experts,
+                                                     " experts with gate, up and down weights"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 LlamaModel::LlamaModel(const ModelWeights* weights, cpu::ThreadPool* pool, AllReduceFn all_reduce)
     : weights_(weights), pool_(pool), all_reduce_(std::move(all_reduce)) {}
@@ -131,10 +156,17 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
       }
     }
   }
+  if (absl::Status s = CheckExperts(*weights); !s.ok()) return s;
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
   if (backend == nullptr) {
     model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
     backend = model->owned_backend_.get();
+  }
+  if (weights->config.is_moe() && !backend->host_memory()) {
+    // Routing reads the router's logits on the host between kernels; no device path yet.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mixture-of-experts models (", weights->config.architecture, ") run on the CPU only; the ",
+        std::string(backend->name()), " backend does not support them (use --device cpu)"));
   }
   model->backend_ = backend;
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
@@ -190,9 +222,25 @@ absl::Status LlamaModel::PrepareWeights() {
                         {&w.k_norm, &l.k_norm}}) {
       if (absl::Status s = vector(*t, v); !s.ok()) return s;
     }
-    for (auto [t, m] : {std::pair{&w.wq, &l.wq}, {&w.wk, &l.wk}, {&w.wv, &l.wv}, {&w.wo, &l.wo},
-                        {&w.w_gate, &l.w_gate}, {&w.w_up, &l.w_up}, {&w.w_down, &l.w_down}}) {
+    for (auto [t, m] : {std::pair{&w.wq, &l.wq}, {&w.wk, &l.wk}, {&w.wv, &l.wv}, {&w.wo, &l.wo}}) {
       if (absl::Status s = matrix(*t, m); !s.ok()) return s;
+    }
+    if (!weights_->config.is_moe()) {
+      for (auto [t, m] :
+           {std::pair{&w.w_gate, &l.w_gate}, {&w.w_up, &l.w_up}, {&w.w_down, &l.w_down}}) {
+        if (absl::Status s = matrix(*t, m); !s.ok()) return s;
+      }
+      continue;
+    }
+    if (absl::Status s = matrix(w.router, &l.router); !s.ok()) return s;
+    l.experts.resize(w.experts.size());
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+      const ExpertWeights& x = w.experts[e];
+      Expert& y = l.experts[e];
+      for (auto [t, m] :
+           {std::pair{&x.w_gate, &y.w_gate}, {&x.w_up, &y.w_up}, {&x.w_down, &y.w_down}}) {
+        if (absl::Status s = matrix(*t, m); !s.ok()) return s;
+      }
     }
   }
   return b.Synchronize();
@@ -203,11 +251,14 @@ absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
   const ModelConfig& c = weights_->config;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const int64_t sizes[] = {c.hidden_size, c.hidden_size,       c.hidden_size, q_dim,
-                           kv_dim,        kv_dim,              q_dim,         c.intermediate_size,
-                           c.intermediate_size, c.hidden_size, c.hidden_size};
-  float** slices[] = {&hidden_, &delta_,    &normed_, &q_,          &k_,          &v_,
-                      &attn_out_, &gate_, &up_,     &final_rows_, &final_delta_};
+  const int64_t ffn = c.is_moe() ? c.moe_intermediate_size : c.intermediate_size;
+  const int64_t moe_hidden = c.is_moe() ? c.hidden_size : 0;
+  const int64_t sizes[] = {c.hidden_size, c.hidden_size, c.hidden_size, q_dim,     kv_dim,
+                           kv_dim,        q_dim,         ffn,           ffn,       c.hidden_size,
+                           c.hidden_size, c.num_experts, moe_hidden,    moe_hidden};
+  float** slices[] = {&hidden_,      &delta_,         &normed_,    &q_,         &k_,
+                      &v_,           &attn_out_,      &gate_,      &up_,        &final_rows_,
+                      &final_delta_, &router_logits_, &expert_in_, &expert_out_};
   int64_t bytes = 0;
   for (int64_t n : sizes) bytes += Aligned(num_tokens * n * int64_t{sizeof(float)});
   if (absl::Status s = GrowTracked(&workspace_, bytes); !s.ok()) return s;
@@ -531,6 +582,11 @@ absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", std::string(backend_->name()), " backend cannot capture graphs"));
   }
+  if (c.is_moe()) {
+    return absl::FailedPreconditionError(
+        "decode graphs are not available to mixture-of-experts models (routing reads the "
+        "router's logits on the host between kernels)");
+  }
   if (all_reduce_) {
     return absl::FailedPreconditionError(
         "decode graphs are not available to tensor-parallel ranks (their all-reduce "
@@ -640,15 +696,97 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   // Residual add fused into the post-attention norm.
   Norm(hidden_, delta_, w.ffn_norm, normed_, t);
 
-  Linear(normed_, w.w_gate, PreparedVector{}, gate_, t);
-  Linear(normed_, w.w_up, PreparedVector{}, up_, t);
-  const int64_t inter = c.intermediate_size;
-  backend_->SiluMul({gate_, up_, gate_, t, inter, inter, inter, inter});
-  Linear(gate_, w.w_down, PreparedVector{}, delta_, t);
+  if (c.is_moe()) {
+    if (absl::Status s = MoeMlp(w, t); !s.ok()) return s;
+  } else {
+    DenseMlp(w, t);
+  }
   // Each rank holds some MLP rows: their down projections add up.
   if (all_reduce_) {
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
     return all_reduce_(delta_, t * h);
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
+  Linear(normed_, w.w_gate, PreparedVector{}, gate_, t);
+  Linear(normed_, w.w_up, PreparedVector{}, up_, t);
+  const int64_t inter = weights_->config.intermediate_size;
+  backend_->SiluMul({gate_, up_, gate_, t, inter, inter, inter, inter});
+  Linear(gate_, w.w_down, PreparedVector{}, delta_, t);
+}
+
+// Mixture of experts, Mixtral / Qwen3-MoE style:
+//  1. router logits [T, E] = normed x router^T (one matmul);
+//  2. per token, in f32: softmax over all E logits, then the k most probable experts, picked one
+//     at a time by strict ">" so a tie goes to the lower expert index (what torch.topk returns
+//     for the small ties these models meet in practice), their probabilities renormalized to
+//     sum 1 when norm_topk_prob;
+//  3. per expert, ascending: gather the rows of the tokens routed to it (token order), run its
+//     SwiGLU MLP once over them with the ordinary matmul kernels, and add weight x output to
+//     each token's row of delta_.
+// Batch invariance: the matmul kernels keep each output row's reduction order independent of
+// how many rows run together, and every token's row of delta_ is 0 + its experts' terms added
+// in ascending expert order, so a token's result does not depend on the other tokens in the
+// step. Under tensor parallelism every rank routes identically (replicated router, identical
+// normed rows) and holds a slice of every expert's width; delta_ is then a partial sum that the
+// caller all-reduces, like the dense MLP's.
+absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
+  const ModelConfig& c = weights_->config;
+  const int64_t h = c.hidden_size;
+  const int num_experts = c.num_experts;
+  const int k = c.num_experts_per_tok;
+  const int64_t width = c.moe_intermediate_size;
+  Linear(normed_, w.router, PreparedVector{}, router_logits_, t);
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+
+  routes_.resize(num_experts);
+  for (std::vector<Route>& r : routes_) r.clear();
+  std::vector<float> probs(num_experts);
+  std::vector<int> chosen(k);
+  for (int64_t token = 0; token < t; ++token) {
+    const float* logits = router_logits_ + token * num_experts;
+    const float top = *std::max_element(logits, logits + num_experts);
+    float sum = 0.0f;
+    for (int e = 0; e < num_experts; ++e) sum += (probs[e] = std::exp(logits[e] - top));
+    for (float& p : probs) p /= sum;
+    float picked_sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < num_experts; ++e) {
+        if (std::find(chosen.begin(), chosen.begin() + j, e) != chosen.begin() + j) continue;
+        if (best < 0 || probs[e] > probs[best]) best = e;
+      }
+      chosen[j] = best;
+      picked_sum += probs[best];
+    }
+    const float scale = c.norm_topk_prob ? 1.0f / picked_sum : 1.0f;
+    for (int j = 0; j < k; ++j) {
+      routes_[chosen[j]].push_back({static_cast<int32_t>(token), probs[chosen[j]] * scale});
+    }
+  }
+
+  std::fill(delta_, delta_ + t * h, 0.0f);
+  for (int e = 0; e < num_experts; ++e) {
+    const std::vector<Route>& routes = routes_[e];
+    const int64_t n = static_cast<int64_t>(routes.size());
+    if (n == 0) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(expert_in_ + i * h, normed_ + int64_t{routes[i].token} * h, h * sizeof(float));
+    }
+    const Expert& x = w.experts[e];
+    Linear(expert_in_, x.w_gate, PreparedVector{}, gate_, n);
+    Linear(expert_in_, x.w_up, PreparedVector{}, up_, n);
+    backend_->SiluMul({gate_, up_, gate_, n, width, width, width, width});
+    Linear(gate_, x.w_down, PreparedVector{}, expert_out_, n);
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = delta_ + int64_t{routes[i].token} * h;
+      const float* src = expert_out_ + i * h;
+      const float weight = routes[i].weight;
+      for (int64_t d = 0; d < h; ++d) dst[d] += weight * src[d];
+    }
   }
   return absl::OkStatus();
 }

@@ -121,9 +121,19 @@ class LlamaModel {
 
  private:
   /// One layer's weights as the backend uses them.
+  struct Expert {
+    PreparedMatrix w_gate, w_up, w_down;
+  };
   struct Layer {
     PreparedVector attn_norm, ffn_norm, bq, bk, bv, bo, q_norm, k_norm;
     PreparedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    PreparedMatrix router;        // mixture of experts only
+    std::vector<Expert> experts;  // mixture of experts only
+  };
+  /// One token's choice of one expert (mixture of experts).
+  struct Route {
+    int32_t token;
+    float weight;
   };
   /// The batch's arrays where the backend reads them (the host spans themselves on the CPU).
   struct StagedBatch {
@@ -173,6 +183,10 @@ class LlamaModel {
   absl::Status ForwardDecodeGraph(const ForwardBatch& batch, KvCache& cache, float* logits);
   /// Makes `*buffer` hold `bytes`, bumping buffers_epoch_ when it moves.
   absl::Status GrowTracked(DeviceBuffer* buffer, int64_t bytes);
+  /// The dense SwiGLU MLP of `w` on normed_, into delta_.
+  void DenseMlp(const Layer& w, int64_t tokens);
+  /// The mixture-of-experts MLP of `w` on normed_, into delta_ (host-memory backends only).
+  absl::Status MoeMlp(const Layer& w, int64_t tokens);
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
@@ -208,6 +222,12 @@ class LlamaModel {
   float* up_ = nullptr;           // [T, intermediate]
   float* final_rows_ = nullptr;   // [logits rows, hidden] hidden rows that need logits
   float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs
+  // Mixture of experts only (empty slices otherwise).
+  float* router_logits_ = nullptr;  // [T, num_experts]
+  float* expert_in_ = nullptr;      // [T, hidden] the rows routed to one expert, gathered
+  float* expert_out_ = nullptr;     // [T, hidden] that expert's output for them
+  // Per expert, the tokens routed to it this layer in token order, with their weights.
+  std::vector<std::vector<Route>> routes_;
   // Device backends only: the staged batch arrays and the logits before they go to the host
   // (graph replays use device_logits_ on every backend).
   DeviceBuffer staging_;

@@ -44,6 +44,21 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("sliding_window must be >= 0, got ",
                                                    sliding_window));
   }
+  if (num_experts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_experts must be >= 0, got ", num_experts));
+  }
+  if (is_moe()) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("num_experts_per_tok ", num_experts_per_tok,
+                                                     " must be in [1, ", num_experts,
+                                                     "] (the number of experts)"));
+    }
+    if (moe_intermediate_size <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_intermediate_size (the expert width) must be positive, got ",
+                       moe_intermediate_size));
+    }
+  }
   if (bos_token_id >= vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", bos_token_id,
                                                    " is outside the vocabulary of ", vocab_size));

@@ -30,7 +30,8 @@ struct RopeScaling {
 
 /// Architecture hyper-parameters of a Llama-family decoder, whatever file format it came from.
 struct ModelConfig {
-  /// "llama", "mistral", "qwen2" or "qwen3" (TinyLlama and SmolLM are "llama").
+  /// "llama", "mistral", "qwen2", "qwen3", "mixtral" or "qwen3_moe" (TinyLlama and SmolLM are
+  /// "llama").
   std::string architecture = "llama";
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -55,11 +56,23 @@ struct ModelConfig {
   /// Qwen3: after the q/k projections and before RoPE, every head of q and of k is RMS-normed
   /// with one [head_dim] weight per layer (q_norm, k_norm) shared by all heads.
   bool qk_norm = false;
+  /// Mixture of experts (Mixtral, Qwen3-MoE): every layer's MLP is `num_experts` SwiGLU experts
+  /// of width moe_intermediate_size behind a linear router; 0 means a dense MLP of width
+  /// intermediate_size. Each token runs its num_experts_per_tok best experts (softmax over all
+  /// router logits, top-k, ties to the lower expert index) and sums their outputs weighted by
+  /// those probabilities, renormalized to sum 1 when norm_topk_prob.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  /// Mixtral always renormalizes; Qwen3-MoE when its config's `norm_topk_prob` is true.
+  bool norm_topk_prob = true;
   /// The output projection is the token embedding.
   bool tie_word_embeddings = false;
   TokenId bos_token_id = kNoToken;
   /// Generation stops at any of these (model EOS and generation_config extras).
   std::vector<TokenId> eos_token_ids;
+
+  bool is_moe() const { return num_experts > 0; }
 
   /// Checks the numbers are positive and consistent (heads divide, head_dim even, ...).
   absl::Status Validate() const;

@@ -259,6 +259,25 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
       out.push_back({&lw.k_norm, g + "attn_k_norm.weight", h + "self_attn.k_norm.weight"});
     }
     out.push_back({&lw.ffn_norm, g + "ffn_norm.weight", h + "post_attention_layernorm.weight"});
+    if (c.is_moe()) {
+      // Hugging Face only (Mixtral's block_sparse_moe.experts.J.w1/w3/w2, Qwen3-MoE's
+      // mlp.experts.J.gate_proj/up_proj/down_proj); the GGUF names are placeholders.
+      const bool mixtral = c.architecture == "mixtral";
+      const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
+      out.push_back({&lw.router, g + "ffn_gate_inp.weight", m + "gate.weight"});
+      for (size_t e = 0; e < lw.experts.size(); ++e) {
+        const ExpertWeights& x = lw.experts[e];
+        const std::string ge = absl::StrCat(g, "expert.", e, ".");
+        const std::string he = absl::StrCat(m, "experts.", e, ".");
+        out.push_back(
+            {&x.w_gate, ge + "ffn_gate.weight", he + (mixtral ? "w1" : "gate_proj") + ".weight"});
+        out.push_back(
+            {&x.w_up, ge + "ffn_up.weight", he + (mixtral ? "w3" : "up_proj") + ".weight"});
+        out.push_back(
+            {&x.w_down, ge + "ffn_down.weight", he + (mixtral ? "w2" : "down_proj") + ".weight"});
+      }
+      continue;
+    }
     out.push_back({&lw.w_gate, g + "ffn_gate.weight", h + "mlp.gate_proj.weight"});
     out.push_back({&lw.w_up, g + "ffn_up.weight", h + "mlp.up_proj.weight"});
     out.push_back({&lw.w_down, g + "ffn_down.weight", h + "mlp.down_proj.weight"});
@@ -414,10 +433,18 @@ ojson TokenizerConfigJson(int max_len) {
                {"unk_token", "<unk>"}};
 }
 
+// config.json's architectures[0] for each architecture the synthesizer writes.
+const char* HfClassName(const std::string& arch) {
+  if (arch == "qwen3") return "Qwen3ForCausalLM";
+  if (arch == "mixtral") return "MixtralForCausalLM";
+  if (arch == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  return "LlamaForCausalLM";
+}
+
 ojson ConfigJson(const ModelConfig& c, DType dtype) {
-  const bool qwen3 = c.architecture == "qwen3";
+  const bool qwen3 = c.architecture == "qwen3" || c.architecture == "qwen3_moe";
   // nlohmann::json keeps its keys sorted, as transformers writes config.json.
-  nlohmann::json j = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+  nlohmann::json j = {{"architectures", {HfClassName(c.architecture)}},
                       {"attention_bias", false},
                       {"attention_dropout", 0.0},
                       {"bos_token_id", 1},
@@ -428,7 +455,7 @@ ojson ConfigJson(const ModelConfig& c, DType dtype) {
                       {"initializer_range", 0.02},
                       {"intermediate_size", c.intermediate_size},
                       {"max_position_embeddings", c.max_position_embeddings},
-                      {"model_type", qwen3 ? "qwen3" : "llama"},
+                      {"model_type", c.architecture},
                       {"num_attention_heads", c.num_heads},
                       {"num_hidden_layers", c.num_layers},
                       {"num_key_value_heads", c.num_kv_heads},
@@ -439,10 +466,26 @@ ojson ConfigJson(const ModelConfig& c, DType dtype) {
                       {"torch_dtype", TorchDtype(dtype)},
                       {"use_cache", true},
                       {"vocab_size", c.vocab_size}};
-  if (qwen3) {
+  if (c.architecture == "mixtral") {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.02;
+    j["sliding_window"] = nullptr;
+  } else if (qwen3) {
     j["max_window_layers"] = c.num_layers;
     j["sliding_window"] = nullptr;
     j["use_sliding_window"] = false;
+    if (c.is_moe()) {
+      j["num_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["moe_intermediate_size"] = c.moe_intermediate_size;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = nlohmann::json::array();
+      j["output_router_logits"] = false;
+      j["router_aux_loss_coef"] = 0.001;
+    }
   } else {
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
@@ -517,8 +560,24 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
   for (const auto& [flag, value] : positive) {
     if (value < 1) return bad(flag, " must be at least 1, got ", value);
   }
-  if (m.architecture != "llama" && m.architecture != "qwen3") {
-    return bad("--arch '", m.architecture, "' is not one of llama, qwen3");
+  const bool moe = m.architecture == "mixtral" || m.architecture == "qwen3_moe";
+  if (m.architecture != "llama" && m.architecture != "qwen3" && !moe) {
+    return bad("--arch '", m.architecture, "' is not one of llama, qwen3, mixtral, qwen3moe");
+  }
+  if (moe) {
+    if (m.num_experts < 1) return bad("--experts must be at least 1, got ", m.num_experts);
+    if (m.num_experts_per_tok < 1 || m.num_experts_per_tok > m.num_experts) {
+      return bad("--experts-per-tok ", m.num_experts_per_tok, " must be in [1, --experts ",
+                 m.num_experts, "]");
+    }
+    if (m.moe_intermediate_size < 0) {
+      return bad("--expert-ffn must be at least 0, got ", m.moe_intermediate_size);
+    }
+    if (options.format != SynthFormat::kHf || !options.dequantized_twin_path.empty()) {
+      return bad("--arch ", m.architecture,
+                 " (mixture of experts) is written as a Hugging Face directory only: use "
+                 "--format hf");
+    }
   }
   if (m.head_dim < 0) return bad("--head-dim must be at least 0, got ", m.head_dim);
   if (m.head_dim == 0) {

@@ -19,7 +19,9 @@
 // old row h*d + 2k + j), as Hugging Face's Llama converter does, so both give the same logits.
 // A qwen3 model (GGUF architecture "qwen3", config.json model_type "qwen3") keeps its rows in
 // rotate_half order in both files, as llama.cpp's Qwen converter does, and carries the per-head
-// q/k norm weights (attn_q_norm / self_attn.q_norm, and k).
+// q/k norm weights (attn_q_norm / self_attn.q_norm, and k). Mixture-of-experts models (mixtral,
+// qwen3_moe) are written as Hugging Face directories only, with Mixtral's block_sparse_moe or
+// Qwen3-MoE's mlp router and expert names.
 
 #include <cstdint>
 #include <string>

@@ -95,14 +95,24 @@ class Builder {
 absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const SyntheticModelOptions& o) {
   auto weights = std::make_unique<ModelWeights>();
   ModelConfig& c = weights->config;
-  if (o.architecture != "llama" && o.architecture != "qwen3") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("synthetic model: architecture '", o.architecture, "' is not llama or qwen3"));
+  if (o.architecture != "llama" && o.architecture != "qwen3" && o.architecture != "mixtral" &&
+      o.architecture != "qwen3_moe") {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic model: architecture '",
+                                                   o.architecture,
+                                                   "' is not llama, qwen3, mixtral or qwen3_moe"));
   }
-  const bool qwen3 = o.architecture == "qwen3";
+  const bool qwen3 = o.architecture == "qwen3" || o.architecture == "qwen3_moe";
+  const bool moe = o.architecture == "mixtral" || o.architecture == "qwen3_moe";
   c.architecture = o.architecture;
   c.qk_norm = qwen3;
-  c.rope_style = qwen3 ? RopeStyle::kHalfSplit : RopeStyle::kInterleaved;
+  c.rope_style = o.architecture == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  if (moe) {
+    c.num_experts = o.num_experts;
+    c.num_experts_per_tok = o.num_experts_per_tok;
+    c.moe_intermediate_size =
+        o.moe_intermediate_size > 0 && qwen3 ? o.moe_intermediate_size : o.intermediate_size;
+    c.norm_topk_prob = qwen3 ? o.norm_topk_prob : true;
+  }
   c.hidden_size = o.hidden_size;
   c.intermediate_size = o.intermediate_size;
   c.num_layers = o.num_layers;
@@ -157,6 +167,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
       KVSERVE_ASSIGN(w.k_norm, b.AroundOne(p + "attn_k_norm", c.head_dim));
     }
     KVSERVE_ASSIGN(w.ffn_norm, b.Ones(p + "ffn_norm", h));
+    if (moe) {
+      const int64_t width = c.moe_intermediate_size;
+      KVSERVE_ASSIGN(w.router,
+                     b.Random(p + "ffn_gate_inp", dt("ffn_gate_inp", l, h), c.num_experts, h));
+      w.experts.resize(c.num_experts);
+      for (int e = 0; e < c.num_experts; ++e) {
+        ExpertWeights& x = w.experts[e];
+        const std::string q = absl::StrCat(p, "expert.", e, ".");
+        KVSERVE_ASSIGN(x.w_gate, b.Random(q + "ffn_gate", dt("ffn_gate", l, h), width, h));
+        KVSERVE_ASSIGN(x.w_up, b.Random(q + "ffn_up", dt("ffn_up", l, h), width, h));
+        KVSERVE_ASSIGN(x.w_down, b.Random(q + "ffn_down", dt("ffn_down", l, width), h, width));
+      }
+      continue;
+    }
     KVSERVE_ASSIGN(w.w_gate,
                    b.Random(p + "ffn_gate", dt("ffn_gate", l, h), c.intermediate_size, h));
     KVSERVE_ASSIGN(w.w_up, b.Random(p + "ffn_up", dt("ffn_up", l, h), c.intermediate_size, h));
@@ -223,7 +247,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> DequantizedTwin(const ModelWeights
                                {&s.ffn_norm, &d.ffn_norm},
                                {&s.w_gate, &d.w_gate},
                                {&s.w_up, &d.w_up},
-                               {&s.w_down, &d.w_down}});
+                               {&s.w_down, &d.w_down},
+                               {&s.router, &d.router}});
+    d.experts.resize(s.experts.size());
+    for (size_t e = 0; e < s.experts.size(); ++e) {
+      views.insert(views.end(), {{&s.experts[e].w_gate, &d.experts[e].w_gate},
+                                 {&s.experts[e].w_up, &d.experts[e].w_up},
+                                 {&s.experts[e].w_down, &d.experts[e].w_down}});
+    }
   }
   for (auto [from, to] : views) {
     absl::StatusOr<TensorView> v = ToF32(*from, twin.get());

@@ -26,8 +26,10 @@ enum class WeightMix {
 /// super-block) is stored as kQ8_0 instead, so quantized dtypes need sizes that are multiples of
 /// 32 only.
 struct SyntheticModelOptions {
-  /// "llama" or "qwen3". A qwen3 model has per-head q/k norms (weights drawn from [0.5, 1.5]) and
-  /// its q/k rows in rotate_half order (RopeStyle::kHalfSplit), as Qwen3 checkpoints have.
+  /// "llama", "qwen3", "mixtral" or "qwen3_moe". A qwen3 or qwen3_moe model has per-head q/k
+  /// norms (weights drawn from [0.5, 1.5]); every architecture but llama keeps its q/k rows in
+  /// rotate_half order (RopeStyle::kHalfSplit), as those checkpoints have. mixtral and qwen3_moe
+  /// replace each layer's MLP by `num_experts` experts behind a router.
   std::string architecture = "llama";
   int num_layers = 2;
   int hidden_size = 256;
@@ -36,6 +38,13 @@ struct SyntheticModelOptions {
   /// Width of one attention head; 0 means hidden_size / num_heads.
   int head_dim = 0;
   int intermediate_size = 688;
+  /// Mixture of experts (mixtral, qwen3_moe): experts per layer, experts run per token, and the
+  /// width of one expert (0: intermediate_size). Mixtral renormalizes the top-k weights always,
+  /// qwen3_moe when norm_topk_prob.
+  int num_experts = 4;
+  int num_experts_per_tok = 2;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
   int vocab_size = 1024;
   int max_position_embeddings = 2048;
   /// dtype of the matmul weights and the embedding (norms are always F32).

@@ -11,6 +11,12 @@ int64_t ModelWeights::TotalBytes() const {
           &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
       if (t->present()) total += t->nbytes();
     }
+    if (l.router.present()) total += l.router.nbytes();
+    for (const ExpertWeights& e : l.experts) {
+      for (const TensorView* t : {&e.w_gate, &e.w_up, &e.w_down}) {
+        if (t->present()) total += t->nbytes();
+      }
+    }
   }
   return total;
 }

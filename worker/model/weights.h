@@ -34,6 +34,13 @@ struct TensorView {
   int64_t nbytes() const { return shape.empty() ? 0 : row_bytes() * (numel() / shape.back()); }
 };
 
+/// One expert of a mixture-of-experts MLP: a SwiGLU MLP of width config.moe_intermediate_size.
+struct ExpertWeights {
+  TensorView w_gate;  // [moe_intermediate, hidden] (Mixtral w1)
+  TensorView w_up;    // [moe_intermediate, hidden] (Mixtral w3)
+  TensorView w_down;  // [hidden, moe_intermediate] (Mixtral w2)
+};
+
 /// One decoder layer. Norm weights and biases are always F32 (loaders convert them).
 struct LayerWeights {
   TensorView attn_norm;  // [hidden]
@@ -46,9 +53,13 @@ struct LayerWeights {
   TensorView q_norm;     // [head_dim] when config.qk_norm, else absent
   TensorView k_norm;     // [head_dim] when config.qk_norm, else absent
   TensorView ffn_norm;   // [hidden]
+  // Dense MLP; absent in a mixture-of-experts layer.
   TensorView w_gate;     // [intermediate, hidden]
   TensorView w_up;       // [intermediate, hidden]
   TensorView w_down;     // [hidden, intermediate]
+  // Mixture of experts (config.num_experts > 0); absent / empty in a dense layer.
+  TensorView router;                   // [num_experts, hidden]
+  std::vector<ExpertWeights> experts;  // num_experts of them
 };
 
 /// A loaded model: its config, views of every weight, and the storage those views point into.

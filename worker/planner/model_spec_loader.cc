@@ -77,8 +77,8 @@ std::optional<WeightDType> CheckpointDType(const Json& config) {
   return std::nullopt;
 }
 
-constexpr std::array<absl::string_view, 7> kKnownModelTypes = {
-    "llama", "mistral", "qwen2", "qwen3", "mixtral", "deepseek_v2", "deepseek_v3"};
+constexpr std::array<absl::string_view, 8> kKnownModelTypes = {
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3"};
 constexpr std::array<absl::string_view, 5> kLlamaFields = {
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"};
 
@@ -153,7 +153,7 @@ absl::Status FillFromConfig(const Json& config, const std::string& origin, Model
     if (OptBool(config, "use_sliding_window", false)) {
       if (s = read("sliding_window", spec.sliding_window, 0); !s.ok()) return s;
     }
-  } else if (spec.model_type == "qwen3") {
+  } else if (spec.model_type == "qwen3" || spec.model_type == "qwen3_moe") {
     spec.qk_norm = true;
     spec.qkv_bias = spec.o_bias = OptBool(config, "attention_bias", false);
     if (OptBool(config, "use_sliding_window", false)) {
@@ -174,6 +174,14 @@ absl::Status FillFromConfig(const Json& config, const std::string& origin, Model
   } else if (spec.model_type == "mixtral") {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": mixtral config lacks \"num_local_experts\""));
+  }
+  // Qwen3-MoE: num_experts experts of width moe_intermediate_size in every layer (counted as
+  // if decoder_sparse_step were 1 and mlp_only_layers empty, the only layout the engine runs).
+  if (spec.model_type == "qwen3_moe") {
+    MoeSpec& moe = spec.moe;
+    if (s = read("num_experts", moe.num_routed_experts, {}); !s.ok()) return s;
+    if (s = read("moe_intermediate_size", moe.moe_intermediate_size, {}); !s.ok()) return s;
+    if (s = read("num_experts_per_tok", moe.num_experts_per_tok, {}); !s.ok()) return s;
   }
 
   if (deepseek) {

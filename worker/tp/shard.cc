@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -129,19 +130,25 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
   }
 
   // MLP rows go in units of the down projection's quantization block so its column cut is legal.
+  // A mixture-of-experts model cuts every expert at the same rows of its own width.
+  const bool moe = c.is_moe();
+  const int64_t width = moe ? c.moe_intermediate_size : c.intermediate_size;
+  const char* width_name = moe ? "moe_intermediate_size" : "intermediate_size";
   int64_t unit = 1;
-  for (const LayerWeights& w : weights.layers)
+  for (const LayerWeights& w : weights.layers) {
     unit = std::max(unit, DTypeBlockElems(w.w_down.dtype));
-  if (c.intermediate_size % unit != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: intermediate_size ",
-                                                   c.intermediate_size, " is not a multiple of ",
-                                                   unit, "-element quantization blocks"));
+    for (const ExpertWeights& e : w.experts) unit = std::max(unit, DTypeBlockElems(e.w_down.dtype));
   }
-  const int64_t units = c.intermediate_size / unit;
+  if (width % unit != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", width_name, " ", width,
+                                                   " is not a multiple of ", unit,
+                                                   "-element quantization blocks"));
+  }
+  const int64_t units = width / unit;
   if (units < tp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallel size ", tp, " exceeds the ", units, " splittable MLP blocks of ", unit,
-        " rows (intermediate_size ", c.intermediate_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp, " exceeds the ",
+                                                   units, " splittable MLP blocks of ", unit,
+                                                   " rows (", width_name, " ", width, ")"));
   }
   plan.ffn_begin = units * rank / tp * unit;
   plan.ffn_end = units * (rank + 1) / tp * unit;
@@ -152,17 +159,36 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
     const LayerWeights& w = weights.layers[l];
     const int64_t q_dim = int64_t{c.num_heads} * hd;
     const int64_t kv_dim = int64_t{c.num_kv_heads} * hd;
-    const int64_t inter = c.intermediate_size;
+    std::vector<absl::Status> mlp;
+    if (moe) {
+      mlp.push_back(CheckShape(w.router, l, "router", c.num_experts, h));
+      if (static_cast<int>(w.experts.size()) != c.num_experts) {
+        mlp.push_back(absl::InvalidArgumentError(
+            absl::StrCat("tensor parallel: layer ", l, " has ", w.experts.size(),
+                         " experts, config says ", c.num_experts)));
+      }
+      for (const ExpertWeights& e : w.experts) {
+        mlp.push_back(CheckShape(e.w_gate, l, "expert w_gate", width, h));
+        mlp.push_back(CheckShape(e.w_up, l, "expert w_up", width, h));
+        mlp.push_back(CheckShape(e.w_down, l, "expert w_down", h, width));
+        mlp.push_back(
+            CheckColumnCut(e.w_down, l, "expert w_down", plan.ffn_begin, plan.ffn_end, tp));
+      }
+    } else {
+      mlp = {CheckShape(w.w_gate, l, "w_gate", width, h), CheckShape(w.w_up, l, "w_up", width, h),
+             CheckShape(w.w_down, l, "w_down", h, width),
+             CheckColumnCut(w.w_down, l, "w_down", plan.ffn_begin, plan.ffn_end, tp)};
+    }
+    for (const absl::Status& s : mlp) {
+      if (!s.ok()) return s;
+    }
     for (absl::Status s :
          {CheckShape(w.wq, l, "wq", q_dim, h), CheckShape(w.wk, l, "wk", kv_dim, h),
           CheckShape(w.wv, l, "wv", kv_dim, h), CheckShape(w.wo, l, "wo", h, q_dim),
-          CheckShape(w.w_gate, l, "w_gate", inter, h), CheckShape(w.w_up, l, "w_up", inter, h),
-          CheckShape(w.w_down, l, "w_down", h, inter), CheckBias(w.bq, l, "bq", q_dim),
-          CheckBias(w.bk, l, "bk", kv_dim), CheckBias(w.bv, l, "bv", kv_dim),
-          CheckBias(w.bo, l, "bo", h), CheckBias(w.q_norm, l, "q_norm", hd),
-          CheckBias(w.k_norm, l, "k_norm", hd),
-          CheckColumnCut(w.wo, l, "wo", plan.q_head_begin * hd, plan.q_head_end * hd, tp),
-          CheckColumnCut(w.w_down, l, "w_down", plan.ffn_begin, plan.ffn_end, tp)}) {
+          CheckBias(w.bq, l, "bq", q_dim), CheckBias(w.bk, l, "bk", kv_dim),
+          CheckBias(w.bv, l, "bv", kv_dim), CheckBias(w.bo, l, "bo", h),
+          CheckBias(w.q_norm, l, "q_norm", hd), CheckBias(w.k_norm, l, "k_norm", hd),
+          CheckColumnCut(w.wo, l, "wo", plan.q_head_begin * hd, plan.q_head_end * hd, tp)}) {
       if (!s.ok()) return s;
     }
   }
@@ -180,7 +206,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
   shard->config = c;
   shard->config.num_heads = plan->q_head_end - plan->q_head_begin;
   shard->config.num_kv_heads = plan->kv_head_end - plan->kv_head_begin;
-  shard->config.intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
+  if (c.is_moe()) {
+    shard->config.moe_intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
+  } else {
+    shard->config.intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
+  }
   shard->format = weights.format;
   shard->source_path = weights.source_path;
   shard->token_embedding = weights.token_embedding;
@@ -213,6 +243,22 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
     absl::StatusOr<TensorView> wo = ColumnSlice(w.wo, q_begin, q_end, *shard);
     if (!wo.ok()) return wo.status();
     s.wo = std::move(*wo);
+    if (c.is_moe()) {
+      // The router is replicated (every rank routes alike); each expert splits like a dense MLP.
+      s.router = w.router;
+      s.experts.resize(w.experts.size());
+      for (size_t e = 0; e < w.experts.size(); ++e) {
+        const ExpertWeights& x = w.experts[e];
+        ExpertWeights& y = s.experts[e];
+        y.w_gate = RowSlice(x.w_gate, plan->ffn_begin, plan->ffn_end);
+        y.w_up = RowSlice(x.w_up, plan->ffn_begin, plan->ffn_end);
+        absl::StatusOr<TensorView> down =
+            ColumnSlice(x.w_down, plan->ffn_begin, plan->ffn_end, *shard);
+        if (!down.ok()) return down.status();
+        y.w_down = std::move(*down);
+      }
+      continue;
+    }
     absl::StatusOr<TensorView> down = ColumnSlice(w.w_down, plan->ffn_begin, plan->ffn_end, *shard);
     if (!down.ok()) return down.status();
     s.w_down = std::move(*down);

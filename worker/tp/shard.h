@@ -17,7 +17,9 @@ namespace kvserve {
 ///    when num_kv_heads divides tp, each rank holds the one kv head its query heads read
 ///    (replicated on tp / num_kv_heads ranks). Anything else is an error.
 ///  - MLP: the intermediate rows split as evenly as possible in units of the down projection's
-///    quantization block (1 for plain dtypes), so ranks may differ by one unit.
+///    quantization block (1 for plain dtypes), so ranks may differ by one unit. In a
+///    mixture-of-experts model every expert is cut at the same rows of its own width
+///    (moe_intermediate_size) and the router is replicated.
 ///  - Token embedding, output layer and norms: replicated on every rank. (A vocab-parallel
 ///    embedding/output is a later optimisation: it saves vocab * hidden * (tp - 1) / tp weights
 ///    per rank at the price of an all-gather of the logits.)

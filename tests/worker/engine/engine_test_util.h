@@ -5,6 +5,7 @@
 // draining a request's stream, greedy requests, and the mixed workload of 64 requests.
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -36,6 +37,12 @@ inline std::map<int, Collected> Drain(RequestStream& stream) {
     if (msg.finished) c.final_output = msg;
   }
   return out;
+}
+
+/// Runs `r` alone on a fresh engine over `m` and collects its first sample.
+inline Collected RunAlone(const LoadedModel& m, const EngineRequest& r, const EngineOptions& o) {
+  std::unique_ptr<Engine> engine = *Engine::Create(&m, o);
+  return Drain(**engine->Submit(r))[0];
 }
 
 /// A greedy request of max_tokens tokens that ignores EOS and returns the chosen logprobs.

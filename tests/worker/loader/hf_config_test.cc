@@ -113,9 +113,10 @@ TEST(HfConfigTest, RopeScaling) {
 TEST(HfConfigTest, Errors) {
   ExpectError(
       ParseHfConfig(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})", ""),
-      "config.json: unsupported architecture 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
-  ExpectError(ParseHfConfig(R"({"architectures": ["MixtralForCausalLM"]})", ""),
-              "config.json: unsupported architecture 'MixtralForCausalLM'");
+      "config.json: unsupported architecture 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
+      "mixtral, qwen3_moe)");
+  ExpectError(ParseHfConfig(R"({"architectures": ["GemmaForCausalLM"]})", ""),
+              "config.json: unsupported architecture 'GemmaForCausalLM'");
   ExpectError(ParseHfConfig(Llama(R"("attention_bias": true,)"), ""),
               "config.json: 'attention_bias' true is not supported");
   ExpectError(ParseHfConfig(Llama(R"("mlp_bias": true,)"), ""),

@@ -509,7 +509,7 @@ TEST(ModelLoaderTest, HfErrors) {
     ExpectError(LoadModelWeights(dir).status(),
                 dir +
                     "/config.json: unsupported architecture 'gpt2' (supported: llama, mistral, "
-                    "qwen2, qwen3)");
+                    "qwen2, qwen3, mixtral, qwen3_moe)");
   }
   {
     const std::string dir =

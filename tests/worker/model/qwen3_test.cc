@@ -22,6 +22,7 @@
 #include "tests/test_util/scratch_dir.h"
 #include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/model_test_util.h"
+#include "tests/worker/model/reference_forward.h"
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/loaded_model.h"
@@ -65,120 +66,10 @@ SynthOutputs WriteQwen3(const std::string& name, bool tied = false) {
   return out.ok() ? *out : SynthOutputs{};
 }
 
-// ---- The reference: the Qwen3 forward pass in plain loops, accumulating in double. ----
+// The reference forward pass: tests/worker/model/reference_forward.h.
+using testing_model::ReferenceLogits;
 
-const float* F32(const TensorView& t) { return static_cast<const float*>(t.data); }
-
-/// y[out] = W[out, in] x (+ b), W row-major [out, in].
-std::vector<double> MatVec(const TensorView& w, const std::vector<double>& x,
-                           const TensorView* bias = nullptr) {
-  const int64_t rows = w.shape[0], cols = w.shape[1];
-  EXPECT_EQ(cols, static_cast<int64_t>(x.size())) << w.name;
-  EXPECT_EQ(w.dtype, DType::kF32) << w.name;
-  std::vector<double> y(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    double acc = 0;
-    for (int64_t c = 0; c < cols; ++c) acc += double{F32(w)[r * cols + c]} * x[c];
-    y[r] = acc + (bias != nullptr && bias->present() ? F32(*bias)[r] : 0.0);
-  }
-  return y;
-}
-
-/// RMSNorm of x[begin, begin + n) in place with weight [n].
-void RmsNormInPlace(std::vector<double>& x, int64_t begin, int64_t n, const TensorView& weight,
-                    double eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[begin + i] * x[begin + i];
-  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) x[begin + i] = x[begin + i] * inv * F32(weight)[i];
-}
-
-/// Hugging Face rotate_half RoPE on the head at x[begin, begin + d): dimension i pairs with
-/// i + d/2 and turns by position * theta^(-2i/d).
-void RotateHalf(std::vector<double>& x, int64_t begin, int d, int position, double theta) {
-  const int half = d / 2;
-  for (int i = 0; i < half; ++i) {
-    const double freq = std::pow(theta, -2.0 * i / d);
-    const double angle = position * freq;
-    const double a = x[begin + i], b = x[begin + i + half];
-    x[begin + i] = a * std::cos(angle) - b * std::sin(angle);
-    x[begin + i + half] = b * std::cos(angle) + a * std::sin(angle);
-  }
-}
-
-/// Logits of the last token of `prompt`, every token attending causally to those before it.
-std::vector<float> ReferenceLogits(const ModelWeights& w, const std::vector<TokenId>& prompt) {
-  const ModelConfig& c = w.config;
-  const int d = c.head_dim;
-  const int group = c.num_heads / c.num_kv_heads;
-  const double eps = c.rms_norm_eps;
-  const int64_t tokens = static_cast<int64_t>(prompt.size());
-  std::vector<std::vector<double>> x(tokens, std::vector<double>(c.hidden_size));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int i = 0; i < c.hidden_size; ++i) {
-      x[t][i] = F32(w.token_embedding)[int64_t{prompt[t]} * c.hidden_size + i];
-    }
-  }
-  for (const LayerWeights& l : w.layers) {
-    std::vector<std::vector<double>> q(tokens), k(tokens), v(tokens);
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> xn = x[t];
-      RmsNormInPlace(xn, 0, c.hidden_size, l.attn_norm, eps);
-      q[t] = MatVec(l.wq, xn, &l.bq);
-      k[t] = MatVec(l.wk, xn, &l.bk);
-      v[t] = MatVec(l.wv, xn, &l.bv);
-      for (int h = 0; h < c.num_heads; ++h) {
-        RmsNormInPlace(q[t], int64_t{h} * d, d, l.q_norm, eps);
-        RotateHalf(q[t], int64_t{h} * d, d, static_cast<int>(t), c.rope_theta);
-      }
-      for (int h = 0; h < c.num_kv_heads; ++h) {
-        RmsNormInPlace(k[t], int64_t{h} * d, d, l.k_norm, eps);
-        RotateHalf(k[t], int64_t{h} * d, d, static_cast<int>(t), c.rope_theta);
-      }
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> attn(int64_t{c.num_heads} * d, 0.0);
-      for (int h = 0; h < c.num_heads; ++h) {
-        const int64_t qo = int64_t{h} * d, ko = int64_t{h / group} * d;
-        std::vector<double> score(t + 1);
-        double top = -1e300;
-        for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0;
-          for (int i = 0; i < d; ++i) dot += q[t][qo + i] * k[j][ko + i];
-          score[j] = dot / std::sqrt(static_cast<double>(d));
-          top = std::max(top, score[j]);
-        }
-        double sum = 0;
-        for (double& s : score) sum += (s = std::exp(s - top));
-        for (int64_t j = 0; j <= t; ++j) {
-          for (int i = 0; i < d; ++i) attn[qo + i] += score[j] / sum * v[j][ko + i];
-        }
-      }
-      const std::vector<double> o = MatVec(l.wo, attn, &l.bo);
-      for (int i = 0; i < c.hidden_size; ++i) x[t][i] += o[i];
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> xn = x[t];
-      RmsNormInPlace(xn, 0, c.hidden_size, l.ffn_norm, eps);
-      const std::vector<double> gate = MatVec(l.w_gate, xn);
-      const std::vector<double> up = MatVec(l.w_up, xn);
-      std::vector<double> act(gate.size());
-      for (size_t i = 0; i < act.size(); ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-      const std::vector<double> down = MatVec(l.w_down, act);
-      for (int i = 0; i < c.hidden_size; ++i) x[t][i] += down[i];
-    }
-  }
-  std::vector<double> last = x.back();
-  RmsNormInPlace(last, 0, c.hidden_size, w.final_norm, eps);
-  const std::vector<double> logits = MatVec(w.output, last);
-  return std::vector<float>(logits.begin(), logits.end());
-}
-
-std::vector<TokenId> Prompt(int n) {
-  std::vector<TokenId> p = {1};
-  for (int i = 1; i < n; ++i) p.push_back(static_cast<TokenId>(3 + (i * 37) % 590));
-  return p;
-}
+std::vector<TokenId> Prompt(int n) { return testing_model::SpreadPrompt(n); }
 
 // ---- Loading ----
 
@@ -348,8 +239,7 @@ EngineOptions EngineOpts() {
 
 testing_engine::Collected RunAlone(const LoadedModel& m, const EngineRequest& r,
                                    EngineOptions o = EngineOpts()) {
-  std::unique_ptr<Engine> engine = *Engine::Create(&m, o);
-  return testing_engine::Drain(**engine->Submit(r))[0];
+  return testing_engine::RunAlone(m, r, o);
 }
 
 TEST(Qwen3Test, GreedyIsTheSameAloneBatchedAndChunked) {
