@@ -100,6 +100,46 @@ inline void ExpectPoolFree(const Engine& engine) {
   EXPECT_EQ(st.invariant_violations, 0) << st.first_violation;
 }
 
+/// The determinism contract for one model: `a` decodes the tokens `alone` holds (its run alone
+/// under `base`) when batched with `others`, and with the prompt prefilled in chunks of 8 tokens,
+/// both bit for bit; over two tensor-parallel ranks the same tokens, with logprobs within 1e-4
+/// (the all-reduce sums partial projections).
+inline void ExpectSameBatchedChunkedAndTp(const LoadedModel& m, const EngineRequest& a,
+                                          const std::vector<EngineRequest>& others,
+                                          const Collected& alone, const EngineOptions& base) {
+  {
+    std::unique_ptr<Engine> engine = *Engine::Create(&m, base);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (size_t i = 0; i < others.size(); ++i) {
+      streams.push_back(*engine->Submit(others[i]));
+      if (i == 0) streams.push_back(*engine->Submit(a));  // a between the others
+    }
+    if (others.empty()) streams.push_back(*engine->Submit(a));
+    const Collected batched = Drain(*streams[others.empty() ? 0 : 1])[0];
+    for (auto& stream : streams) Drain(*stream);
+    EXPECT_EQ(batched.tokens, alone.tokens) << "batched";
+    EXPECT_EQ(batched.logprobs, alone.logprobs) << "batched";
+    ExpectPoolFree(*engine);
+  }
+  {
+    EngineOptions o = base;
+    o.scheduler.max_num_batched_tokens = 8;
+    const Collected chunked = RunAlone(m, a, o);
+    EXPECT_EQ(chunked.tokens, alone.tokens) << "chunked";
+    EXPECT_EQ(chunked.logprobs, alone.logprobs) << "chunked";
+  }
+  {
+    EngineOptions o = base;
+    o.tensor_parallel_size = 2;
+    const Collected tp = RunAlone(m, a, o);
+    EXPECT_EQ(tp.tokens, alone.tokens) << "tp 2";
+    ASSERT_EQ(tp.logprobs.size(), alone.logprobs.size());
+    for (size_t i = 0; i < tp.logprobs.size(); ++i) {
+      EXPECT_NEAR(tp.logprobs[i], alone.logprobs[i], 1e-4) << "tp 2, token " << i;
+    }
+  }
+}
+
 }  // namespace kvserve::testing_engine
 
 #endif  // KVSERVE_TESTS_WORKER_ENGINE_ENGINE_TEST_UTIL_H_

@@ -245,38 +245,9 @@ TEST(MoeTest, GreedyIsTheSameAloneBatchedAndChunked) {
     c.prompt_ids[5] = 401;
     const testing_engine::Collected alone = RunAlone(*m, a);
     ASSERT_EQ(alone.tokens.size(), 12u);
-    {
-      // Batched with two other requests: their tokens go to other experts in the same steps.
-      std::unique_ptr<Engine> engine = *Engine::Create(&*m, EngineOpts());
-      std::shared_ptr<RequestStream> sb = *engine->Submit(b);
-      std::shared_ptr<RequestStream> sa = *engine->Submit(a);
-      std::shared_ptr<RequestStream> sc = *engine->Submit(c);
-      const testing_engine::Collected batched = testing_engine::Drain(*sa)[0];
-      testing_engine::Drain(*sb);
-      testing_engine::Drain(*sc);
-      EXPECT_EQ(batched.tokens, alone.tokens);
-      EXPECT_EQ(batched.logprobs, alone.logprobs);
-      testing_engine::ExpectPoolFree(*engine);
-    }
-    {
-      EngineOptions o = EngineOpts();
-      o.scheduler.max_num_batched_tokens = 8;
-      const testing_engine::Collected chunked = RunAlone(*m, a, o);
-      EXPECT_EQ(chunked.tokens, alone.tokens);
-      EXPECT_EQ(chunked.logprobs, alone.logprobs);
-    }
-    {
-      // Every expert split over two ranks, the router replicated: the same tokens, logprobs
-      // close (the all-reduce sums partial projections).
-      EngineOptions o = EngineOpts();
-      o.tensor_parallel_size = 2;
-      const testing_engine::Collected tp = RunAlone(*m, a, o);
-      EXPECT_EQ(tp.tokens, alone.tokens);
-      ASSERT_EQ(tp.logprobs.size(), alone.logprobs.size());
-      for (size_t i = 0; i < tp.logprobs.size(); ++i) {
-        EXPECT_NEAR(tp.logprobs[i], alone.logprobs[i], 1e-4);
-      }
-    }
+    // Batched, the other requests' tokens go to other experts in the same steps; under tensor
+    // parallelism every expert is split over the ranks and the router replicated.
+    testing_engine::ExpectSameBatchedChunkedAndTp(*m, a, {b, c}, alone, EngineOpts());
   }
 }
 

@@ -252,37 +252,8 @@ TEST(Qwen3Test, GreedyIsTheSameAloneBatchedAndChunked) {
   const testing_engine::Collected alone = RunAlone(*m, a);
   ASSERT_EQ(alone.tokens.size(), 12u);
 
-  // Batched with another request.
-  {
-    std::unique_ptr<Engine> engine = *Engine::Create(&*m, EngineOpts());
-    std::shared_ptr<RequestStream> sa = *engine->Submit(a);
-    std::shared_ptr<RequestStream> sb = *engine->Submit(b);
-    const testing_engine::Collected batched = testing_engine::Drain(*sa)[0];
-    testing_engine::Drain(*sb);
-    EXPECT_EQ(batched.tokens, alone.tokens);
-    EXPECT_EQ(batched.logprobs, alone.logprobs);
-    testing_engine::ExpectPoolFree(*engine);
-  }
-  // Prefill in chunks of 8 tokens.
-  {
-    EngineOptions o = EngineOpts();
-    o.scheduler.max_num_batched_tokens = 8;
-    const testing_engine::Collected chunked = RunAlone(*m, a, o);
-    EXPECT_EQ(chunked.tokens, alone.tokens);
-    EXPECT_EQ(chunked.logprobs, alone.logprobs);
-  }
-  // Two tensor-parallel ranks (q/k norms replicated, heads split): the same tokens; the
-  // all-reduce sums partial projections, so logprobs agree closely, not bit for bit.
-  {
-    EngineOptions o = EngineOpts();
-    o.tensor_parallel_size = 2;
-    const testing_engine::Collected tp = RunAlone(*m, a, o);
-    EXPECT_EQ(tp.tokens, alone.tokens);
-    ASSERT_EQ(tp.logprobs.size(), alone.logprobs.size());
-    for (size_t i = 0; i < tp.logprobs.size(); ++i) {
-      EXPECT_NEAR(tp.logprobs[i], alone.logprobs[i], 1e-4);
-    }
-  }
+  // Under tensor parallelism the q/k norms are replicated and the heads split.
+  testing_engine::ExpectSameBatchedChunkedAndTp(*m, a, {b}, alone, EngineOpts());
   // The HF copy decodes the same tokens.
   absl::StatusOr<LoadedModel> hf = LoadModel(out.hf_dir);
   ASSERT_TRUE(hf.ok()) << hf.status();
