@@ -39,8 +39,19 @@ inline std::map<int, Collected> Drain(RequestStream& stream) {
   return out;
 }
 
+/// Options for the tiny synthetic models of the model-family tests: 2 threads, invariants
+/// checked, a 4 MiB KV pool.
+inline EngineOptions SmallModelOptions() {
+  EngineOptions o;
+  o.num_threads = 2;
+  o.check_invariants = true;
+  o.kv_cache_memory = int64_t{4} << 20;
+  return o;
+}
+
 /// Runs `r` alone on a fresh engine over `m` and collects its first sample.
-inline Collected RunAlone(const LoadedModel& m, const EngineRequest& r, const EngineOptions& o) {
+inline Collected RunAlone(const LoadedModel& m, const EngineRequest& r,
+                          const EngineOptions& o = SmallModelOptions()) {
   std::unique_ptr<Engine> engine = *Engine::Create(&m, o);
   return Drain(**engine->Submit(r))[0];
 }

@@ -229,18 +229,8 @@ TEST(Qwen3Test, HfAndGgufGiveTheSameLogits) {
 
 // ---- Batch invariance through the engine ----
 
-EngineOptions EngineOpts() {
-  EngineOptions o;
-  o.num_threads = 2;
-  o.check_invariants = true;
-  o.kv_cache_memory = int64_t{4} << 20;
-  return o;
-}
-
-testing_engine::Collected RunAlone(const LoadedModel& m, const EngineRequest& r,
-                                   EngineOptions o = EngineOpts()) {
-  return testing_engine::RunAlone(m, r, o);
-}
+using testing_engine::RunAlone;
+EngineOptions EngineOpts() { return testing_engine::SmallModelOptions(); }
 
 TEST(Qwen3Test, GreedyIsTheSameAloneBatchedAndChunked) {
   const SynthOutputs out = WriteQwen3("model");
