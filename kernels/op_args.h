@@ -34,6 +34,8 @@ struct SiluMulArgs {
 
 /// RoPE on q and k (in place), then k and v written to the paged cache at slot_mapping
 /// (converted / quantized to layout.dtype): cpu::ApplyRope twice and cpu::WriteKvCache, fused.
+/// q heads are layout.head_dim wide, like the cache rows. MLA: rotary_dim is the rope part at
+/// the end of each row, and v / v_cache are null (the cache holds K rows only).
 struct RopeKvWriteArgs {
   float* q;  // [num_tokens, q_stride]: num_heads heads of head_dim
   float* k;  // [num_tokens, k_stride]: num_kv_heads heads of head_dim
@@ -47,6 +49,7 @@ struct RopeKvWriteArgs {
   cpu::PagedKvLayout layout;    // num_kv_heads and head_dim come from here
   cpu::KvCacheBuffer k_cache;
   cpu::KvCacheBuffer v_cache;
+  int64_t rotary_dim = 0;  // elements rotated at the end of each head; 0: layout.head_dim
 };
 
 /// What the attention planner needs to know of a batch, read on the host before the run.

@@ -45,7 +45,10 @@ absl::Status ParseWeightDType(const std::string& name, SyntheticModelOptions* mo
 int RunSynth(const SynthFlags& flags) {
   SynthWriteOptions options;
   options.model = flags.model;
-  if (options.model.architecture == "qwen3moe") options.model.architecture = "qwen3_moe";
+  std::string& arch = options.model.architecture;
+  if (arch == "qwen3moe") arch = "qwen3_moe";
+  if (arch == "deepseek2") arch = "deepseek_v2";
+  if (arch == "deepseek3") arch = "deepseek_v3";
   options.out_dir = flags.out;
   options.dequantized_twin_path = flags.dequantized_twin;
   if (absl::Status s = ParseWeightDType(flags.dtype, &options.model); !s.ok()) {
@@ -76,19 +79,52 @@ Command AddSynthCommand(CLI::App& app) {
   SyntheticModelOptions& m = f->model;
   CLI::App* sub = app.add_subcommand(
       "synth",
-      "Write a random-weight Llama, Qwen3, Mixtral or Qwen3-MoE model (GGUF and/or Hugging Face "
-      "directory) for benchmarks and tests.");
+      "Write a random-weight Llama, Qwen3, Mixtral, Qwen3-MoE or DeepSeek-V2/V3 model (GGUF "
+      "and/or Hugging Face directory) for benchmarks and tests.");
   sub->add_option("--arch", m.architecture,
                   "Model family: llama, qwen3 (per-head q/k norms, rotate_half q/k rows), "
-                  "mixtral or qwen3moe (mixture of experts; --format hf only)")
+                  "mixtral or qwen3moe (mixture of experts; --format hf only), deepseek2 or "
+                  "deepseek3 (multi-head latent attention + DeepSeek experts; --format hf only)")
       ->capture_default_str();
+  sub->add_option("--kv-lora-rank", m.kv_lora_rank, "Latent KV width (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--q-lora-rank", m.q_lora_rank,
+                  "Compressed query width; 0 projects q directly (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--qk-nope-dim", m.qk_nope_head_dim,
+                  "Per-head q/k width without RoPE (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--qk-rope-dim", m.qk_rope_head_dim,
+                  "Per-head q/k width with RoPE, shared key (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--v-head-dim", m.v_head_dim, "Per-head value width (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--shared-experts", m.n_shared_experts,
+                  "Always-active experts per MoE layer (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--dense-layers", m.first_k_dense_replace,
+                  "First layers with a dense MLP (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--expert-groups", m.n_group,
+                  "Expert groups for group-limited routing (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--topk-groups", m.topk_group,
+                  "Groups a token's experts may come from (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_option("--routed-scale", m.routed_scaling_factor,
+                  "routed_scaling_factor of the routed experts' weights (deepseek2/3)")
+      ->capture_default_str();
+  sub->add_flag(
+      "--no-norm-topk", [&m](int64_t) { m.norm_topk_prob = false; },
+      "Do not renormalize the top-k routing weights (qwen3moe, deepseek2/3)");
   sub->add_option("--experts", m.num_experts, "Experts per layer (mixtral, qwen3moe)")
       ->capture_default_str();
   sub->add_option("--experts-per-tok", m.num_experts_per_tok,
                   "Experts each token runs (mixtral, qwen3moe)")
       ->capture_default_str();
   sub->add_option("--expert-ffn", m.moe_intermediate_size,
-                  "Width of one expert (qwen3moe; 0 means --ffn; mixtral's experts are --ffn wide)")
+                  "Width of one expert (qwen3moe, deepseek2/3; 0 means --ffn; mixtral's experts "
+                  "are --ffn wide)")
       ->capture_default_str();
   sub->add_option("--layers", m.num_layers, "Decoder layers")->capture_default_str();
   sub->add_option("--hidden", m.hidden_size, "Hidden size")->capture_default_str();

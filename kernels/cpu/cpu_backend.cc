@@ -112,9 +112,9 @@ void CpuBackend::RopeKvWrite(const RopeKvWriteArgs& args) {
 void CpuBackend::RopeKvWriteNow(const RopeKvWriteArgs& a) {
   const int64_t head_dim = a.layout.head_dim;
   ApplyRope({a.q, a.num_tokens, a.num_heads, head_dim, a.q_stride, a.positions, a.inv_freq,
-             a.rope_layout});
+             a.rope_layout, a.rotary_dim});
   ApplyRope({a.k, a.num_tokens, a.layout.num_kv_heads, head_dim, a.k_stride, a.positions,
-             a.inv_freq, a.rope_layout});
+             a.inv_freq, a.rope_layout, a.rotary_dim});
   WriteKvCache(a.k, a.v, a.num_tokens, a.k_stride, a.v_stride, a.slot_mapping, a.layout, a.k_cache,
                a.v_cache);
 }

@@ -128,6 +128,7 @@ void WriteKvCache(const float* k, const float* v, int64_t n, int64_t k_stride, i
       const int64_t row = (block * layout.num_kv_heads + h) * layout.block_size + offset;
       EncodeKvVector(layout.dtype, k + i * k_stride + h * hd, hd, k_data + row * row_bytes,
                      scaled ? k_cache.scales + row : nullptr);
+      if (v == nullptr) continue;  // MLA: the cache holds K rows only
       EncodeKvVector(layout.dtype, v + i * v_stride + h * hd, hd, v_data + row * row_bytes,
                      scaled ? v_cache.scales + row : nullptr);
     }

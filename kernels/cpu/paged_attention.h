@@ -55,7 +55,7 @@ struct ConstKvCacheBuffer {
 /// v + i * v_stride) to slots slot_mapping[i] = block * block_size + offset, converting each
 /// (token, kv head) vector to layout.dtype with EncodeKvVector (kernels/cpu/kv_quant.h; int8 /
 /// fp8 also write that row's scale). A negative slot (padding) is skipped. int8 / fp8 caches
-/// must come with scale arrays.
+/// must come with scale arrays. A null `v` writes K only (MLA, whose V is part of the K row).
 void WriteKvCache(const float* k, const float* v, int64_t n, int64_t k_stride, int64_t v_stride,
                   const int64_t* slot_mapping, const PagedKvLayout& layout, KvCacheBuffer k_cache,
                   KvCacheBuffer v_cache);

@@ -6,7 +6,8 @@
 namespace kvserve::cpu {
 
 void ApplyRope(const RopeArgs& args) {
-  const int64_t half = args.head_dim / 2;
+  const int64_t rotary = args.rotary_dim > 0 ? args.rotary_dim : args.head_dim;
+  const int64_t half = rotary / 2;
   thread_local std::vector<float> cos_sin;
   cos_sin.resize(static_cast<size_t>(2 * half));
   // Element offsets of pair i's two members inside a head.
@@ -20,7 +21,7 @@ void ApplyRope(const RopeArgs& args) {
     }
     float* token = args.x + t * args.token_stride;
     for (int64_t h = 0; h < args.num_heads; ++h) {
-      float* head = token + h * args.head_dim;
+      float* head = token + h * args.head_dim + (args.head_dim - rotary);
       for (int64_t i = 0; i < half; ++i) {
         float* pa = interleaved ? head + 2 * i : head + i;
         float* pb = interleaved ? head + 2 * i + 1 : head + i + half;

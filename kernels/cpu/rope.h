@@ -14,12 +14,15 @@ enum class RopeLayout {
 /// Rotary position embedding, in place. Pair i of every head of token t rotates by
 /// angle = float(positions[t]) * inv_freq[i] (fp32), with cos/sin in fp32:
 ///   (a, b) -> (a*cos - b*sin, a*sin + b*cos).
+/// Only the last rotary_dim elements of each head rotate (MLA's rope part); the pairs are formed
+/// inside that range by `layout`.
 struct RopeArgs {
   float* x;  // token t, head h at x + t * token_stride + h * head_dim
   int64_t num_tokens, num_heads, head_dim, token_stride;
   const int32_t* positions;  // [num_tokens]
-  const float* inv_freq;     // [head_dim / 2]
+  const float* inv_freq;     // [rotary_dim / 2]
   RopeLayout layout;
+  int64_t rotary_dim = 0;  // 0: head_dim (the whole head)
 };
 
 /// Applies RoPE in place (single-threaded: cheap next to the matmuls).

@@ -7,14 +7,14 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Rotates pair i of every head of one token in place.
-__device__ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, float pos,
-                            const float* inv_freq, bool interleaved) {
-  const int64_t half = head_dim / 2;
+// Rotates pair i of the last `rotary` elements of every head of one token in place.
+__device__ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, int64_t rotary,
+                            float pos, const float* inv_freq, bool interleaved) {
+  const int64_t half = rotary / 2;
   for (int64_t idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
     const int64_t h = idx / half;
     const int64_t i = idx % half;
-    float* head = x + h * head_dim;
+    float* head = x + h * head_dim + (head_dim - rotary);
     float* pa = interleaved ? head + 2 * i : head + i;
     float* pb = interleaved ? head + 2 * i + 1 : head + i + half;
     const float angle = pos * inv_freq[i];
@@ -63,25 +63,27 @@ __device__ void EncodeRow(const float* x, int64_t head_dim, int64_t row, cpu::Kv
 
 template <KvCacheDType D>
 __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
-  KVSERVE_DYNAMIC_SHARED(float, smem);  // [2][num_kv_heads * head_dim]: rotated k, then v
+  // [2][num_kv_heads * head_dim]: rotated k, then v (MLA: k only)
+  KVSERVE_DYNAMIC_SHARED(float, smem);
   const int64_t t = blockIdx.x;
   const int64_t head_dim = a.layout.head_dim;
   const int64_t kv_heads = a.layout.num_kv_heads;
   const int64_t kv_dim = kv_heads * head_dim;
   const float pos = static_cast<float>(a.positions[t]);
   const bool interleaved = a.rope_layout == cpu::RopeLayout::kInterleaved;
-  RotateHeads(a.q + t * a.q_stride, a.num_heads, head_dim, pos, a.inv_freq, interleaved);
+  const int64_t rotary = a.rotary_dim > 0 ? a.rotary_dim : head_dim;
+  RotateHeads(a.q + t * a.q_stride, a.num_heads, head_dim, rotary, pos, a.inv_freq, interleaved);
   float* k = a.k + t * a.k_stride;
-  RotateHeads(k, kv_heads, head_dim, pos, a.inv_freq, interleaved);
+  RotateHeads(k, kv_heads, head_dim, rotary, pos, a.inv_freq, interleaved);
   __syncthreads();  // each thread rotated pairs that others read below
   const int64_t slot = a.slot_mapping[t];
   if (slot < 0) return;
   float* ks = smem;
   float* vs = smem + kv_dim;
-  const float* v = a.v + t * a.v_stride;
+  const float* v = a.v == nullptr ? nullptr : a.v + t * a.v_stride;
   for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
     ks[i] = k[i];
-    vs[i] = v[i];
+    if (v != nullptr) vs[i] = v[i];
   }
   __syncthreads();
   const int64_t block = slot / a.layout.block_size;
@@ -89,7 +91,7 @@ __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
   for (int64_t h = threadIdx.x / kWarp; h < kv_heads; h += blockDim.x / kWarp) {
     const int64_t row = (block * kv_heads + h) * a.layout.block_size + offset;
     EncodeRow<D>(ks + h * head_dim, head_dim, row, a.k_cache);
-    EncodeRow<D>(vs + h * head_dim, head_dim, row, a.v_cache);
+    if (v != nullptr) EncodeRow<D>(vs + h * head_dim, head_dim, row, a.v_cache);
   }
 }
 
@@ -97,7 +99,8 @@ __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
 
 cudaError_t RopeKvWrite(const RopeKvWriteArgs& args, cudaStream_t stream) {
   if (args.num_tokens <= 0) return cudaSuccess;
-  const size_t smem = 2 * sizeof(float) * args.layout.num_kv_heads * args.layout.head_dim;
+  const size_t smem = (args.v == nullptr ? 1 : 2) * sizeof(float) * args.layout.num_kv_heads *
+                      args.layout.head_dim;
   cudaError_t err = cudaSuccess;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType D = decltype(tag)::value;

@@ -56,6 +56,18 @@ ModelSpec SpecOf(const ModelWeights& w) {
   spec.qk_norm = c.qk_norm;
   spec.max_position_embeddings = c.max_position_embeddings;
   spec.sliding_window = c.sliding_window;
+  spec.moe.num_routed_experts = c.num_experts;
+  spec.moe.num_shared_experts = c.n_shared_experts;
+  spec.moe.moe_intermediate_size = c.moe_intermediate_size;
+  spec.moe.num_experts_per_tok = c.num_experts_per_tok;
+  spec.moe.first_k_dense_replace = c.first_k_dense_replace;
+  spec.moe.moe_layer_freq = c.moe_layer_freq;
+  spec.moe.router_bias = c.moe_topk == MoeTopk::kNoAuxTc;
+  spec.mla.kv_lora_rank = c.kv_lora_rank;
+  spec.mla.q_lora_rank = c.q_lora_rank;
+  spec.mla.qk_rope_head_dim = c.qk_rope_head_dim;
+  spec.mla.qk_nope_head_dim = c.qk_nope_head_dim;
+  spec.mla.v_head_dim = c.v_head_dim;
   ShardedSizes bytes;
   bytes.replicated = w.TotalBytes();  // one rank holds everything
   spec.tensor_bytes = bytes;

@@ -22,17 +22,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
         absl::StrCat("KV cache needs positive num_blocks and block_size, got ", num_blocks,
                      " and ", block_size));
   }
-  if (config.num_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0) {
+  if (config.num_layers <= 0 || config.kv_cache_heads() <= 0 || config.kv_cache_dim() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache needs positive num_layers, num_kv_heads and head_dim, got ", config.num_layers,
-        ", ", config.num_kv_heads, " and ", config.head_dim));
+        ", ", config.kv_cache_heads(), " and ", config.kv_cache_dim()));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const int64_t elem_bytes = KvCacheDTypeElemBytes(dtype);
   const bool scaled = KvCacheDTypeHasScales(dtype);
   // Rows (token x kv head vectors) per block, then per buffer; every product is checked.
-  const int64_t kv_heads = config.num_kv_heads;
-  const int64_t head_dim = config.head_dim;
+  // MLA: one latent row per token (kv_cache_dim wide), in the K buffers only.
+  const int64_t kv_heads = config.kv_cache_heads();
+  const int64_t head_dim = config.kv_cache_dim();
   if (block_size > kMax / kv_heads) return absl::ResourceExhaustedError("KV cache size overflows");
   const int64_t rows_per_block = kv_heads * block_size;
   if (num_blocks > kMax / rows_per_block / (head_dim * elem_bytes + 4) / 2) {
@@ -48,6 +49,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
   cache->num_blocks_ = num_blocks;
   for (int l = 0; l < config.num_layers; ++l) {
     for (std::vector<Buffer>* buffers : {&cache->k_, &cache->v_}) {
+      if (buffers == &cache->v_ && !config.kv_cache_has_v()) continue;
       Buffer b;
       if (cache->backend_ != nullptr) {
         absl::Status s = cache->AllocDevice(&b, data_bytes, scaled ? rows : 0);
@@ -149,8 +151,8 @@ absl::Status KvCache::AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_c
 }
 
 int64_t KvCache::BytesPerToken(const ModelConfig& config, KvCacheDType dtype) {
-  return int64_t{2} * config.num_layers * config.num_kv_heads *
-         KvCacheDTypeVectorBytes(dtype, config.head_dim);
+  return int64_t{config.kv_cache_has_v() ? 2 : 1} * config.num_layers * config.kv_cache_heads() *
+         KvCacheDTypeVectorBytes(dtype, config.kv_cache_dim());
 }
 
 }  // namespace kvserve

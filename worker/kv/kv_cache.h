@@ -14,7 +14,9 @@
 namespace kvserve {
 
 /// The physical KV-cache memory of one worker shard: for every layer one K buffer and one V buffer,
-/// each holding `num_blocks` blocks of `block_size` token slots, in one KvCacheDType.
+/// each holding `num_blocks` blocks of `block_size` token slots, in one KvCacheDType. An MLA model
+/// (ModelConfig::is_mla) has K buffers only, of one "kv head" whose rows are the latent vector
+/// plus the rope key (kv_lora_rank + qk_rope_head_dim), shared by every attention head.
 ///
 /// Layout (cpu::PagedKvLayout), per layer and for K and V alike:
 ///   data:   [num_blocks][num_kv_heads][block_size][head_dim] elements of the dtype (4, 2 or 1
@@ -41,12 +43,18 @@ class KvCache {
 
   /// Layer `layer`'s K storage (data + scales), for cpu::WriteKvCache / cpu::PagedAttention.
   cpu::KvCacheBuffer k(int layer) { return {k_[layer].data, k_[layer].scales}; }
-  /// Layer `layer`'s V storage (data + scales).
-  cpu::KvCacheBuffer v(int layer) { return {v_[layer].data, v_[layer].scales}; }
+  /// Layer `layer`'s V storage (data + scales); empty (null) for MLA, whose V is the latent part
+  /// of the K row.
+  cpu::KvCacheBuffer v(int layer) {
+    return v_.empty() ? cpu::KvCacheBuffer() : cpu::KvCacheBuffer{v_[layer].data, v_[layer].scales};
+  }
   /// Read-only K storage of `layer`.
   cpu::ConstKvCacheBuffer k(int layer) const { return {k_[layer].data, k_[layer].scales}; }
-  /// Read-only V storage of `layer`.
-  cpu::ConstKvCacheBuffer v(int layer) const { return {v_[layer].data, v_[layer].scales}; }
+  /// Read-only V storage of `layer` (empty for MLA).
+  cpu::ConstKvCacheBuffer v(int layer) const {
+    return v_.empty() ? cpu::ConstKvCacheBuffer()
+                      : cpu::ConstKvCacheBuffer{v_[layer].data, v_[layer].scales};
+  }
   /// Whether the buffers are device memory of a backend (not host memory).
   bool on_device() const { return backend_ != nullptr; }
   /// Shape and dtype of every buffer.
@@ -65,7 +73,8 @@ class KvCache {
   void CopyBlock(int64_t src, int64_t dst);
 
   /// Bytes of K and V for one token across all layers, scales included:
-  /// 2 * num_layers * num_kv_heads * KvCacheDTypeVectorBytes(dtype, head_dim).
+  /// 2 * num_layers * num_kv_heads * KvCacheDTypeVectorBytes(dtype, head_dim); MLA (one latent
+  /// row, no V): num_layers * KvCacheDTypeVectorBytes(dtype, kv_lora_rank + qk_rope_head_dim).
   static int64_t BytesPerToken(const ModelConfig& config, KvCacheDType dtype = KvCacheDType::kF32);
 
  private:

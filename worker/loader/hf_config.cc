@@ -5,6 +5,8 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -119,11 +121,16 @@ struct HfArchitecture {
   const char* model_type;
   const char* class_name;
 };
-constexpr HfArchitecture kHfArchitectures[] = {
-    {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
-    {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
-    {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
-constexpr char kSupportedTypes[] = "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe";
+constexpr HfArchitecture kHfArchitectures[] = {{"llama", "LlamaForCausalLM"},
+                                               {"mistral", "MistralForCausalLM"},
+                                               {"qwen2", "Qwen2ForCausalLM"},
+                                               {"qwen3", "Qwen3ForCausalLM"},
+                                               {"mixtral", "MixtralForCausalLM"},
+                                               {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                               {"deepseek_v2", "DeepseekV2ForCausalLM"},
+                                               {"deepseek_v3", "DeepseekV3ForCausalLM"}};
+constexpr char kSupportedTypes[] =
+    "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v2, deepseek_v3";
 
 /// Reads the mixture-of-experts fields of a mixtral or qwen3_moe config into `c`.
 absl::Status ParseMoe(const JsonFields& f, ModelConfig& c) {
@@ -152,6 +159,85 @@ absl::Status ParseMoe(const JsonFields& f, ModelConfig& c) {
     return f.Error(absl::StrCat("'mlp_only_layers' ", dense->dump(),
                                 " is not supported (dense layers among MoE layers)"));
   }
+  return absl::OkStatus();
+}
+
+/// A string field that must be one of `allowed` (`def` when absent or null).
+absl::StatusOr<std::string> OneOf(const JsonFields& f, const char* key, const std::string& def,
+                                  std::initializer_list<const char*> allowed) {
+  const json* v = f.Get(key);
+  if (v == nullptr) return def;
+  if (v->is_string()) {
+    const std::string got = v->get<std::string>();
+    for (const char* a : allowed) {
+      if (got == a) return got;
+    }
+  }
+  std::string list;
+  for (const char* a : allowed) absl::StrAppend(&list, list.empty() ? "" : ", ", a);
+  return f.Error(absl::StrCat("unsupported '", key, "' ", v->dump(), " (supported: ", list, ")"));
+}
+
+/// Reads DeepSeek-V2/V3's multi-head latent attention and mixture-of-experts fields into `c`
+/// (modeling_deepseek.py's config keys). Each token's experts are scored and picked as that
+/// file does: V2 softmax with `greedy` or `group_limited_greedy`, V3 sigmoid with `noaux_tc`.
+absl::Status ParseDeepseek(const JsonFields& f, ModelConfig& c) {
+  const bool v3 = c.architecture == "deepseek_v3";
+  for (auto [key, out] : {std::pair{"kv_lora_rank", &c.kv_lora_rank},
+                          std::pair{"qk_nope_head_dim", &c.qk_nope_head_dim},
+                          std::pair{"qk_rope_head_dim", &c.qk_rope_head_dim},
+                          std::pair{"v_head_dim", &c.v_head_dim}}) {
+    if (absl::Status s = f.Int(key, out); !s.ok()) return s;
+  }
+  if (c.kv_lora_rank <= 0) {
+    return f.Error(absl::StrCat("'kv_lora_rank' must be positive, got ", c.kv_lora_rank));
+  }
+  if (absl::Status s = f.Int("q_lora_rank", &c.q_lora_rank, 0); !s.ok()) return s;
+  // The query head is nope + rope wide; a `head_dim` key (transformers sets it to the rope
+  // width) plays no part.
+  c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  // The rope part of q and k is stored pair-interleaved (the reference de-interleaves it before
+  // rotate_half, which is the interleaved rotation); transformers' `rope_interleave` false
+  // means rotate_half on the stored order.
+  bool interleave = true;
+  if (absl::Status s = f.Bool("rope_interleave", &interleave, true); !s.ok()) return s;
+  c.rope_style = interleave ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  bool bias = false;
+  if (absl::Status s = f.Bool("attention_bias", &bias, false); !s.ok()) return s;
+  if (bias) return f.Error("'attention_bias' true is not supported for deepseek models");
+
+  // Mixture of experts: `n_routed_experts` null means a dense model.
+  if (absl::Status s = f.Int("n_routed_experts", &c.num_experts, 0); !s.ok()) return s;
+  if (c.num_experts == 0) return absl::OkStatus();
+  for (auto [key, out, def] :
+       {std::tuple{"num_experts_per_tok", &c.num_experts_per_tok, std::optional<int>()},
+        std::tuple{"moe_intermediate_size", &c.moe_intermediate_size, std::optional<int>()},
+        std::tuple{"n_shared_experts", &c.n_shared_experts, std::optional<int>(0)},
+        std::tuple{"first_k_dense_replace", &c.first_k_dense_replace, std::optional<int>(0)},
+        std::tuple{"moe_layer_freq", &c.moe_layer_freq, std::optional<int>(1)},
+        std::tuple{"n_group", &c.n_group, std::optional<int>(1)},
+        std::tuple{"topk_group", &c.topk_group, std::optional<int>(1)}}) {
+    if (absl::Status s = f.Int(key, out, def); !s.ok()) return s;
+  }
+  if (absl::Status s = f.Bool("norm_topk_prob", &c.norm_topk_prob, v3); !s.ok()) return s;
+  if (absl::Status s = f.Float("routed_scaling_factor", &c.routed_scaling_factor, 1.0f); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::string> scoring =
+      OneOf(f, "scoring_func", v3 ? "sigmoid" : "softmax", {v3 ? "sigmoid" : "softmax"});
+  if (!scoring.ok()) return scoring.status();
+  c.moe_scoring = v3 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+  absl::StatusOr<std::string> method =
+      v3 ? OneOf(f, "topk_method", "noaux_tc", {"noaux_tc"})
+         : OneOf(f, "topk_method", "greedy", {"greedy", "group_limited_greedy"});
+  if (!method.ok()) return method.status();
+  c.moe_topk = *method == "noaux_tc" ? MoeTopk::kNoAuxTc
+               : *method == "greedy" ? MoeTopk::kGreedy
+                                     : MoeTopk::kGroupLimited;
+  // DeepSeek renormalizes only more than one weight, and V2 multiplies by routed_scaling_factor
+  // only the weights it does not renormalize.
+  if (c.num_experts_per_tok == 1) c.norm_topk_prob = false;
+  if (!v3 && c.norm_topk_prob) c.routed_scaling_factor = 1.0f;
   return absl::OkStatus();
 }
 
@@ -193,7 +279,7 @@ absl::StatusOr<std::string> ResolveArchitecture(const JsonFields& f) {
 }
 
 absl::Status ParseRopeScaling(const JsonFields& f, absl::string_view config_name,
-                              RopeScaling* out) {
+                              const std::string& arch, RopeScaling* out) {
   const json* rs = f.Get("rope_scaling");
   if (rs == nullptr) return absl::OkStatus();
   if (!rs->is_object()) return f.Error("'rope_scaling' must be an object or null");
@@ -218,8 +304,32 @@ absl::Status ParseRopeScaling(const JsonFields& f, absl::string_view config_name
     }
     return r.Int("original_max_position_embeddings", &out->original_max_position_embeddings, 8192);
   }
-  return f.Error(
-      absl::StrCat("unsupported rope_scaling type '", t, "' (supported: linear, llama3)"));
+  const bool deepseek = arch == "deepseek_v2" || arch == "deepseek_v3";
+  if (t == "yarn" && deepseek) {
+    out->type = RopeScaling::Type::kYarn;
+    for (auto [key, value, def] :
+         {std::tuple{"factor", &out->factor, std::optional<float>()},
+          std::tuple{"beta_fast", &out->beta_fast, std::optional<float>(32.0f)},
+          std::tuple{"beta_slow", &out->beta_slow, std::optional<float>(1.0f)},
+          std::tuple{"mscale", &out->mscale, std::optional<float>(1.0f)},
+          std::tuple{"mscale_all_dim", &out->mscale_all_dim, std::optional<float>(0.0f)}}) {
+      if (absl::Status s = r.Float(key, value, def); !s.ok()) return s;
+    }
+    if (absl::Status s =
+            r.Int("original_max_position_embeddings", &out->original_max_position_embeddings, 4096);
+        !s.ok()) {
+      return s;
+    }
+    // cos and sin carry mscale / mscale_all_dim; only the ratio 1 is supported.
+    if (YarnMscale(out->factor, out->mscale) != YarnMscale(out->factor, out->mscale_all_dim)) {
+      return r.Error(absl::StrCat("yarn 'mscale' ", out->mscale,
+                                  " differing from 'mscale_all_dim' ", out->mscale_all_dim,
+                                  " is not supported (it scales the rotary part of q and k)"));
+    }
+    return absl::OkStatus();
+  }
+  return f.Error(absl::StrCat("unsupported rope_scaling type '", t, "' (supported: linear, llama3",
+                              deepseek ? ", yarn" : "", ")"));
 }
 
 }  // namespace
@@ -261,7 +371,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
   if (absl::Status s = f.Bool("tie_word_embeddings", &c.tie_word_embeddings, false); !s.ok()) {
     return s;
   }
-  if (absl::Status s = ParseRopeScaling(f, config_name, &c.rope_scaling); !s.ok()) return s;
+  if (absl::Status s = ParseRopeScaling(f, config_name, c.architecture, &c.rope_scaling); !s.ok()) {
+    return s;
+  }
   if (const json* act = f.Get("hidden_act");
       act != nullptr && !(act->is_string() && act->get<std::string>() == "silu")) {
     return f.Error(absl::StrCat("unsupported hidden_act ", act->dump(), " (supported: silu)"));
@@ -299,6 +411,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view config_json,
     if (c.architecture == "qwen3_moe") {
       if (absl::Status s = ParseMoe(f, c); !s.ok()) return s;
     }
+  } else if (c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3") {
+    if (absl::Status s = ParseDeepseek(f, c); !s.ok()) return s;
   } else {  // qwen2
     c.qkv_bias = true;
     bool use_sliding = false;

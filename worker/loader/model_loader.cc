@@ -53,13 +53,25 @@ enum class Role {
   kFfnNorm,
   kGate,
   kUp,
-  kDown
+  kDown,
+  // Multi-head latent attention (DeepSeek).
+  kQA,
+  kQANorm,
+  kQB,
+  kKvA,
+  kKvANorm,
+  kKvB,
+  // The router's per-expert score-correction bias (DeepSeek-V3), named by an ExpertNamer.
+  kRouterBias,
 };
 using LayerNamer = std::function<std::string(int layer, Role role)>;
-/// Names a mixture-of-experts tensor: the router when `expert` < 0, else that expert's kGate,
-/// kUp or kDown matrix.
+/// Names a mixture-of-experts tensor: with `expert` kRouter the router (kGate) or its bias
+/// (kRouterBias), with kShared the shared experts' kGate, kUp or kDown matrix, else that routed
+/// expert's.
 using ExpertNamer =
     std::function<std::string(const std::string& arch, int layer, int expert, Role role)>;
+constexpr int kRouter = -1;
+constexpr int kShared = -2;
 
 /// Tensor names of one file format.
 struct NameScheme {
@@ -72,14 +84,18 @@ struct NameScheme {
   ExpertNamer expert;
 };
 
-/// Hugging Face names of Mixtral's (block_sparse_moe.gate, experts.J.w1/w3/w2) and Qwen3-MoE's
-/// (mlp.gate, experts.J.gate_proj/up_proj/down_proj) router and expert matrices.
+/// Hugging Face names of Mixtral's (block_sparse_moe.gate, experts.J.w1/w3/w2), Qwen3-MoE's and
+/// DeepSeek's (mlp.gate, experts.J.gate_proj/up_proj/down_proj; DeepSeek also
+/// mlp.gate.e_score_correction_bias and mlp.shared_experts.*) router and expert matrices.
 std::string HfExpertName(const std::string& arch, int layer, int expert, Role role) {
   const bool mixtral = arch == "mixtral";
   const std::string p =
       absl::StrCat("model.layers.", layer, mixtral ? ".block_sparse_moe." : ".mlp.");
-  if (expert < 0) return p + "gate.weight";
-  const std::string e = absl::StrCat(p, "experts.", expert, ".");
+  if (expert == kRouter) {
+    return p + (role == Role::kRouterBias ? "gate.e_score_correction_bias" : "gate.weight");
+  }
+  const std::string e =
+      expert == kShared ? p + "shared_experts." : absl::StrCat(p, "experts.", expert, ".");
   switch (role) {
     case Role::kGate:
       return e + (mixtral ? "w1.weight" : "gate_proj.weight");
@@ -130,6 +146,20 @@ NameScheme HfNames() {
                           return p + "mlp.up_proj.weight";
                         case Role::kDown:
                           return p + "mlp.down_proj.weight";
+                        case Role::kQA:
+                          return p + "self_attn.q_a_proj.weight";
+                        case Role::kQANorm:
+                          return p + "self_attn.q_a_layernorm.weight";
+                        case Role::kQB:
+                          return p + "self_attn.q_b_proj.weight";
+                        case Role::kKvA:
+                          return p + "self_attn.kv_a_proj_with_mqa.weight";
+                        case Role::kKvANorm:
+                          return p + "self_attn.kv_a_layernorm.weight";
+                        case Role::kKvB:
+                          return p + "self_attn.kv_b_proj.weight";
+                        case Role::kRouterBias:
+                          break;
                       }
                       return std::string();
                     },
@@ -174,6 +204,20 @@ NameScheme GgufNames() {
                           return p + "ffn_up.weight";
                         case Role::kDown:
                           return p + "ffn_down.weight";
+                        case Role::kQA:
+                          return p + "attn_q_a.weight";
+                        case Role::kQANorm:
+                          return p + "attn_q_a_norm.weight";
+                        case Role::kQB:
+                          return p + "attn_q_b.weight";
+                        case Role::kKvA:
+                          return p + "attn_kv_a_mqa.weight";
+                        case Role::kKvANorm:
+                          return p + "attn_kv_a_norm.weight";
+                        case Role::kKvB:
+                          return p + "attn_kv_b.weight";
+                        case Role::kRouterBias:
+                          break;
                       }
                       return std::string();
                     },
@@ -268,6 +312,13 @@ class Binder {
 /// or missing `head_dim` shows up here first).
 absl::Status WithHeadShapeHint(const absl::Status& s, Role role, const ModelConfig& c) {
   if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+  if (c.is_mla() && role != Role::kAttnNorm && role != Role::kFfnNorm && role != Role::kGate &&
+      role != Role::kUp && role != Role::kDown) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        s.message(), " (num_attention_heads ", c.num_heads, ", qk_nope_head_dim ",
+        c.qk_nope_head_dim, ", qk_rope_head_dim ", c.qk_rope_head_dim, ", v_head_dim ",
+        c.v_head_dim, ", kv_lora_rank ", c.kv_lora_rank, ", q_lora_rank ", c.q_lora_rank, ")"));
+  }
   switch (role) {
     case Role::kWq:
     case Role::kBq:
@@ -304,10 +355,31 @@ absl::Status BindExperts(Binder& b, const NameScheme& names, const ModelConfig& 
                                                    ", hidden_size ", c.hidden_size, ")"));
   };
   const std::string& arch = c.architecture;
-  if (absl::Status s =
-          b.Matrix(names.expert(arch, layer, -1, Role::kGate), {c.num_experts, hidden}, &l->router);
+  if (absl::Status s = b.Matrix(names.expert(arch, layer, kRouter, Role::kGate),
+                                {c.num_experts, hidden}, &l->router);
       !s.ok()) {
     return hint(s);
+  }
+  if (c.moe_topk == MoeTopk::kNoAuxTc) {
+    if (absl::Status s = b.Vector(names.expert(arch, layer, kRouter, Role::kRouterBias),
+                                  {c.num_experts}, &l->router_bias);
+        !s.ok()) {
+      return hint(s);
+    }
+  }
+  if (c.n_shared_experts > 0) {
+    const int64_t shared = int64_t{c.n_shared_experts} * width;
+    for (auto [role, shape, out] :
+         {std::tuple{Role::kGate, std::vector<int64_t>{shared, hidden}, &l->shared.w_gate},
+          std::tuple{Role::kUp, std::vector<int64_t>{shared, hidden}, &l->shared.w_up},
+          std::tuple{Role::kDown, std::vector<int64_t>{hidden, shared}, &l->shared.w_down}}) {
+      if (absl::Status s = b.Matrix(names.expert(arch, layer, kShared, role), shape, out);
+          !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat(s.message(), " (n_shared_experts ", c.n_shared_experts,
+                                         " x expert width ", width, ")"));
+      }
+    }
   }
   l->experts.resize(c.num_experts);
   for (int e = 0; e < c.num_experts; ++e) {
@@ -347,15 +419,30 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
       TensorView* out;
       bool matrix;
     };
-    std::vector<Item> items = {
-        {Role::kAttnNorm, {hidden}, &l.attn_norm, false},
-        {Role::kWq, {q_dim, hidden}, &l.wq, true},
-        {Role::kWk, {kv_dim, hidden}, &l.wk, true},
-        {Role::kWv, {kv_dim, hidden}, &l.wv, true},
-        {Role::kWo, {hidden, q_dim}, &l.wo, true},
-        {Role::kFfnNorm, {hidden}, &l.ffn_norm, false},
-    };
-    if (!c.is_moe()) {
+    std::vector<Item> items = {{Role::kAttnNorm, {hidden}, &l.attn_norm, false},
+                               {Role::kFfnNorm, {hidden}, &l.ffn_norm, false}};
+    if (c.is_mla()) {
+      const int64_t heads = c.num_heads;
+      const int64_t rank = c.kv_lora_rank;
+      if (c.q_lora_rank > 0) {
+        items.push_back({Role::kQA, {c.q_lora_rank, hidden}, &l.wq_a, true});
+        items.push_back({Role::kQANorm, {c.q_lora_rank}, &l.q_a_norm, false});
+        items.push_back({Role::kQB, {q_dim, c.q_lora_rank}, &l.wq_b, true});
+      } else {
+        items.push_back({Role::kWq, {q_dim, hidden}, &l.wq, true});
+      }
+      items.push_back({Role::kKvA, {rank + c.qk_rope_head_dim, hidden}, &l.wkv_a, true});
+      items.push_back({Role::kKvANorm, {rank}, &l.kv_a_norm, false});
+      items.push_back(
+          {Role::kKvB, {heads * (c.qk_nope_head_dim + c.v_head_dim), rank}, &l.wkv_b, true});
+      items.push_back({Role::kWo, {hidden, heads * c.v_head_dim}, &l.wo, true});
+    } else {
+      items.push_back({Role::kWq, {q_dim, hidden}, &l.wq, true});
+      items.push_back({Role::kWk, {kv_dim, hidden}, &l.wk, true});
+      items.push_back({Role::kWv, {kv_dim, hidden}, &l.wv, true});
+      items.push_back({Role::kWo, {hidden, q_dim}, &l.wo, true});
+    }
+    if (!c.is_moe_layer(i)) {
       items.push_back({Role::kGate, {inter, hidden}, &l.w_gate, true});
       items.push_back({Role::kUp, {inter, hidden}, &l.w_up, true});
       items.push_back({Role::kDown, {hidden, inter}, &l.w_down, true});
@@ -376,7 +463,7 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
           it.matrix ? b.Matrix(name, it.shape, it.out) : b.Vector(name, it.shape, it.out);
       if (!s.ok()) return WithHeadShapeHint(s, it.role, c);
     }
-    if (c.is_moe()) {
+    if (c.is_moe_layer(i)) {
       if (absl::Status s = BindExperts(b, names, c, i, &l); !s.ok()) return s;
     }
   }

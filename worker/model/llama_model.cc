@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rms_norm.h"
@@ -68,15 +69,40 @@ std::vector<int32_t> DecodeGraphBatchSizes(int32_t max_batch) {
 }
 
 std::vector<float> ComputeRopeInvFreq(const ModelConfig& config, const TensorView& rope_freqs) {
-  const int half = config.head_dim / 2;
+  const int dim = config.rotary_dim();
+  const int half = dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) {
     // Same float32 arithmetic as the reference implementations: theta^(-2i/d).
-    inv_freq[i] = 1.0f / std::pow(config.rope_theta,
-                                  static_cast<float>(2 * i) / static_cast<float>(config.head_dim));
+    inv_freq[i] =
+        1.0f / std::pow(config.rope_theta, static_cast<float>(2 * i) / static_cast<float>(dim));
   }
   const RopeScaling& s = config.rope_scaling;
-  if (s.type == RopeScaling::Type::kLinear) {
+  if (s.type == RopeScaling::Type::kYarn) {
+    // DeepSeek's yarn: frequencies that turn fewer than beta_slow times over the original
+    // context are interpolated (divided by factor), those turning more than beta_fast times
+    // kept, and a linear ramp over the pair index blends the band between.
+    const double log_theta = std::log(static_cast<double>(config.rope_theta));
+    auto correction_dim = [&](double rotations) {
+      return dim *
+             std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+             (2 * log_theta);
+    };
+    const double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(s.beta_slow)), dim - 1.0);
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; ++i) {
+      const float base =
+          std::pow(config.rope_theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+      const float extrapolated = 1.0f / base;
+      const float interpolated = 1.0f / (s.factor * base);
+      const float ramp = std::clamp(
+          (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+          1.0f);
+      const float keep = 1.0f - ramp;  // weight of the extrapolated (unscaled) frequency
+      inv_freq[i] = interpolated * (1.0f - keep) + extrapolated * keep;
+    }
+  } else if (s.type == RopeScaling::Type::kLinear) {
     for (float& f : inv_freq) f /= s.factor;
   } else if (s.type == RopeScaling::Type::kLlama3) {
     // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band between
@@ -109,6 +135,7 @@ absl::Status CheckExperts(const ModelWeights& weights) {
   const ModelConfig& c = weights.config;
   if (!c.is_moe()) return absl::OkStatus();
   for (size_t i = 0; i < weights.layers.size(); ++i) {
+    if (!c.is_moe_layer(static_cast<int>(i))) continue;
     const LayerWeights& l = weights.layers[i];
     bool complete = l.router.present() && l.router.shape.size() == 2 &&
                     l.router.shape[0] == c.num_experts &&
@@ -117,10 +144,51 @@ absl::Status CheckExperts(const ModelWeights& weights) {
       const ExpertWeights& x = l.experts[e];
       complete = x.w_gate.present() && x.w_up.present() && x.w_down.present();
     }
+    if (c.n_shared_experts > 0) {
+      complete = complete && l.shared.w_gate.present() && l.shared.w_up.present() &&
+                 l.shared.w_down.present();
+    }
     if (!complete) {
-      return absl::InvalidArgumentError(absl::StrCat("LlamaModel: layer ", i, " needs a router of ",
-                                                     c.num_experts, " rows and ", c.num_experts,
-                                                     " experts with gate, up and down weights"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LlamaModel: layer ", i, " needs a router of ", c.num_experts, " rows and ",
+                       c.num_experts, " experts with gate, up and down weights",
+                       c.n_shared_experts > 0 ? " (and the shared experts')" : ""));
+    }
+    if (c.moe_topk == MoeTopk::kNoAuxTc &&
+        (l.router_bias.numel() != c.num_experts || l.router_bias.dtype != DType::kF32)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LlamaModel: layer ", i, " needs an f32 router correction bias of ",
+                       c.num_experts, " elements (noaux_tc routing)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every layer of an MLA model has its latent projections, in the shapes the config gives.
+absl::Status CheckMla(const ModelWeights& weights) {
+  const ModelConfig& c = weights.config;
+  if (!c.is_mla()) return absl::OkStatus();
+  const int64_t heads = c.num_heads;
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& l = weights.layers[i];
+    auto shaped = [](const TensorView& t, std::vector<int64_t> shape) {
+      return t.present() && t.shape == shape;
+    };
+    const bool q_ok = c.q_lora_rank > 0 ? shaped(l.wq_a, {c.q_lora_rank, c.hidden_size}) &&
+                                              shaped(l.q_a_norm, {c.q_lora_rank}) &&
+                                              l.q_a_norm.dtype == DType::kF32 &&
+                                              shaped(l.wq_b, {heads * c.head_dim, c.q_lora_rank})
+                                        : shaped(l.wq, {heads * c.head_dim, c.hidden_size});
+    const bool ok =
+        q_ok && shaped(l.wkv_a, {c.kv_lora_rank + c.qk_rope_head_dim, c.hidden_size}) &&
+        shaped(l.kv_a_norm, {c.kv_lora_rank}) && l.kv_a_norm.dtype == DType::kF32 &&
+        shaped(l.wkv_b, {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}) &&
+        shaped(l.wo, {c.hidden_size, heads * c.v_head_dim});
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LlamaModel: layer ", i,
+                       " lacks multi-head latent attention weights of the config's "
+                       "shapes (q_a/q_b or q, kv_a, kv_a_norm, kv_b, o)"));
     }
   }
   return absl::OkStatus();
@@ -157,6 +225,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
     }
   }
   if (absl::Status s = CheckExperts(*weights); !s.ok()) return s;
+  if (absl::Status s = CheckMla(*weights); !s.ok()) return s;
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
   if (backend == nullptr) {
     model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
@@ -167,6 +236,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
     return absl::FailedPreconditionError(absl::StrCat(
         "mixture-of-experts models (", weights->config.architecture, ") run on the CPU only; the ",
         std::string(backend->name()), " backend does not support them (use --device cpu)"));
+  }
+  if (weights->config.is_mla() && !backend->host_memory()) {
+    // The device attention kernels take heads of at most 256 values; a latent row is wider.
+    return absl::FailedPreconditionError(
+        absl::StrCat("multi-head latent attention models (", weights->config.architecture,
+                     ") run on the CPU only; the ", std::string(backend->name()),
+                     " backend does not support them (use --device cpu)"));
   }
   model->backend_ = backend;
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
@@ -219,13 +295,27 @@ absl::Status LlamaModel::PrepareWeights() {
                         {&w.bv, &l.bv},
                         {&w.bo, &l.bo},
                         {&w.q_norm, &l.q_norm},
-                        {&w.k_norm, &l.k_norm}}) {
+                        {&w.k_norm, &l.k_norm},
+                        {&w.q_a_norm, &l.q_a_norm},
+                        {&w.kv_a_norm, &l.kv_a_norm}}) {
       if (absl::Status s = vector(*t, v); !s.ok()) return s;
     }
-    for (auto [t, m] : {std::pair{&w.wq, &l.wq}, {&w.wk, &l.wk}, {&w.wv, &l.wv}, {&w.wo, &l.wo}}) {
+    // Absent matrices (MLA's wk / wv, its wq or q_a / q_b) stay empty.
+    for (auto [t, m] : {std::pair{&w.wq, &l.wq},
+                        {&w.wk, &l.wk},
+                        {&w.wv, &l.wv},
+                        {&w.wo, &l.wo},
+                        {&w.wq_a, &l.wq_a},
+                        {&w.wq_b, &l.wq_b},
+                        {&w.wkv_a, &l.wkv_a}}) {
+      if (!t->present()) continue;
       if (absl::Status s = matrix(*t, m); !s.ok()) return s;
     }
-    if (!weights_->config.is_moe()) {
+    if (weights_->config.is_mla()) {
+      if (absl::Status s = PrepareMla(w, l); !s.ok()) return s;
+    }
+    l.moe = weights_->config.is_moe_layer(static_cast<int>(i));
+    if (!l.moe) {
       for (auto [t, m] :
            {std::pair{&w.w_gate, &l.w_gate}, {&w.w_up, &l.w_up}, {&w.w_down, &l.w_down}}) {
         if (absl::Status s = matrix(*t, m); !s.ok()) return s;
@@ -233,6 +323,14 @@ absl::Status LlamaModel::PrepareWeights() {
       continue;
     }
     if (absl::Status s = matrix(w.router, &l.router); !s.ok()) return s;
+    l.router_bias = w.router_bias.present() ? F32(w.router_bias) : nullptr;
+    if (w.shared.w_gate.present()) {
+      for (auto [t, m] : {std::pair{&w.shared.w_gate, &l.shared.w_gate},
+                          {&w.shared.w_up, &l.shared.w_up},
+                          {&w.shared.w_down, &l.shared.w_down}}) {
+        if (absl::Status s = matrix(*t, m); !s.ok()) return s;
+      }
+    }
     l.experts.resize(w.experts.size());
     for (size_t e = 0; e < w.experts.size(); ++e) {
       const ExpertWeights& x = w.experts[e];
@@ -246,19 +344,83 @@ absl::Status LlamaModel::PrepareWeights() {
   return b.Synchronize();
 }
 
+absl::Status LlamaModel::PrepareMla(const LayerWeights& w, Layer& l) {
+  const ModelConfig& c = weights_->config;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t rope = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t v_dim = c.v_head_dim;
+  const TensorView& kv_b = w.wkv_b;  // per head: nope rows of W_UK, then v_dim rows of W_UV
+  // The absorbed-query matrices keep kv_b's dtype when it holds plain floats (the identity and
+  // zeros are exact in each), else f32: a quantized copy would change W_UK's values.
+  const DType dtype =
+      kv_b.dtype == DType::kBF16 || kv_b.dtype == DType::kF16 ? kv_b.dtype : DType::kF32;
+  const int64_t rows = rank + rope;
+  const int64_t cols = nope + rope;
+  const int64_t row_bytes = DTypeRowBytes(dtype, cols);
+  const auto* src = static_cast<const uint8_t*>(kv_b.data);
+  std::vector<float> uk(static_cast<size_t>(nope * rank));  // one head's W_UK, [nope, rank]
+  std::vector<float> row(static_cast<size_t>(cols));
+  l.w_q_absorb.clear();
+  l.w_uv.clear();
+  for (int64_t h = 0; h < c.num_heads; ++h) {
+    const int64_t first = h * (nope + v_dim);
+    for (int64_t j = 0; j < nope; ++j) {
+      cpu::ConvertRowToF32(src + (first + j) * kv_b.row_bytes(), kv_b.dtype, rank,
+                           uk.data() + j * rank);
+    }
+    std::vector<uint8_t>& storage = absorb_storage_.emplace_back(rows * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(row.begin(), row.end(), 0.0f);
+      if (r < rank) {
+        for (int64_t j = 0; j < nope; ++j) row[j] = uk[j * rank + r];
+      } else {
+        row[nope + (r - rank)] = 1.0f;
+      }
+      cpu::ConvertRowFromF32(row.data(), cols, dtype, storage.data() + r * row_bytes);
+    }
+    absl::StatusOr<PreparedMatrix> absorb =
+        backend_->PrepareMatrix(storage.data(), dtype, rows, cols);
+    if (!absorb.ok()) return absorb.status();
+    l.w_q_absorb.push_back(std::move(*absorb));
+    absl::StatusOr<PreparedMatrix> uv =
+        backend_->PrepareMatrix(src + (first + nope) * kv_b.row_bytes(), kv_b.dtype, v_dim, rank);
+    if (!uv.ok()) return uv.status();
+    l.w_uv.push_back(std::move(*uv));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
   if (num_tokens <= workspace_tokens_) return absl::OkStatus();
   const ModelConfig& c = weights_->config;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const int64_t ffn = c.is_moe() ? c.moe_intermediate_size : c.intermediate_size;
+  const int64_t heads = c.num_heads;
+  const bool mla = c.is_mla();
+  // MLA: q_ holds the absorbed queries and k_ the new latent rows (both cache-row wide), v_
+  // nothing, attn_out_ the heads' values after W_UV.
+  const int64_t row = c.kv_cache_dim();
+  const int64_t q_dim = mla ? heads * row : heads * c.head_dim;
+  const int64_t k_dim = mla ? row : int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t v_dim = mla ? 0 : k_dim;
+  const int64_t out_dim = mla ? heads * c.v_head_dim : q_dim;
+  int64_t ffn = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    ffn = std::max<int64_t>(ffn, c.is_moe_layer(layer) ? int64_t{c.moe_intermediate_size} *
+                                                             std::max(1, c.n_shared_experts)
+                                                       : c.intermediate_size);
+  }
   const int64_t moe_hidden = c.is_moe() ? c.hidden_size : 0;
-  const int64_t sizes[] = {c.hidden_size, c.hidden_size, c.hidden_size, q_dim,     kv_dim,
-                           kv_dim,        q_dim,         ffn,           ffn,       c.hidden_size,
-                           c.hidden_size, c.num_experts, moe_hidden,    moe_hidden};
-  float** slices[] = {&hidden_,      &delta_,         &normed_,    &q_,         &k_,
-                      &v_,           &attn_out_,      &gate_,      &up_,        &final_rows_,
-                      &final_delta_, &router_logits_, &expert_in_, &expert_out_};
+  const int64_t q_lora = mla ? c.q_lora_rank : 0;
+  const int64_t q_heads = mla ? heads * c.head_dim : 0;
+  const int64_t latent_out = mla ? heads * row : 0;
+  const int64_t sizes[] = {c.hidden_size, c.hidden_size, c.hidden_size, q_dim,      k_dim,
+                           v_dim,         out_dim,       ffn,           ffn,        c.hidden_size,
+                           c.hidden_size, c.num_experts, moe_hidden,    moe_hidden, q_lora,
+                           q_heads,       latent_out};
+  float** slices[] = {&hidden_,      &delta_,         &normed_,    &q_,          &k_,
+                      &v_,           &attn_out_,      &gate_,      &up_,         &final_rows_,
+                      &final_delta_, &router_logits_, &expert_in_, &expert_out_, &q_lora_,
+                      &q_heads_,     &latent_out_};
   int64_t bytes = 0;
   for (int64_t n : sizes) bytes += Aligned(num_tokens * n * int64_t{sizeof(float)});
   if (absl::Status s = GrowTracked(&workspace_, bytes); !s.ok()) return s;
@@ -361,6 +523,21 @@ void LlamaModel::Linear(const float* x, const PreparedMatrix& w, const PreparedV
   args.bias = bias.data;
   args.y = y;
   args.y_stride = w.rows;
+  args.m = m;
+  args.n = w.rows;
+  args.k = w.cols;
+  backend_->Matmul(args);
+}
+
+void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
+                               int64_t y_stride, int64_t m) {
+  cpu::MatmulArgs args{};
+  args.x = x;
+  args.x_stride = x_stride;
+  args.w = w.data;
+  args.w_dtype = w.dtype;
+  args.y = y;
+  args.y_stride = y_stride;
   args.m = m;
   args.n = w.rows;
   args.k = w.cols;
@@ -630,15 +807,48 @@ absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
 
 absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   const ModelConfig& c = weights_->config;
-  const StagedBatch& staged = step.staged;
   const int64_t t = step.tokens;
   const Layer& w = layers_[layer];
   const int64_t h = c.hidden_size;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
 
   // Pre-attention norm; from layer 1 on it first adds the previous MLP output to the stream.
   Norm(hidden_, layer == 0 ? nullptr : delta_, w.attn_norm, normed_, t);
+
+  if (c.is_mla()) {
+    MlaAttention(layer, step, cache);
+  } else {
+    Attention(layer, step, cache);
+  }
+  Linear(attn_out_, w.wo, w.bo, delta_, t);
+  // Under tensor parallelism each rank holds some heads: their output projections add up.
+  if (all_reduce_) {
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    if (absl::Status s = all_reduce_(delta_, t * h); !s.ok()) return s;
+  }
+
+  // Residual add fused into the post-attention norm.
+  Norm(hidden_, delta_, w.ffn_norm, normed_, t);
+
+  if (w.moe) {
+    if (absl::Status s = MoeMlp(w, t); !s.ok()) return s;
+  } else {
+    DenseMlp(w, t);
+  }
+  // Each rank holds some MLP rows: their down projections add up.
+  if (all_reduce_) {
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    return all_reduce_(delta_, t * h);
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
+  const ModelConfig& c = weights_->config;
+  const StagedBatch& staged = step.staged;
+  const int64_t t = step.tokens;
+  const Layer& w = layers_[layer];
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
 
   Linear(normed_, w.wq, w.bq, q_, t);
   Linear(normed_, w.wk, w.bk, k_, t);
@@ -682,31 +892,102 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   attn.k_cache = cache.k(layer);
   attn.v_cache = cache.v(layer);
   attn.layout = cache.layout();
-  attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attn.scale = c.attention_scale();
   attn.sliding_window = c.sliding_window;
   backend_->RunAttention(step.plan, attn);
+}
 
-  Linear(attn_out_, w.wo, w.bo, delta_, t);
-  // Under tensor parallelism each rank holds some heads: their output projections add up.
-  if (all_reduce_) {
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    if (absl::Status s = all_reduce_(delta_, t * h); !s.ok()) return s;
-  }
+// Multi-head latent attention (DeepSeek-V2/V3), in the absorbed form for prefill and decode
+// alike, so a token's result does not depend on how its sequence was split into steps:
+//  1. q per head (nope | rope) = q_b(q_a_norm(q_a x)), or q_proj x;
+//  2. the new latent row = kv_a x: the first kv_lora_rank values RMS-normed (c_kv), then the
+//     rope key k_pe;
+//  3. per head, one matmul with [W_UK^T 0; 0 I] gives the absorbed query (W_UK^T q_nope | q_pe),
+//     so q.k = q_nope.(W_UK c_kv) + q_pe.k_pe = q_absorbed.(c_kv | k_pe);
+//  4. RoPE turns the rope parts of the absorbed queries and of the new rows, and the rows go to
+//     the cache (one "kv head" shared by every query head);
+//  5. attention reads each cached row as key and as value: a head's output is the
+//     probability-weighted latent (its first kv_lora_rank values; the rope tail is unused);
+//  6. per head, W_UV maps that latent to the head's v_head_dim values for o_proj.
+void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
+  const ModelConfig& c = weights_->config;
+  const StagedBatch& staged = step.staged;
+  const int64_t t = step.tokens;
+  const Layer& w = layers_[layer];
+  const int64_t heads = c.num_heads;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t row = c.kv_cache_dim();  // rank + rope
+  const int64_t qk = c.head_dim;         // nope + rope
+  const int64_t v_dim = c.v_head_dim;
 
-  // Residual add fused into the post-attention norm.
-  Norm(hidden_, delta_, w.ffn_norm, normed_, t);
-
-  if (c.is_moe()) {
-    if (absl::Status s = MoeMlp(w, t); !s.ok()) return s;
+  if (c.q_lora_rank > 0) {
+    Linear(normed_, w.wq_a, PreparedVector{}, q_lora_, t);
+    cpu::RmsNormArgs norm{};
+    norm.x = norm.y = q_lora_;
+    norm.weight = w.q_a_norm.data;
+    norm.rows = t;
+    norm.dim = norm.x_stride = norm.y_stride = c.q_lora_rank;
+    norm.eps = c.rms_norm_eps;
+    backend_->RmsNorm(norm);
+    Linear(q_lora_, w.wq_b, PreparedVector{}, q_heads_, t);
   } else {
-    DenseMlp(w, t);
+    Linear(normed_, w.wq, PreparedVector{}, q_heads_, t);
   }
-  // Each rank holds some MLP rows: their down projections add up.
-  if (all_reduce_) {
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    return all_reduce_(delta_, t * h);
+  Linear(normed_, w.wkv_a, PreparedVector{}, k_, t);
+  cpu::RmsNormArgs kv_norm{};
+  kv_norm.x = kv_norm.y = k_;
+  kv_norm.weight = w.kv_a_norm.data;
+  kv_norm.rows = t;
+  kv_norm.dim = rank;
+  kv_norm.x_stride = kv_norm.y_stride = row;
+  kv_norm.eps = c.rms_norm_eps;
+  backend_->RmsNorm(kv_norm);
+  for (int64_t h = 0; h < heads; ++h) {
+    LinearStrided(q_heads_ + h * qk, heads * qk, w.w_q_absorb[h], q_ + h * row, heads * row, t);
   }
-  return absl::OkStatus();
+
+  RopeKvWriteArgs rope{};
+  rope.q = q_;
+  rope.k = k_;
+  rope.v = nullptr;
+  rope.num_tokens = t;
+  rope.num_heads = heads;
+  rope.q_stride = heads * row;
+  rope.k_stride = row;
+  rope.v_stride = 0;
+  rope.positions = staged.positions;
+  rope.inv_freq = inv_freq_dev_.data;
+  rope.rope_layout = c.rope_style == RopeStyle::kInterleaved ? cpu::RopeLayout::kInterleaved
+                                                             : cpu::RopeLayout::kHalfSplit;
+  rope.slot_mapping = staged.slot_mapping;
+  rope.layout = cache.layout();
+  rope.k_cache = cache.k(layer);
+  rope.rotary_dim = c.qk_rope_head_dim;
+  backend_->RopeKvWrite(rope);
+
+  cpu::PagedAttentionArgs attn{};
+  attn.q = q_;
+  attn.q_stride = heads * row;
+  attn.out = latent_out_;
+  attn.out_stride = heads * row;
+  attn.num_seqs = step.seqs;
+  attn.num_heads = heads;
+  attn.q_start = staged.q_start;
+  attn.q_len = staged.q_len;
+  attn.context_len = staged.context_len;
+  attn.block_tables = staged.block_tables;
+  attn.block_table_stride = step.table_stride;
+  attn.k_cache = cache.k(layer);
+  attn.v_cache = cache.k(layer);  // the latent row is the value too
+  attn.layout = cache.layout();
+  attn.scale = c.attention_scale();
+  attn.sliding_window = 0;
+  backend_->RunAttention(step.plan, attn);
+
+  for (int64_t h = 0; h < heads; ++h) {
+    LinearStrided(latent_out_ + h * row, heads * row, w.w_uv[h], attn_out_ + h * v_dim,
+                  heads * v_dim, t);
+  }
 }
 
 void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
@@ -717,55 +998,106 @@ void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
   Linear(gate_, w.w_down, PreparedVector{}, delta_, t);
 }
 
-// Mixture of experts, Mixtral / Qwen3-MoE style:
+// Mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V2/V3):
 //  1. router logits [T, E] = normed x router^T (one matmul);
-//  2. per token, in f32: softmax over all E logits, then the k most probable experts, picked one
-//     at a time by strict ">" so a tie goes to the lower expert index (what torch.topk returns
-//     for the small ties these models meet in practice), their probabilities renormalized to
-//     sum 1 when norm_topk_prob;
+//  2. per token, in f32 (Route): scores (softmax over all E logits, or DeepSeek-V3's per-expert
+//     sigmoid), the k experts picked (see MoeTopk; one at a time by strict ">", so a tie goes to
+//     the lower expert index, what torch.topk returns for the small ties these models meet in
+//     practice), their scores renormalized to sum 1 when norm_topk_prob, times
+//     routed_scaling_factor;
 //  3. per expert, ascending: gather the rows of the tokens routed to it (token order), run its
 //     SwiGLU MLP once over them with the ordinary matmul kernels, and add weight x output to
-//     each token's row of delta_.
+//     each token's row of delta_;
+//  4. DeepSeek's shared experts: one SwiGLU MLP over every token, added last.
 // Batch invariance: the matmul kernels keep each output row's reduction order independent of
 // how many rows run together, and every token's row of delta_ is 0 + its experts' terms added
-// in ascending expert order, so a token's result does not depend on the other tokens in the
-// step. Under tensor parallelism every rank routes identically (replicated router, identical
-// normed rows) and holds a slice of every expert's width; delta_ is then a partial sum that the
-// caller all-reduces, like the dense MLP's.
+// in ascending expert order (+ the shared term), so a token's result does not depend on the
+// other tokens in the step. Under tensor parallelism every rank routes identically (replicated
+// router, identical normed rows) and holds a slice of every expert's width; delta_ is then a
+// partial sum that the caller all-reduces, like the dense MLP's.
+void LlamaModel::RouteTokens(const Layer& w, int64_t t) {
+  const ModelConfig& c = weights_->config;
+  const int num_experts = c.num_experts;
+  const int k = c.num_experts_per_tok;
+  const int per_group = num_experts / c.n_group;
+  routes_.resize(num_experts);
+  for (std::vector<Route>& r : routes_) r.clear();
+  std::vector<float> scores(num_experts);
+  std::vector<float> choice(num_experts);  // what selection compares (scores + bias for V3)
+  std::vector<char> eligible(num_experts);
+  std::vector<float> group_score(c.n_group);
+  std::vector<char> group_taken(c.n_group);
+  std::vector<int> chosen(k);
+  // The best of `values` whose flag in `allowed` is set, ties to the lower index; -1 if none.
+  auto best_of = [](const std::vector<float>& values, const std::vector<char>& allowed) {
+    int best = -1;
+    for (int e = 0; e < static_cast<int>(values.size()); ++e) {
+      if (allowed[e] && (best < 0 || values[e] > values[best])) best = e;
+    }
+    return best;
+  };
+  for (int64_t token = 0; token < t; ++token) {
+    const float* logits = router_logits_ + token * num_experts;
+    if (c.moe_scoring == MoeScoring::kSigmoid) {
+      for (int e = 0; e < num_experts; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    } else {
+      const float top = *std::max_element(logits, logits + num_experts);
+      float sum = 0.0f;
+      for (int e = 0; e < num_experts; ++e) sum += (scores[e] = std::exp(logits[e] - top));
+      for (float& p : scores) p /= sum;
+    }
+    for (int e = 0; e < num_experts; ++e) {
+      choice[e] = scores[e] + (w.router_bias != nullptr ? w.router_bias[e] : 0.0f);
+    }
+    std::fill(eligible.begin(), eligible.end(), 1);
+    if (c.moe_topk != MoeTopk::kGreedy) {
+      // Score the groups, keep the topk_group best, and allow only their experts.
+      for (int g = 0; g < c.n_group; ++g) {
+        const float* v = choice.data() + g * per_group;
+        if (c.moe_topk == MoeTopk::kGroupLimited) {
+          group_score[g] = *std::max_element(v, v + per_group);
+        } else {  // noaux_tc: the sum of the group's two best
+          int first = 0;
+          for (int e = 1; e < per_group; ++e) first = v[e] > v[first] ? e : first;
+          int second = first == 0 ? 1 : 0;
+          for (int e = 0; e < per_group; ++e) {
+            if (e != first && v[e] > v[second]) second = e;
+          }
+          group_score[g] = v[first] + v[second];
+        }
+      }
+      std::fill(group_taken.begin(), group_taken.end(), 0);
+      std::vector<char> group_open(c.n_group, 1);
+      for (int j = 0; j < c.topk_group; ++j) {
+        const int g = best_of(group_score, group_open);
+        group_open[g] = 0;
+        group_taken[g] = 1;
+      }
+      for (int e = 0; e < num_experts; ++e) eligible[e] = group_taken[e / per_group];
+    }
+    float picked_sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int best = best_of(choice, eligible);
+      eligible[best] = 0;
+      chosen[j] = best;
+      picked_sum += scores[best];
+    }
+    const float scale = c.norm_topk_prob ? 1.0f / picked_sum : 1.0f;
+    for (int j = 0; j < k; ++j) {
+      routes_[chosen[j]].push_back(
+          {static_cast<int32_t>(token), scores[chosen[j]] * scale * c.routed_scaling_factor});
+    }
+  }
+}
+
 absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   const int num_experts = c.num_experts;
-  const int k = c.num_experts_per_tok;
   const int64_t width = c.moe_intermediate_size;
   Linear(normed_, w.router, PreparedVector{}, router_logits_, t);
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-
-  routes_.resize(num_experts);
-  for (std::vector<Route>& r : routes_) r.clear();
-  std::vector<float> probs(num_experts);
-  std::vector<int> chosen(k);
-  for (int64_t token = 0; token < t; ++token) {
-    const float* logits = router_logits_ + token * num_experts;
-    const float top = *std::max_element(logits, logits + num_experts);
-    float sum = 0.0f;
-    for (int e = 0; e < num_experts; ++e) sum += (probs[e] = std::exp(logits[e] - top));
-    for (float& p : probs) p /= sum;
-    float picked_sum = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int e = 0; e < num_experts; ++e) {
-        if (std::find(chosen.begin(), chosen.begin() + j, e) != chosen.begin() + j) continue;
-        if (best < 0 || probs[e] > probs[best]) best = e;
-      }
-      chosen[j] = best;
-      picked_sum += probs[best];
-    }
-    const float scale = c.norm_topk_prob ? 1.0f / picked_sum : 1.0f;
-    for (int j = 0; j < k; ++j) {
-      routes_[chosen[j]].push_back({static_cast<int32_t>(token), probs[chosen[j]] * scale});
-    }
-  }
+  RouteTokens(w, t);
 
   std::fill(delta_, delta_ + t * h, 0.0f);
   for (int e = 0; e < num_experts; ++e) {
@@ -787,6 +1119,15 @@ absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
       const float weight = routes[i].weight;
       for (int64_t d = 0; d < h; ++d) dst[d] += weight * src[d];
     }
+  }
+  if (w.shared.w_gate.rows > 0) {
+    const int64_t shared = w.shared.w_gate.rows;
+    Linear(normed_, w.shared.w_gate, PreparedVector{}, gate_, t);
+    Linear(normed_, w.shared.w_up, PreparedVector{}, up_, t);
+    backend_->SiluMul({gate_, up_, gate_, t, shared, shared, shared, shared});
+    Linear(gate_, w.shared.w_down, PreparedVector{}, expert_out_, t);
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    for (int64_t i = 0; i < t * h; ++i) delta_[i] += expert_out_[i];
   }
   return absl::OkStatus();
 }

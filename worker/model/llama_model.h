@@ -127,8 +127,20 @@ class LlamaModel {
   struct Layer {
     PreparedVector attn_norm, ffn_norm, bq, bk, bv, bo, q_norm, k_norm;
     PreparedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    bool moe = false;             // a mixture-of-experts MLP (else dense)
     PreparedMatrix router;        // mixture of experts only
     std::vector<Expert> experts;  // mixture of experts only
+    Expert shared;                // DeepSeek shared experts (rows 0 when absent)
+    const float* router_bias = nullptr;  // host [num_experts], DeepSeek-V3 only
+    // Multi-head latent attention only.
+    PreparedVector q_a_norm, kv_a_norm;
+    PreparedMatrix wq_a, wq_b, wkv_a;
+    /// Per head: [kv_lora_rank + rope, nope + rope], W_UK^T beside an identity for the rope
+    /// part, so one matmul turns the head's q (nope | rope) into its absorbed query
+    /// (W_UK^T q_nope | q_rope) (MlaAttention).
+    std::vector<PreparedMatrix> w_q_absorb;
+    /// Per head: [v_head_dim, kv_lora_rank], W_UV (rows of kv_b_proj).
+    std::vector<PreparedMatrix> w_uv;
   };
   /// One token's choice of one expert (mixture of experts).
   struct Route {
@@ -185,10 +197,22 @@ class LlamaModel {
   absl::Status GrowTracked(DeviceBuffer* buffer, int64_t bytes);
   /// The dense SwiGLU MLP of `w` on normed_, into delta_.
   void DenseMlp(const Layer& w, int64_t tokens);
+  /// Standard attention of layer `layer` on normed_, into attn_out_ ([T, heads * head_dim]).
+  void Attention(int layer, const Step& step, KvCache& cache);
+  /// Multi-head latent attention of layer `layer` on normed_, into attn_out_ ([T, heads *
+  /// v_head_dim]).
+  void MlaAttention(int layer, const Step& step, KvCache& cache);
+  /// Builds layer `l`'s w_q_absorb and w_uv from `w`.wkv_b.
+  absl::Status PrepareMla(const LayerWeights& w, Layer& l);
+  /// Picks each token's experts for `w` from router_logits_ into routes_.
+  void RouteTokens(const Layer& w, int64_t tokens);
   /// The mixture-of-experts MLP of `w` on normed_, into delta_ (host-memory backends only).
   absl::Status MoeMlp(const Layer& w, int64_t tokens);
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
+  /// Linear with explicit row strides (elements) of x and y, no bias.
+  void LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
+                     int64_t y_stride, int64_t m);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
   /// Qwen3's q/k norm: RMS-normalizes each of the `heads` head_dim-wide vectors of every token
   /// row of `x` ([tokens, heads * head_dim]) in place with `weight` ([head_dim]).
@@ -224,6 +248,12 @@ class LlamaModel {
   float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs
   // Mixture of experts only (empty slices otherwise).
   float* router_logits_ = nullptr;  // [T, num_experts]
+  // Multi-head latent attention only (empty slices otherwise).
+  float* q_lora_ = nullptr;      // [T, q_lora_rank]
+  float* q_heads_ = nullptr;     // [T, heads * (nope + rope)]: q before absorption
+  float* latent_out_ = nullptr;  // [T, heads * (kv_lora_rank + rope)]: attention over latents
+  // Host copies of MLA's absorbed-query matrices (the CPU backend's prepared views point here).
+  std::vector<std::vector<uint8_t>> absorb_storage_;
   float* expert_in_ = nullptr;      // [T, hidden] the rows routed to one expert, gathered
   float* expert_out_ = nullptr;     // [T, hidden] that expert's output for them
   // Per expert, the tokens routed to it this layer in token order, with their weights.

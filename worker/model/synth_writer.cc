@@ -247,24 +247,52 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
     out.push_back({&lw.attn_norm, g + "attn_norm.weight", h + "input_layernorm.weight"});
     // Interleaved (GGUF llama) q/k rows are permuted for the HF copy; rotate_half ones (qwen3)
     // are stored as they are in both files.
-    const bool permute = c.rope_style == RopeStyle::kInterleaved;
-    out.push_back(
-        {&lw.wq, g + "attn_q.weight", h + "self_attn.q_proj.weight", permute ? c.num_heads : 0});
-    out.push_back(
-        {&lw.wk, g + "attn_k.weight", h + "self_attn.k_proj.weight", permute ? c.num_kv_heads : 0});
-    out.push_back({&lw.wv, g + "attn_v.weight", h + "self_attn.v_proj.weight"});
-    out.push_back({&lw.wo, g + "attn_output.weight", h + "self_attn.o_proj.weight"});
+    if (c.is_mla()) {
+      // DeepSeek's checkpoints keep the rope part pair-interleaved: stored as it is.
+      const std::string a = h + "self_attn.";
+      if (c.q_lora_rank > 0) {
+        out.push_back({&lw.wq_a, g + "attn_q_a.weight", a + "q_a_proj.weight"});
+        out.push_back({&lw.q_a_norm, g + "attn_q_a_norm.weight", a + "q_a_layernorm.weight"});
+        out.push_back({&lw.wq_b, g + "attn_q_b.weight", a + "q_b_proj.weight"});
+      } else {
+        out.push_back({&lw.wq, g + "attn_q.weight", a + "q_proj.weight"});
+      }
+      out.push_back({&lw.wkv_a, g + "attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight"});
+      out.push_back({&lw.kv_a_norm, g + "attn_kv_a_norm.weight", a + "kv_a_layernorm.weight"});
+      out.push_back({&lw.wkv_b, g + "attn_kv_b.weight", a + "kv_b_proj.weight"});
+      out.push_back({&lw.wo, g + "attn_output.weight", a + "o_proj.weight"});
+    } else {
+      const bool permute = c.rope_style == RopeStyle::kInterleaved;
+      out.push_back(
+          {&lw.wq, g + "attn_q.weight", h + "self_attn.q_proj.weight", permute ? c.num_heads : 0});
+      out.push_back({&lw.wk, g + "attn_k.weight", h + "self_attn.k_proj.weight",
+                     permute ? c.num_kv_heads : 0});
+      out.push_back({&lw.wv, g + "attn_v.weight", h + "self_attn.v_proj.weight"});
+      out.push_back({&lw.wo, g + "attn_output.weight", h + "self_attn.o_proj.weight"});
+    }
     if (c.qk_norm) {
       out.push_back({&lw.q_norm, g + "attn_q_norm.weight", h + "self_attn.q_norm.weight"});
       out.push_back({&lw.k_norm, g + "attn_k_norm.weight", h + "self_attn.k_norm.weight"});
     }
     out.push_back({&lw.ffn_norm, g + "ffn_norm.weight", h + "post_attention_layernorm.weight"});
-    if (c.is_moe()) {
-      // Hugging Face only (Mixtral's block_sparse_moe.experts.J.w1/w3/w2, Qwen3-MoE's
-      // mlp.experts.J.gate_proj/up_proj/down_proj); the GGUF names are placeholders.
+    if (c.is_moe_layer(l)) {
+      // Hugging Face only (Mixtral's block_sparse_moe.experts.J.w1/w3/w2, Qwen3-MoE's and
+      // DeepSeek's mlp.experts.J.gate_proj/up_proj/down_proj, DeepSeek's
+      // mlp.gate.e_score_correction_bias and mlp.shared_experts.*); the GGUF names are
+      // placeholders.
       const bool mixtral = c.architecture == "mixtral";
       const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
       out.push_back({&lw.router, g + "ffn_gate_inp.weight", m + "gate.weight"});
+      if (lw.router_bias.present()) {
+        out.push_back(
+            {&lw.router_bias, g + "exp_probs_b.bias", m + "gate.e_score_correction_bias"});
+      }
+      if (lw.shared.w_gate.present()) {
+        const std::string s = m + "shared_experts.";
+        out.push_back({&lw.shared.w_gate, g + "ffn_gate_shexp.weight", s + "gate_proj.weight"});
+        out.push_back({&lw.shared.w_up, g + "ffn_up_shexp.weight", s + "up_proj.weight"});
+        out.push_back({&lw.shared.w_down, g + "ffn_down_shexp.weight", s + "down_proj.weight"});
+      }
       for (size_t e = 0; e < lw.experts.size(); ++e) {
         const ExpertWeights& x = lw.experts[e];
         const std::string ge = absl::StrCat(g, "expert.", e, ".");
@@ -435,6 +463,8 @@ ojson TokenizerConfigJson(int max_len) {
 
 // config.json's architectures[0] for each architecture the synthesizer writes.
 const char* HfClassName(const std::string& arch) {
+  if (arch == "deepseek_v2") return "DeepseekV2ForCausalLM";
+  if (arch == "deepseek_v3") return "DeepseekV3ForCausalLM";
   if (arch == "qwen3") return "Qwen3ForCausalLM";
   if (arch == "mixtral") return "MixtralForCausalLM";
   if (arch == "qwen3_moe") return "Qwen3MoeForCausalLM";
@@ -466,7 +496,34 @@ ojson ConfigJson(const ModelConfig& c, DType dtype) {
                       {"torch_dtype", TorchDtype(dtype)},
                       {"use_cache", true},
                       {"vocab_size", c.vocab_size}};
-  if (c.architecture == "mixtral") {
+  if (c.is_mla()) {
+    // modeling_deepseek.py's keys; no head_dim (the heads' widths are stated per part).
+    const bool v3 = c.architecture == "deepseek_v3";
+    j.erase("head_dim");
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? nlohmann::json(c.q_lora_rank) : nlohmann::json();
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["n_routed_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["moe_layer_freq"] = c.moe_layer_freq;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["scoring_func"] = v3 ? "sigmoid" : "softmax";
+    j["topk_method"] = v3                                     ? "noaux_tc"
+                       : c.moe_topk == MoeTopk::kGroupLimited ? "group_limited_greedy"
+                                                              : "greedy";
+    j["aux_loss_alpha"] = 0.001;
+    j["seq_aux"] = true;
+    j["ep_size"] = 1;
+    if (v3) j["num_nextn_predict_layers"] = 0;
+  } else if (c.architecture == "mixtral") {
     j["num_local_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
     j["output_router_logits"] = false;
@@ -560,9 +617,41 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
   for (const auto& [flag, value] : positive) {
     if (value < 1) return bad(flag, " must be at least 1, got ", value);
   }
-  const bool moe = m.architecture == "mixtral" || m.architecture == "qwen3_moe";
+  const bool deepseek = m.architecture == "deepseek_v2" || m.architecture == "deepseek_v3";
+  const bool moe = m.architecture == "mixtral" || m.architecture == "qwen3_moe" || deepseek;
   if (m.architecture != "llama" && m.architecture != "qwen3" && !moe) {
-    return bad("--arch '", m.architecture, "' is not one of llama, qwen3, mixtral, qwen3moe");
+    return bad("--arch '", m.architecture,
+               "' is not one of llama, qwen3, mixtral, qwen3moe, deepseek2, deepseek3");
+  }
+  if (deepseek) {
+    for (const auto& [flag, value] : {std::pair<const char*, int>{"--kv-lora-rank", m.kv_lora_rank},
+                                      {"--qk-nope-dim", m.qk_nope_head_dim},
+                                      {"--qk-rope-dim", m.qk_rope_head_dim},
+                                      {"--v-head-dim", m.v_head_dim},
+                                      {"--expert-groups", m.n_group},
+                                      {"--topk-groups", m.topk_group},
+                                      {"--dense-layers", m.first_k_dense_replace + 1},
+                                      {"--shared-experts", m.n_shared_experts + 1},
+                                      {"--q-lora-rank", m.q_lora_rank + 1}}) {
+      if (value < 1) return bad(flag, " is out of range");
+    }
+    if (m.qk_rope_head_dim % 2 != 0) {
+      return bad("--qk-rope-dim ", m.qk_rope_head_dim, " must be even (RoPE rotates pairs)");
+    }
+    if (m.num_experts % m.n_group != 0 || m.topk_group > m.n_group) {
+      return bad("--expert-groups ", m.n_group, " must divide --experts ", m.num_experts,
+                 " and be at least --topk-groups ", m.topk_group);
+    }
+    if (m.num_experts_per_tok > m.topk_group * (m.num_experts / m.n_group)) {
+      return bad("--experts-per-tok ", m.num_experts_per_tok, " exceeds the experts of the ",
+                 m.topk_group, " groups a token may use");
+    }
+    if (m.architecture == "deepseek_v3" && m.num_experts / m.n_group < 2) {
+      return bad(
+          "deepseek3 routing scores a group by its two best experts: --experts / "
+          "--expert-groups must be at least 2");
+    }
+    if (!(m.routed_scaling_factor > 0.0f)) return bad("--routed-scale must be positive");
   }
   if (moe) {
     if (m.num_experts < 1) return bad("--experts must be at least 1, got ", m.num_experts);
@@ -580,7 +669,9 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
     }
   }
   if (m.head_dim < 0) return bad("--head-dim must be at least 0, got ", m.head_dim);
-  if (m.head_dim == 0) {
+  if (deepseek) {
+    // Heads are sized by the latent-attention flags.
+  } else if (m.head_dim == 0) {
     if (m.hidden_size % m.num_heads != 0) {
       return bad("--heads ", m.num_heads, " must divide --hidden ", m.hidden_size,
                  " (or set --head-dim)");
@@ -592,7 +683,7 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
   } else if (m.head_dim % 2 != 0) {
     return bad("--head-dim ", m.head_dim, " must be even (RoPE rotates pairs)");
   }
-  if (m.num_heads % m.num_kv_heads != 0) {
+  if (!deepseek && m.num_heads % m.num_kv_heads != 0) {
     return bad("--kv-heads ", m.num_kv_heads, " must divide --heads ", m.num_heads);
   }
   if (m.vocab_size < SynthMinVocabSize()) {

@@ -74,6 +74,17 @@ class Builder {
     return t;
   }
 
+  /// An f32 vector drawn from [-a, a].
+  absl::StatusOr<TensorView> Uniform(std::string name, int64_t n, float a) {
+    std::uniform_real_distribution<float> dist(-a, a);
+    TensorView t{std::move(name), DType::kF32, {n}, nullptr};
+    auto* data = reinterpret_cast<float*>(Allocate(n * 4));
+    if (data == nullptr) return absl::ResourceExhaustedError("synthetic model: out of memory");
+    for (int64_t i = 0; i < n; ++i) data[i] = dist(rng_);
+    t.data = data;
+    return t;
+  }
+
   absl::StatusOr<TensorView> Ones(std::string name, int64_t n) {
     TensorView t{std::move(name), DType::kF32, {n}, nullptr};
     auto* data = reinterpret_cast<float*>(Allocate(n * 4));
@@ -95,30 +106,55 @@ class Builder {
 absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const SyntheticModelOptions& o) {
   auto weights = std::make_unique<ModelWeights>();
   ModelConfig& c = weights->config;
+  const bool deepseek = o.architecture == "deepseek_v2" || o.architecture == "deepseek_v3";
   if (o.architecture != "llama" && o.architecture != "qwen3" && o.architecture != "mixtral" &&
-      o.architecture != "qwen3_moe") {
-    return absl::InvalidArgumentError(absl::StrCat("synthetic model: architecture '",
-                                                   o.architecture,
-                                                   "' is not llama, qwen3, mixtral or qwen3_moe"));
+      o.architecture != "qwen3_moe" && !deepseek) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: architecture '", o.architecture,
+                     "' is not llama, qwen3, mixtral, qwen3_moe, deepseek_v2 or deepseek_v3"));
   }
   const bool qwen3 = o.architecture == "qwen3" || o.architecture == "qwen3_moe";
-  const bool moe = o.architecture == "mixtral" || o.architecture == "qwen3_moe";
+  const bool moe = o.architecture == "mixtral" || o.architecture == "qwen3_moe" || deepseek;
   c.architecture = o.architecture;
   c.qk_norm = qwen3;
-  c.rope_style = o.architecture == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  c.rope_style =
+      o.architecture == "llama" || deepseek ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
   if (moe) {
     c.num_experts = o.num_experts;
     c.num_experts_per_tok = o.num_experts_per_tok;
-    c.moe_intermediate_size =
-        o.moe_intermediate_size > 0 && qwen3 ? o.moe_intermediate_size : o.intermediate_size;
-    c.norm_topk_prob = qwen3 ? o.norm_topk_prob : true;
+    c.moe_intermediate_size = o.moe_intermediate_size > 0 && (qwen3 || deepseek)
+                                  ? o.moe_intermediate_size
+                                  : o.intermediate_size;
+    c.norm_topk_prob = qwen3 || deepseek ? o.norm_topk_prob : true;
+  }
+  if (deepseek) {
+    const bool v3 = o.architecture == "deepseek_v3";
+    c.kv_lora_rank = o.kv_lora_rank;
+    c.q_lora_rank = o.q_lora_rank;
+    c.qk_nope_head_dim = o.qk_nope_head_dim;
+    c.qk_rope_head_dim = o.qk_rope_head_dim;
+    c.v_head_dim = o.v_head_dim;
+    c.n_shared_experts = o.n_shared_experts;
+    c.first_k_dense_replace = o.first_k_dense_replace;
+    c.n_group = o.n_group;
+    c.topk_group = o.topk_group;
+    c.routed_scaling_factor = o.routed_scaling_factor;
+    c.moe_scoring = v3 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+    c.moe_topk =
+        v3 ? MoeTopk::kNoAuxTc : (o.n_group > 1 ? MoeTopk::kGroupLimited : MoeTopk::kGreedy);
+    // DeepSeek renormalizes only more than one weight, and V2 scales only the weights it does
+    // not renormalize (as the loader stores it).
+    if (c.num_experts_per_tok == 1) c.norm_topk_prob = false;
+    if (!v3 && c.norm_topk_prob) c.routed_scaling_factor = 1.0f;
   }
   c.hidden_size = o.hidden_size;
   c.intermediate_size = o.intermediate_size;
   c.num_layers = o.num_layers;
   c.num_heads = o.num_heads;
-  c.num_kv_heads = o.num_kv_heads;
-  c.head_dim = o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0);
+  c.num_kv_heads = deepseek ? o.num_heads : o.num_kv_heads;
+  c.head_dim = deepseek         ? o.qk_nope_head_dim + o.qk_rope_head_dim
+               : o.head_dim > 0 ? o.head_dim
+                                : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0);
   c.vocab_size = o.vocab_size;
   c.max_position_embeddings = o.max_position_embeddings;
   c.tie_word_embeddings = o.tie_word_embeddings;
@@ -158,19 +194,51 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
     LayerWeights& w = weights->layers[l];
     const std::string p = absl::StrCat("blk.", l, ".");
     KVSERVE_ASSIGN(w.attn_norm, b.Ones(p + "attn_norm", h));
-    KVSERVE_ASSIGN(w.wq, b.Random(p + "attn_q", dt("attn_q", l, h), q_dim, h));
-    KVSERVE_ASSIGN(w.wk, b.Random(p + "attn_k", dt("attn_k", l, h), kv_dim, h));
-    KVSERVE_ASSIGN(w.wv, b.Random(p + "attn_v", dt("attn_v", l, h), kv_dim, h));
-    KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", dt("attn_output", l, q_dim), h, q_dim));
+    if (deepseek) {
+      const int64_t heads = c.num_heads;
+      const int64_t rank = c.kv_lora_rank;
+      if (c.q_lora_rank > 0) {
+        KVSERVE_ASSIGN(w.wq_a, b.Random(p + "attn_q_a", dt("attn_q_a", l, h), c.q_lora_rank, h));
+        KVSERVE_ASSIGN(w.q_a_norm, b.AroundOne(p + "attn_q_a_norm", c.q_lora_rank));
+        KVSERVE_ASSIGN(w.wq_b, b.Random(p + "attn_q_b", dt("attn_q_b", l, c.q_lora_rank), q_dim,
+                                        c.q_lora_rank));
+      } else {
+        KVSERVE_ASSIGN(w.wq, b.Random(p + "attn_q", dt("attn_q", l, h), q_dim, h));
+      }
+      KVSERVE_ASSIGN(w.wkv_a, b.Random(p + "attn_kv_a_mqa", dt("attn_kv_a_mqa", l, h),
+                                       rank + c.qk_rope_head_dim, h));
+      KVSERVE_ASSIGN(w.kv_a_norm, b.AroundOne(p + "attn_kv_a_norm", rank));
+      KVSERVE_ASSIGN(w.wkv_b, b.Random(p + "attn_kv_b", dt("attn_kv_b", l, rank),
+                                       heads * (c.qk_nope_head_dim + c.v_head_dim), rank));
+      const int64_t v_cols = heads * c.v_head_dim;
+      KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", dt("attn_output", l, v_cols), h, v_cols));
+    } else {
+      KVSERVE_ASSIGN(w.wq, b.Random(p + "attn_q", dt("attn_q", l, h), q_dim, h));
+      KVSERVE_ASSIGN(w.wk, b.Random(p + "attn_k", dt("attn_k", l, h), kv_dim, h));
+      KVSERVE_ASSIGN(w.wv, b.Random(p + "attn_v", dt("attn_v", l, h), kv_dim, h));
+      KVSERVE_ASSIGN(w.wo, b.Random(p + "attn_output", dt("attn_output", l, q_dim), h, q_dim));
+    }
     if (qwen3) {
       KVSERVE_ASSIGN(w.q_norm, b.AroundOne(p + "attn_q_norm", c.head_dim));
       KVSERVE_ASSIGN(w.k_norm, b.AroundOne(p + "attn_k_norm", c.head_dim));
     }
     KVSERVE_ASSIGN(w.ffn_norm, b.Ones(p + "ffn_norm", h));
-    if (moe) {
+    if (c.is_moe_layer(l)) {
       const int64_t width = c.moe_intermediate_size;
       KVSERVE_ASSIGN(w.router,
                      b.Random(p + "ffn_gate_inp", dt("ffn_gate_inp", l, h), c.num_experts, h));
+      if (c.moe_topk == MoeTopk::kNoAuxTc) {
+        // Of the order of the score gaps, so the bias changes some choices.
+        KVSERVE_ASSIGN(w.router_bias, b.Uniform(p + "exp_probs_b", c.num_experts, 0.1f));
+      }
+      if (c.n_shared_experts > 0) {
+        const int64_t shared = int64_t{c.n_shared_experts} * width;
+        KVSERVE_ASSIGN(w.shared.w_gate,
+                       b.Random(p + "ffn_gate_shexp", dt("ffn_gate", l, h), shared, h));
+        KVSERVE_ASSIGN(w.shared.w_up, b.Random(p + "ffn_up_shexp", dt("ffn_up", l, h), shared, h));
+        KVSERVE_ASSIGN(w.shared.w_down,
+                       b.Random(p + "ffn_down_shexp", dt("ffn_down", l, shared), h, shared));
+      }
       w.experts.resize(c.num_experts);
       for (int e = 0; e < c.num_experts; ++e) {
         ExpertWeights& x = w.experts[e];
@@ -248,7 +316,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> DequantizedTwin(const ModelWeights
                                {&s.w_gate, &d.w_gate},
                                {&s.w_up, &d.w_up},
                                {&s.w_down, &d.w_down},
-                               {&s.router, &d.router}});
+                               {&s.router, &d.router},
+                               {&s.router_bias, &d.router_bias},
+                               {&s.shared.w_gate, &d.shared.w_gate},
+                               {&s.shared.w_up, &d.shared.w_up},
+                               {&s.shared.w_down, &d.shared.w_down},
+                               {&s.wq_a, &d.wq_a},
+                               {&s.q_a_norm, &d.q_a_norm},
+                               {&s.wq_b, &d.wq_b},
+                               {&s.wkv_a, &d.wkv_a},
+                               {&s.kv_a_norm, &d.kv_a_norm},
+                               {&s.wkv_b, &d.wkv_b}});
     d.experts.resize(s.experts.size());
     for (size_t e = 0; e < s.experts.size(); ++e) {
       views.insert(views.end(), {{&s.experts[e].w_gate, &d.experts[e].w_gate},

@@ -26,10 +26,14 @@ enum class WeightMix {
 /// super-block) is stored as kQ8_0 instead, so quantized dtypes need sizes that are multiples of
 /// 32 only.
 struct SyntheticModelOptions {
-  /// "llama", "qwen3", "mixtral" or "qwen3_moe". A qwen3 or qwen3_moe model has per-head q/k
-  /// norms (weights drawn from [0.5, 1.5]); every architecture but llama keeps its q/k rows in
-  /// rotate_half order (RopeStyle::kHalfSplit), as those checkpoints have. mixtral and qwen3_moe
-  /// replace each layer's MLP by `num_experts` experts behind a router.
+  /// "llama", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2" or "deepseek_v3". A qwen3 or
+  /// qwen3_moe model has per-head q/k norms (weights drawn from [0.5, 1.5]); qwen3, mixtral and
+  /// qwen3_moe keep their q/k rows in rotate_half order (RopeStyle::kHalfSplit), as those
+  /// checkpoints have. mixtral and qwen3_moe replace each layer's MLP by `num_experts` experts
+  /// behind a router. deepseek_v2 / deepseek_v3 have multi-head latent attention (the mla_*
+  /// fields; num_kv_heads and head_dim are unused) and DeepSeek's experts: softmax routing for
+  /// v2, sigmoid with a random correction bias and noaux_tc group selection for v3, shared
+  /// experts, and dense first layers.
   std::string architecture = "llama";
   int num_layers = 2;
   int hidden_size = 256;
@@ -45,6 +49,19 @@ struct SyntheticModelOptions {
   int num_experts_per_tok = 2;
   int moe_intermediate_size = 0;
   bool norm_topk_prob = true;
+  /// DeepSeek only: shared experts, dense first layers, expert groups (v2 uses
+  /// group_limited_greedy when n_group > 1), and the routed weights' factor.
+  int n_shared_experts = 1;
+  int first_k_dense_replace = 1;
+  int n_group = 1;
+  int topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  /// DeepSeek only: multi-head latent attention shape (q_lora_rank 0: q projected directly).
+  int kv_lora_rank = 64;
+  int q_lora_rank = 0;
+  int qk_nope_head_dim = 32;
+  int qk_rope_head_dim = 16;
+  int v_head_dim = 32;
   int vocab_size = 1024;
   int max_position_embeddings = 2048;
   /// dtype of the matmul weights and the embedding (norms are always F32).

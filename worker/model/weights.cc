@@ -7,11 +7,13 @@ int64_t ModelWeights::TotalBytes() const {
   if (output.data != token_embedding.data) total += output.nbytes();
   for (const LayerWeights& l : layers) {
     for (const TensorView* t :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.wo, &l.bo, &l.q_norm,
-          &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+         {&l.attn_norm,   &l.wq,           &l.wk,     &l.wv,     &l.bq,          &l.bk,
+          &l.bv,          &l.wo,           &l.bo,     &l.q_norm, &l.k_norm,      &l.ffn_norm,
+          &l.w_gate,      &l.w_up,         &l.w_down, &l.wq_a,   &l.q_a_norm,    &l.wq_b,
+          &l.wkv_a,       &l.kv_a_norm,    &l.wkv_b,  &l.router, &l.router_bias, &l.shared.w_gate,
+          &l.shared.w_up, &l.shared.w_down}) {
       if (t->present()) total += t->nbytes();
     }
-    if (l.router.present()) total += l.router.nbytes();
     for (const ExpertWeights& e : l.experts) {
       for (const TensorView* t : {&e.w_gate, &e.w_up, &e.w_down}) {
         if (t->present()) total += t->nbytes();

@@ -44,11 +44,11 @@ struct ExpertWeights {
 /// One decoder layer. Norm weights and biases are always F32 (loaders convert them).
 struct LayerWeights {
   TensorView attn_norm;  // [hidden]
-  TensorView wq;         // [heads * head_dim, hidden]
+  TensorView wq;         // [heads * head_dim, hidden] (MLA with q_lora_rank 0: q_proj)
   TensorView wk;         // [kv_heads * head_dim, hidden]
   TensorView wv;         // [kv_heads * head_dim, hidden]
   TensorView bq, bk, bv; // [out] when config.qkv_bias, else absent
-  TensorView wo;         // [hidden, heads * head_dim]
+  TensorView wo;         // [hidden, heads * head_dim] (MLA: [hidden, heads * v_head_dim])
   TensorView bo;         // [hidden] when config.o_bias, else absent
   TensorView q_norm;     // [head_dim] when config.qk_norm, else absent
   TensorView k_norm;     // [head_dim] when config.qk_norm, else absent
@@ -57,9 +57,19 @@ struct LayerWeights {
   TensorView w_gate;     // [intermediate, hidden]
   TensorView w_up;       // [intermediate, hidden]
   TensorView w_down;     // [hidden, intermediate]
-  // Mixture of experts (config.num_experts > 0); absent / empty in a dense layer.
+  // Mixture of experts (config.is_moe_layer); absent / empty in a dense layer.
   TensorView router;                   // [num_experts, hidden]
   std::vector<ExpertWeights> experts;  // num_experts of them
+  TensorView router_bias;  // [num_experts] f32, DeepSeek-V3 e_score_correction_bias, or absent
+  ExpertWeights shared;    // DeepSeek shared experts, [n_shared * moe_intermediate] wide, or absent
+  // Multi-head latent attention (config.is_mla()); wk, wv absent. With heads = num_heads,
+  // qk = qk_nope_head_dim + qk_rope_head_dim, r = kv_lora_rank:
+  TensorView wq_a;       // [q_lora_rank, hidden] (q_lora_rank > 0; else wq is [heads * qk, hidden])
+  TensorView q_a_norm;   // [q_lora_rank]
+  TensorView wq_b;       // [heads * qk, q_lora_rank]
+  TensorView wkv_a;      // [r + qk_rope_head_dim, hidden] (kv_a_proj_with_mqa)
+  TensorView kv_a_norm;  // [r]
+  TensorView wkv_b;      // [heads * (qk_nope_head_dim + v_head_dim), r]: per head W_UK then W_UV
 };
 
 /// A loaded model: its config, views of every weight, and the storage those views point into.

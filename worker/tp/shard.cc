@@ -114,7 +114,12 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
   const int heads_per_rank = c.num_heads / tp;
   plan.q_head_begin = rank * heads_per_rank;
   plan.q_head_end = plan.q_head_begin + heads_per_rank;
-  if (c.num_kv_heads % tp == 0) {
+  if (c.is_mla()) {
+    // One latent row per token, replicated: every rank reads "kv head" 0.
+    plan.kv_head_begin = 0;
+    plan.kv_head_end = 1;
+    plan.kv_replicated = tp > 1;
+  } else if (c.num_kv_heads % tp == 0) {
     const int kv_per_rank = c.num_kv_heads / tp;
     plan.kv_head_begin = rank * kv_per_rank;
     plan.kv_head_end = plan.kv_head_begin + kv_per_rank;
@@ -131,27 +136,65 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
 
   // MLP rows go in units of the down projection's quantization block so its column cut is legal.
   // A mixture-of-experts model cuts every expert at the same rows of its own width.
+  int64_t dense_unit = 1, expert_unit = 1, shared_unit = 1;
+  bool has_dense = false;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    if (!c.is_moe_layer(l)) {
+      has_dense = true;
+      dense_unit = std::max(dense_unit, DTypeBlockElems(w.w_down.dtype));
+      continue;
+    }
+    for (const ExpertWeights& e : w.experts) {
+      expert_unit = std::max(expert_unit, DTypeBlockElems(e.w_down.dtype));
+    }
+    if (w.shared.w_down.present()) {
+      shared_unit = std::max(shared_unit, DTypeBlockElems(w.shared.w_down.dtype));
+    }
+  }
+  // Rank `rank`'s rows of a `width`-row MLP cut in `unit`s.
+  auto split = [&](int64_t width, int64_t unit, const std::string& width_name, int64_t* begin,
+                   int64_t* end) -> absl::Status {
+    if (width % unit != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", width_name, " ", width,
+                                                     " is not a multiple of ", unit,
+                                                     "-element quantization blocks"));
+    }
+    const int64_t units = width / unit;
+    if (units < tp) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp, " exceeds the ",
+                                                     units, " splittable MLP blocks of ", unit,
+                                                     " rows (", width_name, " ", width, ")"));
+    }
+    *begin = units * rank / tp * unit;
+    *end = units * (rank + 1) / tp * unit;
+    return absl::OkStatus();
+  };
+  if (has_dense) {
+    if (absl::Status s = split(c.intermediate_size, dense_unit, "intermediate_size",
+                               &plan.ffn_begin, &plan.ffn_end);
+        !s.ok()) {
+      return s;
+    }
+  }
   const bool moe = c.is_moe();
-  const int64_t width = moe ? c.moe_intermediate_size : c.intermediate_size;
-  const char* width_name = moe ? "moe_intermediate_size" : "intermediate_size";
-  int64_t unit = 1;
-  for (const LayerWeights& w : weights.layers) {
-    unit = std::max(unit, DTypeBlockElems(w.w_down.dtype));
-    for (const ExpertWeights& e : w.experts) unit = std::max(unit, DTypeBlockElems(e.w_down.dtype));
+  const int64_t width = c.moe_intermediate_size;
+  const int64_t shared_width = int64_t{c.n_shared_experts} * c.moe_intermediate_size;
+  if (moe) {
+    if (absl::Status s = split(width, expert_unit, "moe_intermediate_size", &plan.expert_begin,
+                               &plan.expert_end);
+        !s.ok()) {
+      return s;
+    }
+    if (shared_width > 0) {
+      if (absl::Status s =
+              split(shared_width, shared_unit, "n_shared_experts x moe_intermediate_size",
+                    &plan.shared_begin, &plan.shared_end);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
-  if (width % unit != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ", width_name, " ", width,
-                                                   " is not a multiple of ", unit,
-                                                   "-element quantization blocks"));
-  }
-  const int64_t units = width / unit;
-  if (units < tp) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp, " exceeds the ",
-                                                   units, " splittable MLP blocks of ", unit,
-                                                   " rows (", width_name, " ", width, ")"));
-  }
-  plan.ffn_begin = units * rank / tp * unit;
-  plan.ffn_end = units * (rank + 1) / tp * unit;
 
   const int64_t hd = c.head_dim;
   const int64_t h = c.hidden_size;
@@ -160,8 +203,15 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
     const int64_t q_dim = int64_t{c.num_heads} * hd;
     const int64_t kv_dim = int64_t{c.num_kv_heads} * hd;
     std::vector<absl::Status> mlp;
-    if (moe) {
+    if (c.is_moe_layer(l)) {
       mlp.push_back(CheckShape(w.router, l, "router", c.num_experts, h));
+      if (shared_width > 0) {
+        mlp.push_back(CheckShape(w.shared.w_gate, l, "shared w_gate", shared_width, h));
+        mlp.push_back(CheckShape(w.shared.w_up, l, "shared w_up", shared_width, h));
+        mlp.push_back(CheckShape(w.shared.w_down, l, "shared w_down", h, shared_width));
+        mlp.push_back(CheckColumnCut(w.shared.w_down, l, "shared w_down", plan.shared_begin,
+                                     plan.shared_end, tp));
+      }
       if (static_cast<int>(w.experts.size()) != c.num_experts) {
         mlp.push_back(absl::InvalidArgumentError(
             absl::StrCat("tensor parallel: layer ", l, " has ", w.experts.size(),
@@ -172,15 +222,25 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
         mlp.push_back(CheckShape(e.w_up, l, "expert w_up", width, h));
         mlp.push_back(CheckShape(e.w_down, l, "expert w_down", h, width));
         mlp.push_back(
-            CheckColumnCut(e.w_down, l, "expert w_down", plan.ffn_begin, plan.ffn_end, tp));
+            CheckColumnCut(e.w_down, l, "expert w_down", plan.expert_begin, plan.expert_end, tp));
       }
     } else {
-      mlp = {CheckShape(w.w_gate, l, "w_gate", width, h), CheckShape(w.w_up, l, "w_up", width, h),
-             CheckShape(w.w_down, l, "w_down", h, width),
+      const int64_t dense = c.intermediate_size;
+      mlp = {CheckShape(w.w_gate, l, "w_gate", dense, h), CheckShape(w.w_up, l, "w_up", dense, h),
+             CheckShape(w.w_down, l, "w_down", h, dense),
              CheckColumnCut(w.w_down, l, "w_down", plan.ffn_begin, plan.ffn_end, tp)};
     }
     for (const absl::Status& s : mlp) {
       if (!s.ok()) return s;
+    }
+    if (c.is_mla()) {
+      const int64_t v_cols = int64_t{c.num_heads} * c.v_head_dim;
+      for (absl::Status s : {CheckColumnCut(w.wo, l, "wo", plan.q_head_begin * c.v_head_dim,
+                                            plan.q_head_end * c.v_head_dim, tp),
+                             CheckShape(w.wo, l, "wo", h, v_cols)}) {
+        if (!s.ok()) return s;
+      }
+      continue;  // the model checks the latent projections' shapes
     }
     for (absl::Status s :
          {CheckShape(w.wq, l, "wq", q_dim, h), CheckShape(w.wk, l, "wk", kv_dim, h),
@@ -205,10 +265,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
   auto shard = std::make_unique<ModelWeights>();
   shard->config = c;
   shard->config.num_heads = plan->q_head_end - plan->q_head_begin;
-  shard->config.num_kv_heads = plan->kv_head_end - plan->kv_head_begin;
+  // MLA's kv heads play no part (the cache holds one latent row); keep them dividing the heads.
+  shard->config.num_kv_heads =
+      c.is_mla() ? shard->config.num_heads : plan->kv_head_end - plan->kv_head_begin;
   if (c.is_moe()) {
-    shard->config.moe_intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
-  } else {
+    shard->config.moe_intermediate_size = static_cast<int>(plan->expert_end - plan->expert_begin);
+    // Shared experts keep their own cut (the model reads their width from the weights).
+  }
+  if (plan->ffn_end > plan->ffn_begin) {
     shard->config.intermediate_size = static_cast<int>(plan->ffn_end - plan->ffn_begin);
   }
   shard->format = weights.format;
@@ -240,22 +304,55 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
     s.bv = RowSlice(w.bv, kv_begin, kv_end);
     s.w_gate = RowSlice(w.w_gate, plan->ffn_begin, plan->ffn_end);
     s.w_up = RowSlice(w.w_up, plan->ffn_begin, plan->ffn_end);
-    absl::StatusOr<TensorView> wo = ColumnSlice(w.wo, q_begin, q_end, *shard);
-    if (!wo.ok()) return wo.status();
-    s.wo = std::move(*wo);
-    if (c.is_moe()) {
+    if (!c.is_mla()) {
+      absl::StatusOr<TensorView> wo = ColumnSlice(w.wo, q_begin, q_end, *shard);
+      if (!wo.ok()) return wo.status();
+      s.wo = std::move(*wo);
+    } else {
+      // Heads split q (or q_b) and kv_b rows and o columns; the latent side is replicated.
+      const int64_t qk = c.head_dim;
+      const int64_t kv_b = c.qk_nope_head_dim + c.v_head_dim;
+      s.wq = RowSlice(w.wq, plan->q_head_begin * qk, plan->q_head_end * qk);
+      s.wq_a = w.wq_a;
+      s.q_a_norm = w.q_a_norm;
+      s.wq_b = RowSlice(w.wq_b, plan->q_head_begin * qk, plan->q_head_end * qk);
+      s.wkv_a = w.wkv_a;
+      s.kv_a_norm = w.kv_a_norm;
+      s.wkv_b = RowSlice(w.wkv_b, plan->q_head_begin * kv_b, plan->q_head_end * kv_b);
+      absl::StatusOr<TensorView> o = ColumnSlice(w.wo, plan->q_head_begin * c.v_head_dim,
+                                                 plan->q_head_end * c.v_head_dim, *shard);
+      if (!o.ok()) return o.status();
+      s.wo = std::move(*o);
+    }
+    // An MLP split by rows of its width: gate and up rows, down columns.
+    auto split_mlp = [&shard](const TensorView& gate, const TensorView& up, const TensorView& down,
+                              int64_t begin, int64_t end, ExpertWeights* out) -> absl::Status {
+      out->w_gate = RowSlice(gate, begin, end);
+      out->w_up = RowSlice(up, begin, end);
+      absl::StatusOr<TensorView> d = ColumnSlice(down, begin, end, *shard);
+      if (!d.ok()) return d.status();
+      out->w_down = std::move(*d);
+      return absl::OkStatus();
+    };
+    if (c.is_moe_layer(static_cast<int>(l))) {
       // The router is replicated (every rank routes alike); each expert splits like a dense MLP.
       s.router = w.router;
+      s.router_bias = w.router_bias;
       s.experts.resize(w.experts.size());
       for (size_t e = 0; e < w.experts.size(); ++e) {
         const ExpertWeights& x = w.experts[e];
-        ExpertWeights& y = s.experts[e];
-        y.w_gate = RowSlice(x.w_gate, plan->ffn_begin, plan->ffn_end);
-        y.w_up = RowSlice(x.w_up, plan->ffn_begin, plan->ffn_end);
-        absl::StatusOr<TensorView> down =
-            ColumnSlice(x.w_down, plan->ffn_begin, plan->ffn_end, *shard);
-        if (!down.ok()) return down.status();
-        y.w_down = std::move(*down);
+        if (absl::Status st = split_mlp(x.w_gate, x.w_up, x.w_down, plan->expert_begin,
+                                        plan->expert_end, &s.experts[e]);
+            !st.ok()) {
+          return st;
+        }
+      }
+      if (w.shared.w_gate.present()) {
+        if (absl::Status st = split_mlp(w.shared.w_gate, w.shared.w_up, w.shared.w_down,
+                                        plan->shared_begin, plan->shared_end, &s.shared);
+            !st.ok()) {
+          return st;
+        }
       }
       continue;
     }

@@ -19,7 +19,11 @@ namespace kvserve {
 ///  - MLP: the intermediate rows split as evenly as possible in units of the down projection's
 ///    quantization block (1 for plain dtypes), so ranks may differ by one unit. In a
 ///    mixture-of-experts model every expert is cut at the same rows of its own width
-///    (moe_intermediate_size) and the router is replicated.
+///    (moe_intermediate_size), DeepSeek's shared experts at rows of theirs, and the router is
+///    replicated.
+///  - Multi-head latent attention: query heads as above (q / q_b and kv_b rows, o columns); the
+///    latent down-projections (q_a, kv_a) and their norms are replicated, and every rank caches
+///    the whole latent row.
 ///  - Token embedding, output layer and norms: replicated on every rank. (A vocab-parallel
 ///    embedding/output is a later optimisation: it saves vocab * hidden * (tp - 1) / tp weights
 ///    per rank at the price of an all-gather of the logits.)
@@ -28,7 +32,11 @@ struct ShardPlan {
   int tp = 1;
   int q_head_begin = 0, q_head_end = 0;
   int kv_head_begin = 0, kv_head_end = 0;
+  /// Rows of the dense MLP (intermediate_size); empty when every layer is mixture-of-experts.
   int64_t ffn_begin = 0, ffn_end = 0;
+  /// Rows of each routed expert and of the shared experts (mixture of experts only).
+  int64_t expert_begin = 0, expert_end = 0;
+  int64_t shared_begin = 0, shared_end = 0;
   /// True when several ranks hold copies of the same kv head (tp > num_kv_heads).
   bool kv_replicated = false;
 };

@@ -50,6 +50,47 @@ TEST(RopeTest, BothLayoutsMatchDoubleReference) {
   }
 }
 
+// MLA rotates only the rope part at the end of each head: the first head_dim - rotary_dim
+// values stay as they are, and the last rotary_dim turn like a head of that width.
+TEST(RopeTest, RotaryDimTurnsOnlyTheTailOfEachHead) {
+  std::mt19937 rng(5);
+  for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalfSplit}) {
+    const int64_t tokens = 3, heads = 2, head_dim = 40, rotary = 8, stride = heads * head_dim;
+    std::vector<float> inv_freq(rotary / 2);
+    for (int64_t i = 0; i < rotary / 2; ++i) {
+      inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / rotary));
+    }
+    const std::vector<int32_t> positions = {0, 9, 300};
+    std::vector<float> x = RandomFloats(tokens * stride, rng);
+    std::vector<float> tails(tokens * heads * rotary);  // the tails alone, as whole heads
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < rotary; ++i) {
+          tails[(t * heads + h) * rotary + i] =
+              x[t * stride + h * head_dim + head_dim - rotary + i];
+        }
+      }
+    }
+    const std::vector<float> x0 = x;
+    ApplyRope(RopeArgs{x.data(), tokens, heads, head_dim, stride, positions.data(), inv_freq.data(),
+                       layout, rotary});
+    ApplyRope(RopeArgs{tails.data(), tokens, heads, rotary, heads * rotary, positions.data(),
+                       inv_freq.data(), layout});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const int64_t at = t * stride + h * head_dim + i;
+          if (i < head_dim - rotary) {
+            EXPECT_EQ(x[at], x0[at]);
+          } else {
+            EXPECT_EQ(x[at], tails[(t * heads + h) * rotary + i - (head_dim - rotary)]);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(RopeTest, PositionZeroIsIdentity) {
   std::vector<float> x = {1, 2, 3, 4};
   const std::vector<float> inv_freq = {1.0f, 0.5f};

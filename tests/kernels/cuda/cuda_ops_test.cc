@@ -310,6 +310,75 @@ TEST(CudaOpsTest, RopeKvWriteEveryKvDType) {
   }
 }
 
+// Multi-head latent attention's write: one 576-wide latent row per token (no V), RoPE on the
+// last 64 values of every query head and of the row only.
+TEST(CudaOpsTest, RopeKvWriteLatentRowsRotateOnlyTheRopePart) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  for (KvCacheDType dtype : {KvCacheDType::kBF16, KvCacheDType::kInt8}) {
+    const int64_t t = 9, heads = 4, row = 576, rotary = 64, block_size = 16, num_blocks = 2;
+    std::vector<float> q = Random(t * heads * row, 41), k = Random(t * row, 42);
+    std::vector<int32_t> pos(t);
+    std::vector<int64_t> slots(t);
+    for (int64_t i = 0; i < t; ++i) {
+      pos[i] = static_cast<int32_t>(i * 37 % 500);
+      slots[i] = (i * 3) % (num_blocks * block_size);
+    }
+    std::vector<float> inv(rotary / 2);
+    for (int64_t i = 0; i < rotary / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / rotary);
+    const cpu::PagedKvLayout layout{1, row, block_size, dtype};
+    const int64_t rows = num_blocks * block_size;
+    const int64_t bytes = rows * row * KvCacheDTypeElemBytes(dtype);
+    std::vector<uint8_t> kc(bytes);
+    std::vector<float> ks(rows);
+    DeviceBuffer dq = Upload(gpu, q), dk = Upload(gpu, k), dpos = Upload(gpu, pos);
+    DeviceBuffer dslots = Upload(gpu, slots), dinv = Upload(gpu, inv);
+    DeviceBuffer dkc = Upload(gpu, kc), dks = Upload(gpu, ks);
+    const std::vector<float> q0 = q;
+    RopeKvWriteArgs a{};
+    a.q = q.data();
+    a.k = k.data();
+    a.num_tokens = t;
+    a.num_heads = heads;
+    a.q_stride = heads * row;
+    a.k_stride = row;
+    a.positions = pos.data();
+    a.inv_freq = inv.data();
+    a.rope_layout = cpu::RopeLayout::kInterleaved;
+    a.slot_mapping = slots.data();
+    a.layout = layout;
+    a.k_cache = {kc.data(), ks.data()};
+    a.rotary_dim = rotary;
+    cpu.RopeKvWrite(a);
+    RopeKvWriteArgs g = a;
+    g.q = dq.as<float>();
+    g.k = dk.as<float>();
+    g.positions = dpos.as<int32_t>();
+    g.inv_freq = dinv.as<float>();
+    g.slot_mapping = dslots.as<int64_t>();
+    g.k_cache = {dkc.get(), dks.as<float>()};
+    gpu->RopeKvWrite(g);
+    const std::vector<float> gq = Download<float>(gpu, dq.get(), q.size());
+    EXPECT_LT(MaxAbsDiff(gq, q), 2e-5f);
+    EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dk.get(), k.size()), k), 2e-5f);
+    // The latent part of every query head is untouched.
+    for (int64_t i = 0; i < t * heads; ++i) {
+      for (int64_t d = 0; d < row - rotary; ++d) ASSERT_EQ(gq[i * row + d], q0[i * row + d]);
+    }
+    const std::vector<uint8_t> gk = Download<uint8_t>(gpu, dkc.get(), bytes);
+    const std::vector<float> gks = Download<float>(gpu, dks.get(), rows);
+    const int64_t eb = KvCacheDTypeElemBytes(dtype);
+    std::vector<float> a_row(row), b_row(row);
+    float worst = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::DecodeKvVector(dtype, kc.data() + r * row * eb, ks[r], row, a_row.data());
+      cpu::DecodeKvVector(dtype, gk.data() + r * row * eb, gks[r], row, b_row.data());
+      worst = std::max(worst, MaxAbsDiff(a_row, b_row));
+    }
+    EXPECT_LT(worst, dtype == KvCacheDType::kBF16 ? 1e-2f : 2e-2f) << KvCacheDTypeName(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace kvserve
 

@@ -114,7 +114,7 @@ TEST(HfConfigTest, Errors) {
   ExpectError(
       ParseHfConfig(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})", ""),
       "config.json: unsupported architecture 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
-      "mixtral, qwen3_moe)");
+      "mixtral, qwen3_moe, deepseek_v2, deepseek_v3)");
   ExpectError(ParseHfConfig(R"({"architectures": ["GemmaForCausalLM"]})", ""),
               "config.json: unsupported architecture 'GemmaForCausalLM'");
   ExpectError(ParseHfConfig(Llama(R"("attention_bias": true,)"), ""),

@@ -509,7 +509,7 @@ TEST(ModelLoaderTest, HfErrors) {
     ExpectError(LoadModelWeights(dir).status(),
                 dir +
                     "/config.json: unsupported architecture 'gpt2' (supported: llama, mistral, "
-                    "qwen2, qwen3, mixtral, qwen3_moe)");
+                    "qwen2, qwen3, mixtral, qwen3_moe, deepseek_v2, deepseek_v3)");
   }
   {
     const std::string dir =

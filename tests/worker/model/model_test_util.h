@@ -16,14 +16,15 @@
 
 namespace kvserve::testing_model {
 
-/// Logits of the last prompt token: one sequence prefilled in a private cache on `threads`.
+/// Logits of the last prompt token: one sequence prefilled in a private cache of `dtype` on
+/// `threads`.
 inline std::vector<float> LastLogits(const LoadedModel& m, const std::vector<TokenId>& prompt,
-                                     int threads = 1) {
+                                     int threads = 1, KvCacheDType dtype = KvCacheDType::kF32) {
   cpu::ThreadPool pool(threads);
   std::unique_ptr<LlamaModel> model = *LlamaModel::Create(m.weights.get(), &pool);
   const int block_size = 16;
   const int blocks = (m.config().max_position_embeddings + block_size - 1) / block_size;
-  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, block_size);
+  std::unique_ptr<KvCache> cache = *KvCache::Create(m.config(), blocks, block_size, dtype);
   std::vector<int32_t> table(blocks);
   std::iota(table.begin(), table.end(), 0);
   BatchBuilder builder;
