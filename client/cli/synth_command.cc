@@ -83,7 +83,7 @@ Command AddSynthCommand(CLI::App& app) {
       "and/or Hugging Face directory) for benchmarks and tests.");
   sub->add_option("--arch", m.architecture,
                   "Model family: llama, qwen3 (per-head q/k norms, rotate_half q/k rows), "
-                  "mixtral or qwen3moe (mixture of experts; --format hf only), deepseek2 or "
+                  "mixtral or qwen3moe (mixture of experts), deepseek2 or "
                   "deepseek3 (multi-head latent attention + DeepSeek experts; --format hf only)")
       ->capture_default_str();
   sub->add_option("--kv-lora-rank", m.kv_lora_rank, "Latent KV width (deepseek2/3)")

@@ -545,12 +545,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
   if (!arch_name.ok()) return arch_name.status();
   const std::string arch = *arch_name;
-  if (arch != "llama" && arch != "qwen3") {
-    return g.Error(
-        absl::StrCat("unsupported GGUF architecture '", arch, "' (supported: llama, qwen3)"));
+  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe") {
+    return g.Error(absl::StrCat("unsupported GGUF architecture '", arch,
+                                "' (supported: llama, qwen3, qwen3moe)"));
   }
   ModelConfig c;
-  c.architecture = arch;
+  c.architecture = arch == "qwen3moe" ? "qwen3_moe" : arch;
   // llama.cpp's converter permutes Llama's HF q/k rows back to Meta's interleaved pairs; it
   // keeps Qwen's rows as they are and runs them with NeoX (rotate_half) RoPE.
   c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
@@ -589,15 +589,33 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   }
   if (absl::Status s = g.Float(key("rope.freq_base"), &c.rope_theta, 10000.0f); !s.ok()) return s;
   if (absl::Status s = ReadGgufRopeScaling(g, file, arch, &c.rope_scaling); !s.ok()) return s;
-  int experts = 0;
-  if (absl::Status s = g.Int(key("expert_count"), &experts, 0); !s.ok()) return s;
-  if (experts > 0) {
-    // Mixtral GGUF files are architecture "llama" with merged [experts, ...] expert tensors.
-    return g.Error(absl::StrCat(key("expert_count"), " ", experts,
-                                ": mixture-of-experts GGUF files are not supported (load the "
-                                "Hugging Face directory instead)"));
+  // Mixture of experts: Mixtral files are architecture "llama" with an expert count (experts as
+  // wide as feed_forward_length); qwen3moe states the experts' width. Both renormalize the
+  // top-k weights unless the file says otherwise.
+  if (absl::Status s = g.Int(key("expert_count"), &c.num_experts, 0); !s.ok()) return s;
+  if (c.num_experts > 0) {
+    if (arch == "qwen3") {
+      return g.Error(absl::StrCat(key("expert_count"), " ", c.num_experts,
+                                  ": a qwen3 file with experts (expected architecture qwen3moe)"));
+    }
+    if (arch == "llama") c.architecture = "mixtral";
+    if (absl::Status s = g.Int(key("expert_used_count"), &c.num_experts_per_tok); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            g.Int(key("expert_feed_forward_length"), &c.moe_intermediate_size, c.intermediate_size);
+        !s.ok()) {
+      return s;
+    }
+    if (file.Has(key("expert_weights_norm"))) {
+      absl::StatusOr<bool> norm = file.GetBool(key("expert_weights_norm"));
+      if (!norm.ok()) return norm.status();
+      c.norm_topk_prob = *norm;
+    }
+  } else if (arch == "qwen3moe") {
+    return g.Error(absl::StrCat("metadata key '", key("expert_count"), "' is missing"));
   }
-  if (arch == "qwen3") {
+  if (arch == "qwen3" || arch == "qwen3moe") {
     c.qk_norm = true;
     // Biases are optional (Qwen3's attention_bias); their presence in layer 0 decides.
     c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;

@@ -80,9 +80,20 @@ struct NameScheme {
   std::string output;
   std::string rope_freqs;  // empty: the format has none
   LayerNamer layer;
-  /// Empty when the format has no mixture-of-experts layout this loader reads (GGUF).
+  /// Per-expert tensor names (Hugging Face); empty for GGUF, whose experts are stacked.
   ExpertNamer expert;
 };
+
+/// GGUF's mixture-of-experts tensors (llama.cpp's names): the router `blk.N.ffn_gate_inp` and
+/// the experts stacked into one 3-D tensor per role (kGate, kUp, kDown), [experts, rows, cols]
+/// outermost first.
+std::string GgufRouterName(int layer) {
+  return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
+}
+std::string GgufStackedExpertName(int layer, Role role) {
+  const char* suffix = role == Role::kGate ? "gate" : role == Role::kUp ? "up" : "down";
+  return absl::StrCat("blk.", layer, ".ffn_", suffix, "_exps.weight");
+}
 
 /// Hugging Face names of Mixtral's (block_sparse_moe.gate, experts.J.w1/w3/w2), Qwen3-MoE's and
 /// DeepSeek's (mlp.gate, experts.J.gate_proj/up_proj/down_proj; DeepSeek also
@@ -287,6 +298,32 @@ class Binder {
 
   bool Has(const std::string& name) const { return table_.count(name) != 0; }
 
+  /// Expert `expert` of a stacked [experts, rows, cols] tensor as a [rows, cols] matrix view.
+  absl::Status StackedMatrix(const std::string& name, std::vector<int64_t> expected, int expert,
+                             TensorView* out) {
+    absl::StatusOr<const RawTensor*> t = Lookup(name, expected);
+    if (!t.ok()) return t.status();
+    const RawTensor& r = **t;
+    const int64_t rows = r.shape[1], cols = r.shape[2];
+    const int64_t block = DTypeBlockElems(r.dtype);
+    if (DTypeIsQuantized(r.dtype) && cols % block != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
+          " must have a row length that is a multiple of its ", block, "-element block"));
+    }
+    const int64_t bytes = rows * DTypeRowBytes(r.dtype, cols);
+    const uint8_t* data = r.data + expert * bytes;
+    const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
+    if (reinterpret_cast<uintptr_t>(data) % need != 0) {
+      auto copy = std::make_unique<uint8_t[]>(bytes);
+      std::memcpy(copy.get(), data, bytes);
+      data = copy.get();
+      weights_->owned_buffers.push_back(std::move(copy));
+    }
+    *out = TensorView{absl::StrCat(r.name, "[", expert, "]"), r.dtype, {rows, cols}, data};
+    return absl::OkStatus();
+  }
+
  private:
   absl::StatusOr<const RawTensor*> Lookup(const std::string& name,
                                           const std::vector<int64_t>& expected) const {
@@ -342,10 +379,6 @@ absl::Status WithHeadShapeHint(const absl::Status& s, Role role, const ModelConf
 /// Binds layer `layer`'s router and experts (config.num_experts > 0).
 absl::Status BindExperts(Binder& b, const NameScheme& names, const ModelConfig& c, int layer,
                          LayerWeights* l) {
-  if (!names.expert) {
-    return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts models (", c.architecture,
-                                                   ") load from Hugging Face directories only"));
-  }
   const int64_t hidden = c.hidden_size;
   const int64_t width = c.moe_intermediate_size;
   auto hint = [&c](const absl::Status& s) {
@@ -355,6 +388,30 @@ absl::Status BindExperts(Binder& b, const NameScheme& names, const ModelConfig& 
                                                    ", hidden_size ", c.hidden_size, ")"));
   };
   const std::string& arch = c.architecture;
+  if (!names.expert) {  // GGUF: stacked experts
+    if (c.is_mla() || c.n_shared_experts > 0 || c.moe_topk != MoeTopk::kGreedy) {
+      return absl::InvalidArgumentError(absl::StrCat("DeepSeek mixture-of-experts models (", arch,
+                                                     ") load from Hugging Face directories only"));
+    }
+    if (absl::Status s = b.Matrix(GgufRouterName(layer), {c.num_experts, hidden}, &l->router);
+        !s.ok()) {
+      return hint(s);
+    }
+    l->experts.resize(c.num_experts);
+    for (int e = 0; e < c.num_experts; ++e) {
+      ExpertWeights& x = l->experts[e];
+      for (auto [role, rows, cols, out] : {std::tuple{Role::kGate, width, hidden, &x.w_gate},
+                                           std::tuple{Role::kUp, width, hidden, &x.w_up},
+                                           std::tuple{Role::kDown, hidden, width, &x.w_down}}) {
+        if (absl::Status s = b.StackedMatrix(GgufStackedExpertName(layer, role),
+                                             {c.num_experts, rows, cols}, e, out);
+            !s.ok()) {
+          return hint(s);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   if (absl::Status s = b.Matrix(names.expert(arch, layer, kRouter, Role::kGate),
                                 {c.num_experts, hidden}, &l->router);
       !s.ok()) {

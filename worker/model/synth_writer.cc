@@ -276,10 +276,10 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
     }
     out.push_back({&lw.ffn_norm, g + "ffn_norm.weight", h + "post_attention_layernorm.weight"});
     if (c.is_moe_layer(l)) {
-      // Hugging Face only (Mixtral's block_sparse_moe.experts.J.w1/w3/w2, Qwen3-MoE's and
-      // DeepSeek's mlp.experts.J.gate_proj/up_proj/down_proj, DeepSeek's
-      // mlp.gate.e_score_correction_bias and mlp.shared_experts.*); the GGUF names are
-      // placeholders.
+      // Hugging Face: Mixtral's block_sparse_moe.experts.J.w1/w3/w2, Qwen3-MoE's and DeepSeek's
+      // mlp.experts.J.gate_proj/up_proj/down_proj, DeepSeek's mlp.gate.e_score_correction_bias
+      // and mlp.shared_experts.* (DeepSeek is written as Hugging Face only). GGUF stacks each
+      // layer's experts per role (WriteGguf), so the per-expert entries have no GGUF name.
       const bool mixtral = c.architecture == "mixtral";
       const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
       out.push_back({&lw.router, g + "ffn_gate_inp.weight", m + "gate.weight"});
@@ -295,14 +295,10 @@ std::vector<NamedTensor> NameTensors(const ModelWeights& w) {
       }
       for (size_t e = 0; e < lw.experts.size(); ++e) {
         const ExpertWeights& x = lw.experts[e];
-        const std::string ge = absl::StrCat(g, "expert.", e, ".");
         const std::string he = absl::StrCat(m, "experts.", e, ".");
-        out.push_back(
-            {&x.w_gate, ge + "ffn_gate.weight", he + (mixtral ? "w1" : "gate_proj") + ".weight"});
-        out.push_back(
-            {&x.w_up, ge + "ffn_up.weight", he + (mixtral ? "w3" : "up_proj") + ".weight"});
-        out.push_back(
-            {&x.w_down, ge + "ffn_down.weight", he + (mixtral ? "w2" : "down_proj") + ".weight"});
+        out.push_back({&x.w_gate, "", he + (mixtral ? "w1" : "gate_proj") + ".weight"});
+        out.push_back({&x.w_up, "", he + (mixtral ? "w3" : "up_proj") + ".weight"});
+        out.push_back({&x.w_down, "", he + (mixtral ? "w2" : "down_proj") + ".weight"});
       }
       continue;
     }
@@ -319,7 +315,10 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
                        const std::string& path) {
   const ModelConfig& c = w.config;
   GgufWriter g;
-  const std::string& arch = c.architecture;
+  // llama.cpp's architecture names: Mixtral is "llama" with experts, Qwen3-MoE "qwen3moe".
+  const std::string arch = c.architecture == "mixtral"     ? "llama"
+                           : c.architecture == "qwen3_moe" ? "qwen3moe"
+                                                           : c.architecture;
   auto key = [&arch](const char* suffix) { return absl::StrCat(arch, ".", suffix); };
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   g.SetString("general.architecture", arch);
@@ -340,6 +339,14 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
   }
   g.SetF32(key("attention.layer_norm_rms_epsilon"), c.rms_norm_eps);
   g.SetF32(key("rope.freq_base"), c.rope_theta);
+  if (c.is_moe()) {
+    g.SetU32(key("expert_count"), u32(c.num_experts));
+    g.SetU32(key("expert_used_count"), u32(c.num_experts_per_tok));
+    if (arch == "qwen3moe") {
+      g.SetU32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
+    }
+    if (!c.norm_topk_prob) g.SetBool(key("expert_weights_norm"), false);
+  }
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -359,8 +366,26 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
   g.SetBool("tokenizer.ggml.add_eos_token", false);
   g.SetBool("tokenizer.ggml.add_space_prefix", true);
   for (const NamedTensor& t : NameTensors(w)) {
+    if (t.gguf_name.empty()) continue;  // an expert: stacked below
     std::vector<int64_t> dims(t.view->shape.rbegin(), t.view->shape.rend());
     g.AddTensor(t.gguf_name, ToGgml(t.view->dtype), std::move(dims), Bytes(*t.view));
+  }
+  // Each layer's experts, one [experts, rows, cols] tensor per role (GGUF dims innermost first).
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    if (lw.experts.empty()) continue;
+    for (auto [role, pick] :
+         {std::pair{"gate", &ExpertWeights::w_gate}, std::pair{"up", &ExpertWeights::w_up},
+          std::pair{"down", &ExpertWeights::w_down}}) {
+      const TensorView& first = lw.experts[0].*pick;
+      std::string bytes;
+      for (const ExpertWeights& x : lw.experts) {
+        const absl::string_view b = Bytes(x.*pick);
+        bytes.append(b.data(), b.size());
+      }
+      g.AddTensor(absl::StrCat("blk.", l, ".ffn_", role, "_exps.weight"), ToGgml(first.dtype),
+                  {first.shape[1], first.shape[0], static_cast<int64_t>(lw.experts.size())}, bytes);
+    }
   }
   return g.WriteFile(path);
 }
@@ -662,10 +687,10 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
     if (m.moe_intermediate_size < 0) {
       return bad("--expert-ffn must be at least 0, got ", m.moe_intermediate_size);
     }
-    if (options.format != SynthFormat::kHf || !options.dequantized_twin_path.empty()) {
+    if (deepseek &&
+        (options.format != SynthFormat::kHf || !options.dequantized_twin_path.empty())) {
       return bad("--arch ", m.architecture,
-                 " (mixture of experts) is written as a Hugging Face directory only: use "
-                 "--format hf");
+                 " is written as a Hugging Face directory only: use --format hf");
     }
   }
   if (m.head_dim < 0) return bad("--head-dim must be at least 0, got ", m.head_dim);

@@ -19,9 +19,12 @@
 // old row h*d + 2k + j), as Hugging Face's Llama converter does, so both give the same logits.
 // A qwen3 model (GGUF architecture "qwen3", config.json model_type "qwen3") keeps its rows in
 // rotate_half order in both files, as llama.cpp's Qwen converter does, and carries the per-head
-// q/k norm weights (attn_q_norm / self_attn.q_norm, and k). Mixture-of-experts models (mixtral,
-// qwen3_moe) are written as Hugging Face directories only, with Mixtral's block_sparse_moe or
-// Qwen3-MoE's mlp router and expert names.
+// q/k norm weights (attn_q_norm / self_attn.q_norm, and k). Mixture-of-experts models carry
+// Mixtral's block_sparse_moe or Qwen3-MoE's mlp router and expert names in the Hugging Face copy;
+// in GGUF (llama.cpp's layout: Mixtral as architecture "llama" with expert_count, Qwen3-MoE as
+// "qwen3moe") the router is ffn_gate_inp and each layer's experts are stacked per role into
+// ffn_gate_exps / ffn_up_exps / ffn_down_exps. DeepSeek models (deepseek_v2, deepseek_v3) are
+// written as Hugging Face directories only.
 
 #include <cstdint>
 #include <string>

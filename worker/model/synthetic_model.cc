@@ -117,8 +117,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> MakeSyntheticModel(const Synthetic
   const bool moe = o.architecture == "mixtral" || o.architecture == "qwen3_moe" || deepseek;
   c.architecture = o.architecture;
   c.qk_norm = qwen3;
-  c.rope_style =
-      o.architecture == "llama" || deepseek ? RopeStyle::kInterleaved : RopeStyle::kHalfSplit;
+  // Llama and Mixtral are stored Meta-style (interleaved pairs; the Hugging Face copy is
+  // permuted for rotate_half), DeepSeek's rope part interleaved in every format, Qwen's rows in
+  // rotate_half order.
+  c.rope_style = o.architecture == "llama" || o.architecture == "mixtral" || deepseek
+                     ? RopeStyle::kInterleaved
+                     : RopeStyle::kHalfSplit;
   if (moe) {
     c.num_experts = o.num_experts;
     c.num_experts_per_tok = o.num_experts_per_tok;

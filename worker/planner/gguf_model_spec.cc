@@ -110,10 +110,11 @@ absl::Status ReadDeepseek2(const GgufKeys& keys, ModelSpec& spec) {
 absl::StatusOr<ModelSpec> ModelSpecFromGguf(const GgufFile& file) {
   absl::StatusOr<std::string> arch = file.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
-  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3" && *arch != "deepseek2") {
+  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3" && *arch != "qwen3moe" &&
+      *arch != "deepseek2") {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": unsupported general.architecture \"", *arch,
-                     "\" (supported: llama, qwen2, qwen3, deepseek2)"));
+                     "\" (supported: llama, qwen2, qwen3, qwen3moe, deepseek2)"));
   }
   ModelSpec spec;
   spec.source = file.path();
@@ -155,7 +156,12 @@ absl::StatusOr<ModelSpec> ModelSpecFromGguf(const GgufFile& file) {
     if (s = keys.Read("expert_count", spec.moe.num_routed_experts, 0); !s.ok()) return s;
     if (spec.moe.num_routed_experts > 0) {
       if (*arch == "llama") spec.model_type = "mixtral";
-      spec.moe.moe_intermediate_size = spec.intermediate_size;
+      if (*arch == "qwen3moe") spec.model_type = "qwen3_moe";
+      if (s = keys.Read("expert_feed_forward_length", spec.moe.moe_intermediate_size,
+                        spec.intermediate_size);
+          !s.ok()) {
+        return s;
+      }
       if (s = keys.Read("expert_used_count", spec.moe.num_experts_per_tok); !s.ok()) return s;
     }
   }

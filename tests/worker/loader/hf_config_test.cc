@@ -204,8 +204,9 @@ TEST(HfConfigTest, GgufDefaultsAndErrors) {
 
   GgufWriter arch = MinimalGguf();
   arch.SetString("general.architecture", "falcon");
-  ExpectError(GgufConfigOf(arch, "falcon.gguf"),
-              "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama, qwen3)");
+  ExpectError(
+      GgufConfigOf(arch, "falcon.gguf"),
+      "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama, qwen3, qwen3moe)");
 
   GgufWriter missing;
   missing.SetString("general.architecture", "llama");

@@ -355,9 +355,10 @@ TEST(ModelLoaderTest, GgufErrors) {
   {
     GgufWriter w = TinyGguf(DType::kF32);
     w.SetString("general.architecture", "gemma");
-    ExpectError(
-        LoadGgufBytes(w, "gemma.gguf").status(),
-        dir + "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama, qwen3)");
+    ExpectError(LoadGgufBytes(w, "gemma.gguf").status(),
+                dir +
+                    "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama, qwen3, "
+                    "qwen3moe)");
   }
   {
     // A K-quant row must be whole 256-element super-blocks: hidden 32 is not.

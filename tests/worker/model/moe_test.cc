@@ -1,5 +1,6 @@
 // Mixture-of-experts models: tiny random Mixtral and Qwen3-MoE models written by `kvserve synth
-// --arch mixtral|qwen3moe` (4 experts, top-2) load from their Hugging Face directories, and their
+// --arch mixtral|qwen3moe` (4 experts, top-2) load from their Hugging Face directories and GGUF
+// files (experts stacked per role, as llama.cpp writes them), and their
 // logits match a plain reference forward pass written here from the model descriptions (router
 // softmax over all experts, top-k with ties to the lower index, renormalized for Mixtral and for
 // Qwen3-MoE with norm_topk_prob, each token's experts evaluated one by one and summed in
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -112,12 +114,83 @@ TEST(MoeTest, SynthWritesMixtralAndQwen3MoeConfigs) {
     ASSERT_EQ(l.experts.size(), size_t{kExperts});
     EXPECT_EQ(l.experts[3].w_down.shape, (std::vector<int64_t>{kHidden, c.moe_intermediate_size}));
   }
-  // Mixture-of-experts models are Hugging Face only.
-  SynthWriteOptions o = MoeOptions("mixtral", "gguf");
-  o.format = SynthFormat::kBoth;
-  absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
-  ASSERT_FALSE(out.ok());
-  EXPECT_NE(std::string(out.status().message()).find("--format hf"), std::string::npos);
+}
+
+// The GGUF copy (llama.cpp's layout: Mixtral as architecture "llama" with an expert count,
+// Qwen3-MoE as "qwen3moe", experts stacked per role) loads to the same model: its logits match
+// the reference computed from the Hugging Face copy's weights. A q8_0 file matches its
+// dequantized f32 twin.
+TEST(MoeTest, GgufCopiesLoadAndMatchTheReference) {
+  for (const std::string arch : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(arch);
+    SynthWriteOptions o = MoeOptions(arch, arch + "_gguf");
+    o.format = SynthFormat::kBoth;
+    absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<LoadedModel> gguf = LoadModel(out->gguf_path);
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    absl::StatusOr<LoadedModel> hf = LoadModel(out->hf_dir);
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    const ModelConfig& c = gguf->config();
+    EXPECT_EQ(c.architecture, arch);
+    EXPECT_EQ(c.num_experts, kExperts);
+    EXPECT_EQ(c.num_experts_per_tok, kTopK);
+    EXPECT_EQ(c.moe_intermediate_size, hf->config().moe_intermediate_size);
+    EXPECT_EQ(c.norm_topk_prob, hf->config().norm_topk_prob);
+    ASSERT_EQ(gguf->weights->layers[1].experts.size(), size_t{kExperts});
+    // Expert 3's down projection is the 4th slab of the stacked tensor, bytes as in the HF file.
+    const TensorView& down = gguf->weights->layers[1].experts[3].w_down;
+    const TensorView& hf_down = hf->weights->layers[1].experts[3].w_down;
+    ASSERT_EQ(down.shape, hf_down.shape);
+    EXPECT_EQ(std::memcmp(down.data, hf_down.data, down.nbytes()), 0);
+    const std::vector<TokenId> prompt = Prompt(23);
+    const std::vector<float> ref = ReferenceLogits(*hf->weights, prompt);
+    const std::vector<float> got = LastLogits(*gguf, prompt, 2);
+    ASSERT_EQ(got.size(), ref.size());
+    float max_ref = 0.0f, max_err = 0.0f;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(ref[i]));
+      max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
+    }
+    EXPECT_LE(max_err, 1e-4f * std::max(1.0f, max_ref));
+    // The planner reads the same shape from the file.
+    absl::StatusOr<ModelSpec> spec = LoadModelSpec(out->gguf_path);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->model_type, arch);
+    EXPECT_EQ(spec->moe.num_routed_experts, kExperts);
+    EXPECT_EQ(spec->moe.moe_intermediate_size, c.moe_intermediate_size);
+    ASSERT_TRUE(spec->tensor_bytes.has_value());
+    EXPECT_EQ(spec->tensor_bytes->total(), gguf->weights->TotalBytes());
+  }
+  SynthWriteOptions q = MoeOptions("mixtral", "mixtral_q8");
+  q.format = SynthFormat::kGguf;
+  q.model.dtype = DType::kQ8_0;
+  q.dequantized_twin_path = q.out_dir + "/f32.gguf";
+  absl::StatusOr<SynthOutputs> out = WriteSynthModel(q);
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<LoadedModel> quant = LoadModel(out->gguf_path);
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  EXPECT_EQ(quant->weights->layers[0].experts[1].w_up.dtype, DType::kQ8_0);
+  absl::StatusOr<LoadedModel> twin = LoadModel(out->dequantized_twin_path);
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  const std::vector<TokenId> prompt = Prompt(19);
+  const std::vector<float> a = LastLogits(*quant, prompt, 1);
+  const std::vector<float> b = LastLogits(*twin, prompt, 1);
+  float max_ref = 0.0f, max_err = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(b[i]));
+    max_err = std::max(max_err, std::fabs(a[i] - b[i]));
+  }
+  // q8_0 activations are quantized to 8 bits for the integer dot products: 2% of the scale.
+  std::printf("mixtral q8_0 against its f32 twin: max error %.3g of %.3g\n", max_err, max_ref);
+  EXPECT_LE(max_err, 0.02f * std::max(1.0f, max_ref));
+  // DeepSeek models stay Hugging Face only.
+  SynthWriteOptions d = MoeOptions("mixtral", "deepseek_gguf");
+  d.model.architecture = "deepseek_v3";
+  d.format = SynthFormat::kBoth;
+  absl::StatusOr<SynthOutputs> ds = WriteSynthModel(d);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_NE(std::string(ds.status().message()).find("--format hf"), std::string::npos);
 }
 
 TEST(MoeTest, InconsistentConfigsAndMissingExpertsAreRefused) {
