@@ -165,6 +165,8 @@ class Backend {
   virtual void RunAttention(const AttentionPlan& plan, const cpu::PagedAttentionArgs& args) = 0;
   /// SiLU-and-mul (cpu::SiluMul).
   virtual void SiluMul(const SiluMulArgs& args) = 0;
+  /// Mixture-of-experts weighted gather-sum (MoeCombineArgs).
+  virtual void MoeCombine(const MoeCombineArgs& args) = 0;
   /// out[r] = the first index of the largest of logits[r, 0 .. vocab) (NaN never wins).
   virtual void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                       int32_t* out) = 0;

@@ -52,6 +52,18 @@ struct RopeKvWriteArgs {
   int64_t rotary_dim = 0;  // elements rotated at the end of each head; 0: layout.head_dim
 };
 
+/// Mixture-of-experts combine: out[t, :] = sum over j in [0, k) of weights[t * k + j] *
+/// rows[slots[t * k + j], :], accumulated from 0 in j order (a negative slot adds nothing). The
+/// caller orders each token's slots (ascending expert, then the shared experts), which fixes the
+/// summation order whatever the batch.
+struct MoeCombineArgs {
+  const float* rows;     // [n, dim]: every expert's outputs, one row per (expert, token)
+  const int32_t* slots;  // [tokens * k]
+  const float* weights;  // [tokens * k]
+  float* out;            // [tokens, dim]; must not alias rows
+  int64_t tokens, k, dim;
+};
+
 /// What the attention planner needs to know of a batch, read on the host before the run.
 struct AttentionShape {
   int64_t num_seqs = 0;

@@ -84,7 +84,7 @@ Command AddSynthCommand(CLI::App& app) {
   sub->add_option("--arch", m.architecture,
                   "Model family: llama, qwen3 (per-head q/k norms, rotate_half q/k rows), "
                   "mixtral or qwen3moe (mixture of experts), deepseek2 or "
-                  "deepseek3 (multi-head latent attention + DeepSeek experts; --format hf only)")
+                  "deepseek3 (multi-head latent attention + DeepSeek experts)")
       ->capture_default_str();
   sub->add_option("--kv-lora-rank", m.kv_lora_rank, "Latent KV width (deepseek2/3)")
       ->capture_default_str();

@@ -142,6 +142,31 @@ void CpuBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_
   Queue([=] { ArgMaxNow(logits, rows, vocab, stride, out); });
 }
 
+void CpuBackend::MoeCombine(const MoeCombineArgs& a) {
+  Queue([a, pool = pool_] { MoeCombineNow(a, pool); });
+}
+
+void CpuBackend::MoeCombineNow(const MoeCombineArgs& a, ThreadPool* pool) {
+  auto token = [&a](int64_t t) {
+    float* out = a.out + t * a.dim;
+    std::fill(out, out + a.dim, 0.0f);
+    for (int64_t j = 0; j < a.k; ++j) {
+      const int32_t slot = a.slots[t * a.k + j];
+      if (slot < 0) continue;
+      const float w = a.weights[t * a.k + j];
+      const float* row = a.rows + int64_t{slot} * a.dim;
+      for (int64_t d = 0; d < a.dim; ++d) out[d] += w * row[d];
+    }
+  };
+  if (pool == nullptr || a.tokens < 2) {
+    for (int64_t t = 0; t < a.tokens; ++t) token(t);
+    return;
+  }
+  pool->ParallelFor(a.tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) token(t);
+  });
+}
+
 void CpuBackend::ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                            int32_t* out) {
   for (int64_t r = 0; r < rows; ++r) {

@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   AttentionPlan PlanAttention(const AttentionShape& shape) const override;
   void RunAttention(const AttentionPlan& plan, const PagedAttentionArgs& args) override;
   void SiluMul(const SiluMulArgs& args) override;
+  void MoeCombine(const MoeCombineArgs& args) override;
   void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
               int32_t* out) override;
   void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,
@@ -65,6 +66,7 @@ class CpuBackend final : public Backend {
  private:
   using Op = std::function<void()>;
   static void RopeKvWriteNow(const RopeKvWriteArgs& args);
+  static void MoeCombineNow(const MoeCombineArgs& args, ThreadPool* pool);
   static void ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                         int32_t* out);
   static void SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,

@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/moe_combine.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope_kv_write.h"
@@ -284,6 +285,11 @@ void CudaBackend::RunAttention(const AttentionPlan& plan, const cpu::PagedAttent
 void CudaBackend::SiluMul(const SiluMulArgs& args) {
   Bind();
   Note(cuda::SiluMul(args, stream_), "silu_mul");
+}
+
+void CudaBackend::MoeCombine(const MoeCombineArgs& args) {
+  Bind();
+  Note(cuda::MoeCombine(args, stream_), "moe_combine");
 }
 
 void CudaBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,

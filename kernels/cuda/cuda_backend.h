@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
   AttentionPlan PlanAttention(const AttentionShape& shape) const override;
   void RunAttention(const AttentionPlan& plan, const cpu::PagedAttentionArgs& args) override;
   void SiluMul(const SiluMulArgs& args) override;
+  void MoeCombine(const MoeCombineArgs& args) override;
   void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
               int32_t* out) override;
   void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,

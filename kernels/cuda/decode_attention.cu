@@ -9,12 +9,19 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kTile = 64;          // keys per tile
-constexpr int kMaxDimPerLane = 8;  // head_dim <= 256
+constexpr int kTile = 64;  // keys per tile
+// Key values each lane holds: 8 for head_dim <= 256, 18 for MLA's latent rows (<= 576).
+constexpr int kDimsPerLaneSmall = 8;
+constexpr int kDimsPerLaneLarge = 18;
+// Shared memory one block may use: a group too large for it (MLA's many query heads on one
+// latent row) is cut into several blocks of heads_per_block heads.
+constexpr size_t kSharedBudget = 96 * 1024;
 
 struct DecodeParams {
   cpu::PagedAttentionArgs a;
-  int64_t group;  // query heads per kv head
+  int64_t group;            // query heads per kv head
+  int64_t heads_per_block;  // of the group, per thread block (the last block may have fewer)
+  int64_t head_chunks;      // blocks per kv head: ceil(group / heads_per_block)
   int32_t num_splits;
   int64_t split_len;   // keys per split (0: this sequence's keys / num_splits)
   float* partial_out;  // [num_seqs][num_heads][num_splits][head_dim]
@@ -23,15 +30,18 @@ struct DecodeParams {
 
 // Shared memory: q[G][D] | acc[G][D] | p[G][kTile] | m[G] | l[G] | alpha[G] | kscale, vscale
 // [kTile] | rows[kTile] (int64).
-template <KvCacheDType DT>
+template <KvCacheDType DT, int kMaxDimPerLane>
 __global__ void DecodeKernel(DecodeParams p) {
   KVSERVE_DYNAMIC_SHARED(float, smem);
   const cpu::PagedAttentionArgs& a = p.a;
   const int64_t D = a.layout.head_dim;
-  const int64_t G = p.group;
   const int64_t kv_heads = a.layout.num_kv_heads;
   const int64_t bs = a.layout.block_size;
-  const int64_t kvh = blockIdx.x;
+  const int64_t kvh = blockIdx.x / p.head_chunks;
+  // This block's heads of the group: [g0, g0 + G).
+  const int64_t g0 = (blockIdx.x % p.head_chunks) * p.heads_per_block;
+  const int64_t G = min(p.heads_per_block, p.group - g0);
+  const int64_t head0 = kvh * p.group + g0;
   const int64_t s = blockIdx.y;
   const int32_t split = blockIdx.z;
   float* q_s = smem;
@@ -53,7 +63,7 @@ __global__ void DecodeKernel(DecodeParams p) {
   const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t qrow = a.q_start[s];
   for (int64_t i = threadIdx.x; i < G * D; i += blockDim.x) {
-    q_s[i] = a.q[qrow * a.q_stride + kvh * G * D + i];
+    q_s[i] = a.q[qrow * a.q_stride + head0 * D + i];
     acc[i] = 0.0f;
   }
   for (int64_t g = threadIdx.x; g < G; g += blockDim.x) {
@@ -122,7 +132,7 @@ __global__ void DecodeKernel(DecodeParams p) {
   }
   for (int64_t i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int64_t g = i / D;
-    const int64_t h = kvh * G + g;
+    const int64_t h = head0 + g;
     const float l = l_s[g];
     const float o = l > 0.0f ? acc[i] / l : 0.0f;
     if (p.num_splits == 1) {
@@ -183,6 +193,28 @@ DecodeSplits PlanDecodeSplits(const AttentionShape& shape, int num_sms) {
   return d;
 }
 
+namespace {
+
+// Shared bytes of a block of g query heads of width D (the layout DecodeKernel documents).
+size_t DecodeSharedBytes(int64_t g, int64_t D) {
+  return sizeof(float) * (2 * g * D + g * kTile + 3 * g + 2 * kTile) + sizeof(int64_t) * kTile +
+         8;  // + 8: int64 alignment of rows
+}
+
+template <KvCacheDType DT, int kLanes>
+cudaError_t LaunchDecode(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  constexpr auto kKernel = DecodeKernel<DT, kLanes>;
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  KVSERVE_LAUNCH(kKernel, grid, kThreads, smem, stream, p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 size_t DecodeWorkspaceBytes(const AttentionPlan& plan) {
   if (plan.num_splits <= 1) return 0;
   const int64_t slots = plan.shape.num_seqs * plan.shape.num_heads * plan.num_splits;
@@ -193,32 +225,30 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
                             void* workspace, cudaStream_t stream) {
   if (args.num_seqs <= 0) return cudaSuccess;
   const int64_t D = args.layout.head_dim;
-  if (D > kMaxDimPerLane * kWarp || args.num_heads % args.layout.num_kv_heads != 0) {
+  if (D > kDimsPerLaneLarge * kWarp || args.num_heads % args.layout.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  DecodeParams p{
-      args,   args.num_heads / args.layout.num_kv_heads, plan.num_splits, plan.split_len, nullptr,
-      nullptr};
+  const int64_t group = args.num_heads / args.layout.num_kv_heads;
+  int64_t per_block = group;
+  while (per_block > 1 && DecodeSharedBytes(per_block, D) > kSharedBudget) {
+    per_block = CeilDiv(per_block, int64_t{2});
+  }
+  DecodeParams p{args,    group,   per_block, CeilDiv(group, per_block), plan.num_splits,
+                 plan.split_len, nullptr, nullptr};
   if (plan.num_splits > 1) {
     const int64_t slots = args.num_seqs * args.num_heads * plan.num_splits;
     p.partial_out = static_cast<float*>(workspace);
     p.partial_lse = p.partial_out + slots * D;
   }
-  const size_t smem =
-      sizeof(float) * (2 * p.group * D + p.group * kTile + 3 * p.group + 2 * kTile) +
-      sizeof(int64_t) * kTile + 8;  // + 8: int64 alignment of rows
-  const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads),
+  const size_t smem = DecodeSharedBytes(per_block, D);
+  const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(plan.num_splits));
   cudaError_t err = cudaSuccess;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType DT = decltype(tag)::value;
-    if (smem > 48 * 1024) {
-      err = cudaFuncSetAttribute(DecodeKernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem));
-      if (err != cudaSuccess) return;
-    }
-    KVSERVE_LAUNCH(DecodeKernel<DT>, grid, kThreads, smem, stream, p);
-    err = cudaGetLastError();
+    err = D <= kDimsPerLaneSmall * kWarp
+              ? LaunchDecode<DT, kDimsPerLaneSmall>(p, grid, smem, stream)
+              : LaunchDecode<DT, kDimsPerLaneLarge>(p, grid, smem, stream);
   });
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.num_heads),

@@ -538,6 +538,90 @@ absl::Status ReadGgufRopeScaling(const GgufFields& g, const GgufFile& file, cons
   return g.Error(absl::StrCat("unsupported ", type_key, " '", type, "' (supported: none, linear)"));
 }
 
+/// llama.cpp's deepseek2 keys: latent attention sizes (newer converters put the per-head sizes
+/// under key_length_mla / value_length_mla), experts, routing (expert_gating_func 1 softmax, 2
+/// sigmoid; expert_weights_norm; expert_weights_scale, applied after any renormalization as
+/// llama.cpp does; expert groups when the file has them) and yarn (yarn_log_multiplier is
+/// 0.1 x mscale_all_dim).
+absl::Status ReadGgufDeepseek(const GgufFields& g, const GgufFile& file, ModelConfig& c) {
+  auto key = [](const char* suffix) { return absl::StrCat("deepseek2.", suffix); };
+  c.rope_style = RopeStyle::kInterleaved;
+  c.num_kv_heads = c.num_heads;
+  if (absl::Status s = g.Int(key("attention.kv_lora_rank"), &c.kv_lora_rank); !s.ok()) return s;
+  if (absl::Status s = g.Int(key("attention.q_lora_rank"), &c.q_lora_rank, 0); !s.ok()) return s;
+  if (absl::Status s = g.Int(key("rope.dimension_count"), &c.qk_rope_head_dim); !s.ok()) return s;
+  const bool mla_keys = file.Has(key("attention.key_length_mla"));
+  if (absl::Status s =
+          g.Int(key(mla_keys ? "attention.key_length_mla" : "attention.key_length"), &c.head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = g.Int(
+          key(mla_keys ? "attention.value_length_mla" : "attention.value_length"), &c.v_head_dim);
+      !s.ok()) {
+    return s;
+  }
+  c.qk_nope_head_dim = c.head_dim - c.qk_rope_head_dim;
+  if (absl::Status s = g.Int(key("expert_count"), &c.num_experts, 0); !s.ok()) return s;
+  int gating = 1;
+  if (c.num_experts > 0) {
+    for (auto [suffix, out, def] :
+         {std::tuple{"expert_used_count", &c.num_experts_per_tok, std::optional<int>()},
+          std::tuple{"expert_feed_forward_length", &c.moe_intermediate_size, std::optional<int>()},
+          std::tuple{"expert_shared_count", &c.n_shared_experts, std::optional<int>(0)},
+          std::tuple{"leading_dense_block_count", &c.first_k_dense_replace, std::optional<int>(0)},
+          std::tuple{"expert_gating_func", &gating, std::optional<int>(1)},
+          std::tuple{"expert_group_count", &c.n_group, std::optional<int>(1)},
+          std::tuple{"expert_group_used_count", &c.topk_group, std::optional<int>(1)}}) {
+      if (absl::Status s = g.Int(key(suffix), out, def); !s.ok()) return s;
+    }
+    if (gating != 1 && gating != 2) {
+      return g.Error(absl::StrCat(key("expert_gating_func"), " ", gating,
+                                  " is not 1 (softmax) or 2 (sigmoid)"));
+    }
+    if (absl::Status s = g.Float(key("expert_weights_scale"), &c.routed_scaling_factor, 1.0f);
+        !s.ok()) {
+      return s;
+    }
+    c.norm_topk_prob = false;
+    if (file.Has(key("expert_weights_norm"))) {
+      absl::StatusOr<bool> norm = file.GetBool(key("expert_weights_norm"));
+      if (!norm.ok()) return norm.status();
+      c.norm_topk_prob = *norm && c.num_experts_per_tok > 1;
+    }
+  }
+  const bool v3 = gating == 2;
+  c.architecture = v3 ? "deepseek_v3" : "deepseek_v2";
+  c.moe_scoring = v3 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+  c.moe_topk = v3 ? MoeTopk::kNoAuxTc : (c.n_group > 1 ? MoeTopk::kGroupLimited : MoeTopk::kGreedy);
+  if (file.Has(key("rope.scaling.type"))) {
+    absl::StatusOr<std::string> type = file.GetString(key("rope.scaling.type"));
+    if (!type.ok()) return type.status();
+    if (*type == "yarn") {
+      RopeScaling& r = c.rope_scaling;
+      r.type = RopeScaling::Type::kYarn;
+      float log_mul = 0.0f;
+      if (absl::Status s = g.Float(key("rope.scaling.factor"), &r.factor, std::nullopt); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = g.Int(key("rope.scaling.original_context_length"),
+                                 &r.original_max_position_embeddings, 4096);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = g.Float(key("rope.scaling.yarn_log_multiplier"), &log_mul, 0.0f);
+          !s.ok()) {
+        return s;
+      }
+      r.mscale = r.mscale_all_dim = log_mul / 0.1f;
+    } else if (*type != "none") {
+      return g.Error(absl::StrCat("unsupported ", key("rope.scaling.type"), " '", *type,
+                                  "' (supported: none, yarn)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
@@ -545,9 +629,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
   if (!arch_name.ok()) return arch_name.status();
   const std::string arch = *arch_name;
-  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe") {
+  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe" && arch != "deepseek2") {
     return g.Error(absl::StrCat("unsupported GGUF architecture '", arch,
-                                "' (supported: llama, qwen3, qwen3moe)"));
+                                "' (supported: llama, qwen3, qwen3moe, deepseek2)"));
   }
   ModelConfig c;
   c.architecture = arch == "qwen3moe" ? "qwen3_moe" : arch;
@@ -566,34 +650,43 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
       !s.ok()) {
     return s;
   }
-  const int default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
-  int rope_dims = 0;
-  int value_length = 0;
-  if (absl::Status s = g.Int(key("attention.key_length"), &c.head_dim, -1); !s.ok()) return s;
-  if (absl::Status s = g.Int(key("attention.value_length"), &value_length, -1); !s.ok()) return s;
-  if (absl::Status s = g.Int(key("rope.dimension_count"), &rope_dims, -1); !s.ok()) return s;
-  if (c.head_dim < 0) c.head_dim = rope_dims >= 0 ? rope_dims : default_head_dim;
-  if (rope_dims >= 0 && rope_dims != c.head_dim) {
-    return g.Error(absl::StrCat(key("rope.dimension_count"), " ", rope_dims,
-                                " differs from head_dim ", c.head_dim,
-                                " (partial rotary embeddings are not supported)"));
-  }
-  if (value_length >= 0 && value_length != c.head_dim) {
-    return g.Error(absl::StrCat(key("attention.value_length"), " ", value_length,
-                                " differs from key_length ", c.head_dim,
-                                " (distinct value head sizes are not supported)"));
+  const bool deepseek = arch == "deepseek2";
+  if (deepseek) {
+    if (absl::Status s = ReadGgufDeepseek(g, file, c); !s.ok()) return s;
+  } else {
+    const int default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+    int rope_dims = 0;
+    int value_length = 0;
+    if (absl::Status s = g.Int(key("attention.key_length"), &c.head_dim, -1); !s.ok()) return s;
+    if (absl::Status s = g.Int(key("attention.value_length"), &value_length, -1); !s.ok()) return s;
+    if (absl::Status s = g.Int(key("rope.dimension_count"), &rope_dims, -1); !s.ok()) return s;
+    if (c.head_dim < 0) c.head_dim = rope_dims >= 0 ? rope_dims : default_head_dim;
+    if (rope_dims >= 0 && rope_dims != c.head_dim) {
+      return g.Error(absl::StrCat(key("rope.dimension_count"), " ", rope_dims,
+                                  " differs from head_dim ", c.head_dim,
+                                  " (partial rotary embeddings are not supported)"));
+    }
+    if (value_length >= 0 && value_length != c.head_dim) {
+      return g.Error(absl::StrCat(key("attention.value_length"), " ", value_length,
+                                  " differs from key_length ", c.head_dim,
+                                  " (distinct value head sizes are not supported)"));
+    }
   }
   if (absl::Status s = g.Float(key("attention.layer_norm_rms_epsilon"), &c.rms_norm_eps, 1e-5f);
       !s.ok()) {
     return s;
   }
   if (absl::Status s = g.Float(key("rope.freq_base"), &c.rope_theta, 10000.0f); !s.ok()) return s;
-  if (absl::Status s = ReadGgufRopeScaling(g, file, arch, &c.rope_scaling); !s.ok()) return s;
+  if (!deepseek) {
+    if (absl::Status s = ReadGgufRopeScaling(g, file, arch, &c.rope_scaling); !s.ok()) return s;
+  }
   // Mixture of experts: Mixtral files are architecture "llama" with an expert count (experts as
   // wide as feed_forward_length); qwen3moe states the experts' width. Both renormalize the
   // top-k weights unless the file says otherwise.
   if (absl::Status s = g.Int(key("expert_count"), &c.num_experts, 0); !s.ok()) return s;
-  if (c.num_experts > 0) {
+  if (deepseek) {
+    // Experts read above.
+  } else if (c.num_experts > 0) {
     if (arch == "qwen3") {
       return g.Error(absl::StrCat(key("expert_count"), " ", c.num_experts,
                                   ": a qwen3 file with experts (expected architecture qwen3moe)"));

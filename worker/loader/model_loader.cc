@@ -1,5 +1,6 @@
 #include "worker/loader/model_loader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/gguf/gguf_file.h"
+#include "kernels/cpu/convert.h"
 #include "nlohmann/json.hpp"
 #include "worker/loader/hf_config.h"
 #include "worker/loader/safetensors_file.h"
@@ -298,6 +300,43 @@ class Binder {
 
   bool Has(const std::string& name) const { return table_.count(name) != 0; }
 
+  /// kv_b_proj ([heads * (nope + v), rank], per head W_UK then W_UV) rebuilt in f32 from the
+  /// split layout: k_b [heads, rank, nope] (W_UK^T per head) and v_b [heads, v, rank].
+  absl::Status JoinKvB(const std::string& k_name, const std::string& v_name, int64_t heads,
+                       int64_t nope, int64_t v, int64_t rank, TensorView* out) {
+    absl::StatusOr<const RawTensor*> k = Lookup(k_name, {heads, rank, nope});
+    if (!k.ok()) return k.status();
+    absl::StatusOr<const RawTensor*> vt = Lookup(v_name, {heads, v, rank});
+    if (!vt.ok()) return vt.status();
+    for (const RawTensor* r : {*k, *vt}) {
+      if (DTypeIsQuantized(r->dtype) && r->shape[2] % DTypeBlockElems(r->dtype) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            r->file, ": tensor '", r->name, "' of type ", std::string(DTypeName(r->dtype)),
+            " must have a row length that is a multiple of its block"));
+      }
+    }
+    const int64_t rows = heads * (nope + v);
+    auto buf = std::make_unique<uint8_t[]>(rows * rank * sizeof(float));
+    float* dst = reinterpret_cast<float*>(buf.get());
+    std::vector<float> row(static_cast<size_t>(std::max(nope, rank)));
+    const int64_t k_row = DTypeRowBytes((*k)->dtype, nope);
+    const int64_t v_row = DTypeRowBytes((*vt)->dtype, rank);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* head = dst + h * (nope + v) * rank;
+      for (int64_t r = 0; r < rank; ++r) {  // k_b row r of head h is column r of W_UK
+        cpu::ConvertRowToF32((*k)->data + (h * rank + r) * k_row, (*k)->dtype, nope, row.data());
+        for (int64_t j = 0; j < nope; ++j) head[j * rank + r] = row[j];
+      }
+      for (int64_t i = 0; i < v; ++i) {
+        cpu::ConvertRowToF32((*vt)->data + (h * v + i) * v_row, (*vt)->dtype, rank,
+                             head + (nope + i) * rank);
+      }
+    }
+    *out = TensorView{absl::StrCat(k_name, "+", v_name), DType::kF32, {rows, rank}, buf.get()};
+    weights_->owned_buffers.push_back(std::move(buf));
+    return absl::OkStatus();
+  }
+
   /// Expert `expert` of a stacked [experts, rows, cols] tensor as a [rows, cols] matrix view.
   absl::Status StackedMatrix(const std::string& name, std::vector<int64_t> expected, int expert,
                              TensorView* out) {
@@ -388,14 +427,29 @@ absl::Status BindExperts(Binder& b, const NameScheme& names, const ModelConfig& 
                                                    ", hidden_size ", c.hidden_size, ")"));
   };
   const std::string& arch = c.architecture;
-  if (!names.expert) {  // GGUF: stacked experts
-    if (c.is_mla() || c.n_shared_experts > 0 || c.moe_topk != MoeTopk::kGreedy) {
-      return absl::InvalidArgumentError(absl::StrCat("DeepSeek mixture-of-experts models (", arch,
-                                                     ") load from Hugging Face directories only"));
-    }
+  if (!names.expert) {  // GGUF: stacked experts (llama.cpp's names)
+    const std::string p = absl::StrCat("blk.", layer, ".");
     if (absl::Status s = b.Matrix(GgufRouterName(layer), {c.num_experts, hidden}, &l->router);
         !s.ok()) {
       return hint(s);
+    }
+    if (c.moe_topk == MoeTopk::kNoAuxTc) {
+      if (absl::Status s = b.Vector(p + "exp_probs_b.bias", {c.num_experts}, &l->router_bias);
+          !s.ok()) {
+        return hint(s);
+      }
+    }
+    if (c.n_shared_experts > 0) {
+      const int64_t shared = int64_t{c.n_shared_experts} * width;
+      for (auto [name, shape, out] :
+           {std::tuple{"ffn_gate_shexp", std::vector<int64_t>{shared, hidden}, &l->shared.w_gate},
+            std::tuple{"ffn_up_shexp", std::vector<int64_t>{shared, hidden}, &l->shared.w_up},
+            std::tuple{"ffn_down_shexp", std::vector<int64_t>{hidden, shared},
+                       &l->shared.w_down}}) {
+        if (absl::Status s = b.Matrix(absl::StrCat(p, name, ".weight"), shape, out); !s.ok()) {
+          return hint(s);
+        }
+      }
     }
     l->experts.resize(c.num_experts);
     for (int e = 0; e < c.num_experts; ++e) {
@@ -490,8 +544,19 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
       }
       items.push_back({Role::kKvA, {rank + c.qk_rope_head_dim, hidden}, &l.wkv_a, true});
       items.push_back({Role::kKvANorm, {rank}, &l.kv_a_norm, false});
-      items.push_back(
-          {Role::kKvB, {heads * (c.qk_nope_head_dim + c.v_head_dim), rank}, &l.wkv_b, true});
+      const std::string k_b = absl::StrCat("blk.", i, ".attn_k_b.weight");
+      const std::string v_b = absl::StrCat("blk.", i, ".attn_v_b.weight");
+      if (!b.Has(n(i, Role::kKvB)) && b.Has(k_b) && b.Has(v_b)) {
+        // Newer llama.cpp files split kv_b_proj per head into W_UK^T and W_UV.
+        if (absl::Status s =
+                b.JoinKvB(k_b, v_b, heads, c.qk_nope_head_dim, c.v_head_dim, rank, &l.wkv_b);
+            !s.ok()) {
+          return WithHeadShapeHint(s, Role::kKvB, c);
+        }
+      } else {
+        items.push_back(
+            {Role::kKvB, {heads * (c.qk_nope_head_dim + c.v_head_dim), rank}, &l.wkv_b, true});
+      }
       items.push_back({Role::kWo, {hidden, heads * c.v_head_dim}, &l.wo, true});
     } else {
       items.push_back({Role::kWq, {q_dim, hidden}, &l.wq, true});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -231,19 +232,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
     model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
     backend = model->owned_backend_.get();
   }
-  if (weights->config.is_moe() && !backend->host_memory()) {
-    // Routing reads the router's logits on the host between kernels; no device path yet.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "mixture-of-experts models (", weights->config.architecture, ") run on the CPU only; the ",
-        std::string(backend->name()), " backend does not support them (use --device cpu)"));
-  }
-  if (weights->config.is_mla() && !backend->host_memory()) {
-    // The device attention kernels take heads of at most 256 values; a latent row is wider.
-    return absl::FailedPreconditionError(
-        absl::StrCat("multi-head latent attention models (", weights->config.architecture,
-                     ") run on the CPU only; the ", std::string(backend->name()),
-                     " backend does not support them (use --device cpu)"));
-  }
   model->backend_ = backend;
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
   if (absl::Status s = model->PrepareWeights(); !s.ok()) return s;
@@ -409,14 +397,16 @@ absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
                                                              std::max(1, c.n_shared_experts)
                                                        : c.intermediate_size);
   }
-  const int64_t moe_hidden = c.is_moe() ? c.hidden_size : 0;
+  const int64_t moe_in = c.is_moe() ? int64_t{c.num_experts_per_tok} * c.hidden_size : 0;
+  const int64_t moe_out =
+      c.is_moe() ? int64_t{c.num_experts_per_tok + (c.n_shared_experts > 0 ? 1 : 0)} * c.hidden_size
+                 : 0;
   const int64_t q_lora = mla ? c.q_lora_rank : 0;
   const int64_t q_heads = mla ? heads * c.head_dim : 0;
   const int64_t latent_out = mla ? heads * row : 0;
-  const int64_t sizes[] = {c.hidden_size, c.hidden_size, c.hidden_size, q_dim,      k_dim,
-                           v_dim,         out_dim,       ffn,           ffn,        c.hidden_size,
-                           c.hidden_size, c.num_experts, moe_hidden,    moe_hidden, q_lora,
-                           q_heads,       latent_out};
+  const int64_t sizes[] = {
+      c.hidden_size, c.hidden_size, c.hidden_size, q_dim,  k_dim,   v_dim,  out_dim, ffn,       ffn,
+      c.hidden_size, c.hidden_size, c.num_experts, moe_in, moe_out, q_lora, q_heads, latent_out};
   float** slices[] = {&hidden_,      &delta_,         &normed_,    &q_,          &k_,
                       &v_,           &attn_out_,      &gate_,      &up_,         &final_rows_,
                       &final_delta_, &router_logits_, &expert_in_, &expert_out_, &q_lora_,
@@ -1015,7 +1005,7 @@ void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
 // other tokens in the step. Under tensor parallelism every rank routes identically (replicated
 // router, identical normed rows) and holds a slice of every expert's width; delta_ is then a
 // partial sum that the caller all-reduces, like the dense MLP's.
-void LlamaModel::RouteTokens(const Layer& w, int64_t t) {
+void LlamaModel::RouteTokens(const Layer& w, int64_t t, const float* all_logits) {
   const ModelConfig& c = weights_->config;
   const int num_experts = c.num_experts;
   const int k = c.num_experts_per_tok;
@@ -1037,7 +1027,7 @@ void LlamaModel::RouteTokens(const Layer& w, int64_t t) {
     return best;
   };
   for (int64_t token = 0; token < t; ++token) {
-    const float* logits = router_logits_ + token * num_experts;
+    const float* logits = all_logits + token * num_experts;
     if (c.moe_scoring == MoeScoring::kSigmoid) {
       for (int e = 0; e < num_experts; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
     } else {
@@ -1093,42 +1083,94 @@ void LlamaModel::RouteTokens(const Layer& w, int64_t t) {
 absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
-  const int num_experts = c.num_experts;
+  const int k = c.num_experts_per_tok;
   const int64_t width = c.moe_intermediate_size;
   Linear(normed_, w.router, PreparedVector{}, router_logits_, t);
-  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  RouteTokens(w, t);
-
-  std::fill(delta_, delta_ + t * h, 0.0f);
-  for (int e = 0; e < num_experts; ++e) {
-    const std::vector<Route>& routes = routes_[e];
-    const int64_t n = static_cast<int64_t>(routes.size());
-    if (n == 0) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(expert_in_ + i * h, normed_ + int64_t{routes[i].token} * h, h * sizeof(float));
-    }
-    const Expert& x = w.experts[e];
-    Linear(expert_in_, x.w_gate, PreparedVector{}, gate_, n);
-    Linear(expert_in_, x.w_up, PreparedVector{}, up_, n);
-    backend_->SiluMul({gate_, up_, gate_, n, width, width, width, width});
-    Linear(gate_, x.w_down, PreparedVector{}, expert_out_, n);
+  const int64_t logit_count = t * c.num_experts;
+  const float* logits = router_logits_;
+  if (backend_->host_memory()) {
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    for (int64_t i = 0; i < n; ++i) {
-      float* dst = delta_ + int64_t{routes[i].token} * h;
-      const float* src = expert_out_ + i * h;
-      const float weight = routes[i].weight;
-      for (int64_t d = 0; d < h; ++d) dst[d] += weight * src[d];
+  } else {
+    host_logits_.resize(static_cast<size_t>(logit_count));
+    if (absl::Status s =
+            backend_->CopyToHost(host_logits_.data(), router_logits_, logit_count * sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    logits = host_logits_.data();
+  }
+  RouteTokens(w, t, logits);
+
+  // Rows of expert_in_ / expert_out_: expert e's tokens (in token order) after those of the
+  // experts before it; the shared experts' rows for every token last, at [t * k, t * k + t).
+  // Each token's k (+1) slots in that order fix its sum's order.
+  const bool shared = w.shared.w_gate.rows > 0;
+  const int64_t slots_per_token = k + (shared ? 1 : 0);
+  moe_gather_.resize(static_cast<size_t>(t * k));
+  moe_slots_.resize(static_cast<size_t>(t * slots_per_token));
+  moe_weights_.resize(moe_slots_.size());
+  std::vector<int32_t> used(static_cast<size_t>(t), 0);
+  int32_t row = 0;
+  for (const std::vector<Route>& routes : routes_) {
+    for (const Route& r : routes) {
+      const int64_t at = int64_t{r.token} * slots_per_token + used[r.token]++;
+      moe_gather_[row] = r.token;
+      moe_slots_[at] = row++;
+      moe_weights_[at] = r.weight;
     }
   }
-  if (w.shared.w_gate.rows > 0) {
-    const int64_t shared = w.shared.w_gate.rows;
+  if (shared) {
+    for (int64_t token = 0; token < t; ++token) {
+      moe_slots_[token * slots_per_token + k] = static_cast<int32_t>(t * k + token);
+      moe_weights_[token * slots_per_token + k] = 1.0f;
+    }
+  }
+  const int32_t* gather = moe_gather_.data();
+  const int32_t* slots = moe_slots_.data();
+  const float* route_weights = moe_weights_.data();
+  if (!backend_->host_memory()) {
+    const int64_t gather_bytes = Aligned(t * k * int64_t{sizeof(int32_t)});
+    const int64_t slot_bytes = Aligned(t * slots_per_token * int64_t{sizeof(int32_t)});
+    if (absl::Status s = Grow(*backend_, &moe_staging_, gather_bytes + 2 * slot_bytes); !s.ok()) {
+      return s;
+    }
+    auto* base = moe_staging_.as<uint8_t>();
+    for (auto [dst, src, bytes] :
+         {std::tuple{base, static_cast<const void*>(gather), t * k * sizeof(int32_t)},
+          std::tuple{base + gather_bytes, static_cast<const void*>(slots),
+                     moe_slots_.size() * sizeof(int32_t)},
+          std::tuple{base + gather_bytes + slot_bytes, static_cast<const void*>(route_weights),
+                     moe_weights_.size() * sizeof(float)}}) {
+      if (absl::Status s = backend_->CopyToDevice(dst, src, bytes); !s.ok()) return s;
+    }
+    gather = reinterpret_cast<const int32_t*>(base);
+    slots = reinterpret_cast<const int32_t*>(base + gather_bytes);
+    route_weights = reinterpret_cast<const float*>(base + gather_bytes + slot_bytes);
+  }
+
+  // Gather every routed row once (an f32 "embedding" of the normed stream), run each expert
+  // over its rows, then each token's weighted sum.
+  backend_->Embedding({normed_, DType::kF32, h, gather, t * k, expert_in_});
+  int64_t offset = 0;
+  for (size_t e = 0; e < routes_.size(); ++e) {
+    const int64_t n = static_cast<int64_t>(routes_[e].size());
+    if (n == 0) continue;
+    const Expert& x = w.experts[e];
+    Linear(expert_in_ + offset * h, x.w_gate, PreparedVector{}, gate_, n);
+    Linear(expert_in_ + offset * h, x.w_up, PreparedVector{}, up_, n);
+    backend_->SiluMul({gate_, up_, gate_, n, width, width, width, width});
+    Linear(gate_, x.w_down, PreparedVector{}, expert_out_ + offset * h, n);
+    offset += n;
+  }
+  if (shared) {
+    const int64_t shared_width = w.shared.w_gate.rows;
     Linear(normed_, w.shared.w_gate, PreparedVector{}, gate_, t);
     Linear(normed_, w.shared.w_up, PreparedVector{}, up_, t);
-    backend_->SiluMul({gate_, up_, gate_, t, shared, shared, shared, shared});
-    Linear(gate_, w.shared.w_down, PreparedVector{}, expert_out_, t);
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    for (int64_t i = 0; i < t * h; ++i) delta_[i] += expert_out_[i];
+    backend_->SiluMul(
+        {gate_, up_, gate_, t, shared_width, shared_width, shared_width, shared_width});
+    Linear(gate_, w.shared.w_down, PreparedVector{}, expert_out_ + t * k * h, t);
   }
+  backend_->MoeCombine({expert_out_, slots, route_weights, delta_, t, slots_per_token, h});
   return absl::OkStatus();
 }
 

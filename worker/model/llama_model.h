@@ -205,8 +205,9 @@ class LlamaModel {
   /// Builds layer `l`'s w_q_absorb and w_uv from `w`.wkv_b.
   absl::Status PrepareMla(const LayerWeights& w, Layer& l);
   /// Picks each token's experts for `w` from router_logits_ into routes_.
-  void RouteTokens(const Layer& w, int64_t tokens);
-  /// The mixture-of-experts MLP of `w` on normed_, into delta_ (host-memory backends only).
+  void RouteTokens(const Layer& w, int64_t tokens, const float* router_logits);
+  /// The mixture-of-experts MLP of `w` on normed_, into delta_. Routing runs on the host (the
+  /// router's logits are read back), so the step synchronizes once per MoE layer.
   absl::Status MoeMlp(const Layer& w, int64_t tokens);
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
@@ -254,10 +255,17 @@ class LlamaModel {
   float* latent_out_ = nullptr;  // [T, heads * (kv_lora_rank + rope)]: attention over latents
   // Host copies of MLA's absorbed-query matrices (the CPU backend's prepared views point here).
   std::vector<std::vector<uint8_t>> absorb_storage_;
-  float* expert_in_ = nullptr;      // [T, hidden] the rows routed to one expert, gathered
-  float* expert_out_ = nullptr;     // [T, hidden] that expert's output for them
+  float* expert_in_ = nullptr;   // [T * k, hidden] the routed rows, gathered expert by expert
+  float* expert_out_ = nullptr;  // [T * (k + 1), hidden] the experts' outputs (shared ones last)
   // Per expert, the tokens routed to it this layer in token order, with their weights.
   std::vector<std::vector<Route>> routes_;
+  // MoeMlp's host arrays (router logits read back from a device; the rows to gather, and each
+  // token's slots and weights for MoeCombine) and their device copy.
+  std::vector<float> host_logits_;
+  std::vector<int32_t> moe_gather_;
+  std::vector<int32_t> moe_slots_;
+  std::vector<float> moe_weights_;
+  DeviceBuffer moe_staging_;
   // Device backends only: the staged batch arrays and the logits before they go to the host
   // (graph replays use device_logits_ on every backend).
   DeviceBuffer staging_;

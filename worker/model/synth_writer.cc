@@ -318,6 +318,7 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
   // llama.cpp's architecture names: Mixtral is "llama" with experts, Qwen3-MoE "qwen3moe".
   const std::string arch = c.architecture == "mixtral"     ? "llama"
                            : c.architecture == "qwen3_moe" ? "qwen3moe"
+                           : c.is_mla()                    ? "deepseek2"
                                                            : c.architecture;
   auto key = [&arch](const char* suffix) { return absl::StrCat(arch, ".", suffix); };
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
@@ -330,10 +331,25 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
   g.SetU32(key("embedding_length"), u32(c.hidden_size));
   g.SetU32(key("block_count"), u32(c.num_layers));
   g.SetU32(key("feed_forward_length"), u32(c.intermediate_size));
-  g.SetU32(key("rope.dimension_count"), u32(c.head_dim));
+  g.SetU32(key("rope.dimension_count"), u32(c.rotary_dim()));
   g.SetU32(key("attention.head_count"), u32(c.num_heads));
   g.SetU32(key("attention.head_count_kv"), u32(c.num_kv_heads));
-  if (arch != "llama" || c.head_dim * c.num_heads != c.hidden_size) {
+  if (c.is_mla()) {
+    // llama.cpp's deepseek2 keys, with kv_b_proj whole (attn_kv_b) as its earlier converters
+    // write it.
+    g.SetU32(key("attention.key_length"), u32(c.head_dim));
+    g.SetU32(key("attention.value_length"), u32(c.v_head_dim));
+    g.SetU32(key("attention.kv_lora_rank"), u32(c.kv_lora_rank));
+    if (c.q_lora_rank > 0) g.SetU32(key("attention.q_lora_rank"), u32(c.q_lora_rank));
+    g.SetU32(key("leading_dense_block_count"), u32(c.first_k_dense_replace));
+    g.SetU32(key("expert_shared_count"), u32(c.n_shared_experts));
+    g.SetU32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
+    g.SetF32(key("expert_weights_scale"), c.routed_scaling_factor);
+    g.SetBool(key("expert_weights_norm"), c.norm_topk_prob);
+    g.SetU32(key("expert_gating_func"), c.moe_scoring == MoeScoring::kSigmoid ? 2 : 1);
+    g.SetU32(key("expert_group_count"), u32(c.n_group));
+    g.SetU32(key("expert_group_used_count"), u32(c.topk_group));
+  } else if (arch != "llama" || c.head_dim * c.num_heads != c.hidden_size) {
     g.SetU32(key("attention.key_length"), u32(c.head_dim));
     g.SetU32(key("attention.value_length"), u32(c.head_dim));
   }
@@ -345,7 +361,7 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
     if (arch == "qwen3moe") {
       g.SetU32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
     }
-    if (!c.norm_topk_prob) g.SetBool(key("expert_weights_norm"), false);
+    if (!c.norm_topk_prob && !c.is_mla()) g.SetBool(key("expert_weights_norm"), false);
   }
   std::vector<std::string> tokens;
   std::vector<float> scores;
@@ -686,11 +702,6 @@ absl::Status ValidateSynthOptions(const SynthWriteOptions& options) {
     }
     if (m.moe_intermediate_size < 0) {
       return bad("--expert-ffn must be at least 0, got ", m.moe_intermediate_size);
-    }
-    if (deepseek &&
-        (options.format != SynthFormat::kHf || !options.dequantized_twin_path.empty())) {
-      return bad("--arch ", m.architecture,
-                 " is written as a Hugging Face directory only: use --format hf");
     }
   }
   if (m.head_dim < 0) return bad("--head-dim must be at least 0, got ", m.head_dim);

@@ -23,8 +23,9 @@
 // Mixtral's block_sparse_moe or Qwen3-MoE's mlp router and expert names in the Hugging Face copy;
 // in GGUF (llama.cpp's layout: Mixtral as architecture "llama" with expert_count, Qwen3-MoE as
 // "qwen3moe") the router is ffn_gate_inp and each layer's experts are stacked per role into
-// ffn_gate_exps / ffn_up_exps / ffn_down_exps. DeepSeek models (deepseek_v2, deepseek_v3) are
-// written as Hugging Face directories only.
+// ffn_gate_exps / ffn_up_exps / ffn_down_exps. DeepSeek models (deepseek_v2, deepseek_v3) keep
+// their rope part pair-interleaved in both files; their GGUF is llama.cpp's deepseek2 (kv_b_proj
+// whole as attn_kv_b, shared experts ffn_*_shexp, the V3 router bias exp_probs_b).
 
 #include <cstdint>
 #include <string>

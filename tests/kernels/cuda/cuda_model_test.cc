@@ -1,19 +1,26 @@
 // End to end on the GPU: greedy tokens of stories260K through LlamaModel on the CUDA backend
 // (f32 weights kept f32) equal the CPU's for 64 tokens, launching every op and replaying decode
 // steps from CUDA graphs; and, on machines with two or more GPUs, split over them with NCCL
-// (tensor parallelism). Skips without a CUDA device.
+// (tensor parallelism). Mixture-of-experts (Mixtral, Qwen3-MoE) and DeepSeek (latent attention
+// with 576-wide cache rows and 32 heads on one row, DeepSeek routing, shared experts) models give
+// the CPU's logits over a prefill and decode steps. Skips without a CUDA device.
 
-#include <cstdio>
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <numeric>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/test_util/scratch_dir.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/batch_builder.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
+#include "worker/model/synth_writer.h"
 #include "worker/tp/nccl_group.h"
 #include "worker/tp/tp_model.h"
 
@@ -65,6 +72,89 @@ std::vector<TokenId> Greedy(const ModelWeights* weights, Backend* backend, int m
     EXPECT_TRUE(model->decode_graph_error().empty()) << model->decode_graph_error();
   }
   return out;
+}
+
+// Logits of a 21-token prefill and then 6 decode steps fed fixed tokens (the same on every
+// backend), concatenated.
+std::vector<float> StepLogits(const ModelWeights* weights, Backend* backend, KvCacheDType dtype) {
+  cpu::ThreadPool pool(2);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Create(weights, &pool, nullptr, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  const int64_t blocks = (weights->config.max_position_embeddings + kBlockSize - 1) / kBlockSize;
+  std::unique_ptr<KvCache> cache =
+      *KvCache::Create(weights->config, blocks, kBlockSize, dtype, backend);
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<TokenId> tokens(21);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(3 + i * 37 % 590);
+  const int vocab = weights->config.vocab_size;
+  std::vector<float> all;
+  std::vector<float> logits(vocab);
+  BatchBuilder builder;
+  int32_t pos = 0;
+  std::span<const TokenId> feed(tokens);
+  for (int step = 0; step < 7; ++step) {
+    builder.Clear();
+    builder.AddSequence(feed, pos, table, kBlockSize, true);
+    absl::Status s = (*model)->Forward(builder.Build(), *cache, logits.data());
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) break;
+    all.insert(all.end(), logits.begin(), logits.end());
+    pos += static_cast<int32_t>(feed.size());
+    tokens.push_back(static_cast<TokenId>(100 + step * 53));
+    feed = std::span<const TokenId>(tokens).last(1);
+  }
+  return all;
+}
+
+TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  for (const std::string arch : {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"}) {
+    SCOPED_TRACE(arch);
+    SynthWriteOptions o;
+    o.model.architecture = arch;
+    o.model.num_layers = 2;
+    o.model.hidden_size = 64;
+    o.model.num_heads = arch.starts_with("deepseek") ? 32 : 4;
+    o.model.num_kv_heads = 2;
+    o.model.intermediate_size = 96;
+    o.model.num_experts = 8;
+    o.model.num_experts_per_tok = 2;
+    o.model.moe_intermediate_size = 32;
+    // DeepSeek: 512 + 64 = 576-wide latent rows (the wide decode path) read by 32 query heads
+    // (more than one thread block's shared memory holds at that width).
+    o.model.kv_lora_rank = 512;
+    o.model.qk_nope_head_dim = 16;
+    o.model.qk_rope_head_dim = 64;
+    o.model.v_head_dim = 16;
+    o.model.q_lora_rank = arch == "deepseek_v3" ? 48 : 0;
+    o.model.n_group = arch == "deepseek_v3" ? 4 : 1;
+    o.model.topk_group = arch == "deepseek_v3" ? 2 : 1;
+    o.model.vocab_size = 600;
+    o.model.max_position_embeddings = 64;
+    o.model.seed = 3;
+    o.out_dir = test_util::ScratchPath(arch);
+    o.format = SynthFormat::kHf;
+    absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<LoadedModel> m = LoadModel(out->hf_dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
+      const std::vector<float> cpu = StepLogits(m->weights.get(), nullptr, dtype);
+      const std::vector<float> cuda = StepLogits(m->weights.get(), gpu, dtype);
+      ASSERT_EQ(cuda.size(), cpu.size());
+      float scale = 1.0f, err = 0.0f;
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        scale = std::max(scale, std::fabs(cpu[i]));
+        err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+      }
+      std::printf("%s (%s cache): max |logit| %.3f, max CPU/CUDA difference %.3g\n", arch.c_str(),
+                  std::string(KvCacheDTypeName(dtype)).c_str(), scale, err);
+      EXPECT_LE(err, 1e-3f * scale);
+    }
+  }
 }
 
 TEST(CudaModelTest, GreedyTokensOnStories260KMatchTheCpu) {

@@ -396,11 +396,12 @@ TEST(CudaOpsTest, ErrorsAreReportedOnceAndAFailedCaptureLeavesTheBackendUsable) 
   ASSERT_TRUE(b.ok()) << b.status();
   Backend* gpu = b->get();
 
-  // head_dim 512 is refused by the decode kernel (no launch): one error, then none.
+  // head_dim 1024 (wider than MLA's 576-value rows) is refused by the decode kernel (no
+  // launch): one error, then none.
   cpu::PagedAttentionArgs bad{};
   bad.num_seqs = 1;
   bad.num_heads = 1;
-  bad.layout = {1, 512, 16, KvCacheDType::kF32};
+  bad.layout = {1, 1024, 16, KvCacheDType::kF32};
   AttentionShape shape;
   shape.num_seqs = 1;
   shape.num_heads = 1;

@@ -206,7 +206,8 @@ TEST(HfConfigTest, GgufDefaultsAndErrors) {
   arch.SetString("general.architecture", "falcon");
   ExpectError(
       GgufConfigOf(arch, "falcon.gguf"),
-      "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama, qwen3, qwen3moe)");
+      "falcon.gguf: unsupported GGUF architecture 'falcon' (supported: llama, qwen3, qwen3moe, "
+      "deepseek2)");
 
   GgufWriter missing;
   missing.SetString("general.architecture", "llama");

@@ -358,7 +358,7 @@ TEST(ModelLoaderTest, GgufErrors) {
     ExpectError(LoadGgufBytes(w, "gemma.gguf").status(),
                 dir +
                     "gemma.gguf: unsupported GGUF architecture 'gemma' (supported: llama, qwen3, "
-                    "qwen3moe)");
+                    "qwen3moe, deepseek2)");
   }
   {
     // A K-quant row must be whole 256-element super-blocks: hidden 32 is not.
