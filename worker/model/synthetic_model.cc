@@ -66,35 +66,31 @@ class Builder {
   /// A norm weight drawn from [0.5, 1.5], so a test sees whether it is applied.
   absl::StatusOr<TensorView> AroundOne(std::string name, int64_t n) {
     std::uniform_real_distribution<float> dist(0.5f, 1.5f);
-    TensorView t{std::move(name), DType::kF32, {n}, nullptr};
-    auto* data = reinterpret_cast<float*>(Allocate(n * 4));
-    if (data == nullptr) return absl::ResourceExhaustedError("synthetic model: out of memory");
-    for (int64_t i = 0; i < n; ++i) data[i] = dist(rng_);
-    t.data = data;
-    return t;
+    return Vector(std::move(name), n, [&] { return dist(rng_); });
   }
 
   /// An f32 vector drawn from [-a, a].
   absl::StatusOr<TensorView> Uniform(std::string name, int64_t n, float a) {
     std::uniform_real_distribution<float> dist(-a, a);
-    TensorView t{std::move(name), DType::kF32, {n}, nullptr};
-    auto* data = reinterpret_cast<float*>(Allocate(n * 4));
-    if (data == nullptr) return absl::ResourceExhaustedError("synthetic model: out of memory");
-    for (int64_t i = 0; i < n; ++i) data[i] = dist(rng_);
-    t.data = data;
-    return t;
+    return Vector(std::move(name), n, [&] { return dist(rng_); });
   }
 
   absl::StatusOr<TensorView> Ones(std::string name, int64_t n) {
+    return Vector(std::move(name), n, [] { return 1.0f; });
+  }
+
+ private:
+  /// An f32 vector of n values, each next().
+  template <typename Next>
+  absl::StatusOr<TensorView> Vector(std::string name, int64_t n, Next next) {
     TensorView t{std::move(name), DType::kF32, {n}, nullptr};
     auto* data = reinterpret_cast<float*>(Allocate(n * 4));
     if (data == nullptr) return absl::ResourceExhaustedError("synthetic model: out of memory");
-    for (int64_t i = 0; i < n; ++i) data[i] = 1.0f;
+    for (int64_t i = 0; i < n; ++i) data[i] = next();
     t.data = data;
     return t;
   }
 
- private:
   uint8_t* Allocate(int64_t bytes) { return AllocateIn(weights_, bytes); }
 
   ModelWeights* weights_;

@@ -4,6 +4,7 @@
 // What the engine tests (CPU: engine_test; CUDA and the CUDA simulator: cuda_engine_test) share:
 // draining a request's stream, greedy requests, and the mixed workload of 64 requests.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -149,6 +150,22 @@ inline void ExpectSameBatchedChunkedAndTp(const LoadedModel& m, const EngineRequ
       EXPECT_NEAR(tp.logprobs[i], alone.logprobs[i], 1e-4) << "tp 2, token " << i;
     }
   }
+}
+
+/// The model-family tests' check of the contract above: request "a" (a 29-token prompt, 12
+/// tokens) alone, then beside two others (9 and 17 tokens, each changed at one position, 20 and
+/// 6 tokens), chunked and over two ranks. `prompt(n)` makes an n-token prompt in the model's
+/// vocabulary.
+inline void ExpectFamilyBatchInvariance(const LoadedModel& m,
+                                        const std::function<std::vector<TokenId>(int)>& prompt) {
+  const EngineRequest a = Greedy("a", prompt(29), 12);
+  EngineRequest b = Greedy("b", prompt(9), 20);
+  b.prompt_ids[3] = 77;
+  EngineRequest c = Greedy("c", prompt(17), 6);
+  c.prompt_ids[5] = 401;
+  const Collected alone = RunAlone(m, a);
+  ASSERT_EQ(alone.tokens.size(), 12u);
+  ExpectSameBatchedChunkedAndTp(m, a, {b, c}, alone, SmallModelOptions());
 }
 
 }  // namespace kvserve::testing_engine

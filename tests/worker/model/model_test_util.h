@@ -3,6 +3,8 @@
 
 // Test-only helpers shared by the model tests.
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -33,6 +35,19 @@ inline std::vector<float> LastLogits(const LoadedModel& m, const std::vector<Tok
   absl::Status s = model->Forward(builder.Build(), *cache, logits.data());
   EXPECT_TRUE(s.ok()) << s;
   return logits;
+}
+
+/// max |got - ref| over max(1, max |ref|); *max_ref (if given) receives max |ref|.
+inline float MaxRelativeError(const std::vector<float>& got, const std::vector<float>& ref,
+                              float* max_ref = nullptr) {
+  EXPECT_EQ(got.size(), ref.size());
+  float scale = 0.0f, err = 0.0f;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    scale = std::max(scale, std::fabs(ref[i]));
+    err = std::max(err, std::fabs(got[i] - ref[i]));
+  }
+  if (max_ref != nullptr) *max_ref = scale;
+  return err / std::max(1.0f, scale);
 }
 
 }  // namespace kvserve::testing_model
