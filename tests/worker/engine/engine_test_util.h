@@ -168,6 +168,37 @@ inline void ExpectFamilyBatchInvariance(const LoadedModel& m,
   ExpectSameBatchedChunkedAndTp(m, a, {b, c}, alone, SmallModelOptions());
 }
 
+/// Twelve greedy requests sharing a 40-token prefix in a pool of 24 blocks of 16 (too small for
+/// all of them): the engine hits the prefix cache, preempts, and every request still gets the
+/// tokens and log-probabilities it has alone, bit for bit. `prompt(n)` as above.
+inline void ExpectPrefixSharingAndPreemptionKeepTheTokens(
+    const LoadedModel& m, const std::function<std::vector<TokenId>(int)>& prompt) {
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<TokenId> p = prompt(40 + i % 3);
+    p.back() = static_cast<TokenId>(100 + i);
+    requests.push_back(Greedy(absl::StrCat("r", i), p, 16 + i % 4));
+  }
+  std::vector<Collected> alone;
+  for (const EngineRequest& r : requests) alone.push_back(RunAlone(m, r));
+  EngineOptions o = SmallModelOptions();
+  o.kv_cache_memory = 0;
+  o.num_kv_blocks = 24;
+  o.block_size = 16;
+  std::unique_ptr<Engine> engine = *Engine::Create(&m, o);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Collected got = Drain(*streams[i])[0];
+    EXPECT_EQ(got.tokens, alone[i].tokens) << i;
+    EXPECT_EQ(got.logprobs, alone[i].logprobs) << i;
+  }
+  const EngineStats st = engine->stats();
+  EXPECT_GT(st.prefix_hit_tokens, 0);
+  EXPECT_GT(st.num_preemptions, 0);
+  ExpectPoolFree(*engine);
+}
+
 }  // namespace kvserve::testing_engine
 
 #endif  // KVSERVE_TESTS_WORKER_ENGINE_ENGINE_TEST_UTIL_H_

@@ -525,8 +525,6 @@ TEST(MlaTest, EveryKvDtypeHoldsTheLatentRows) {
 
 // ---- Through the engine ----
 
-using testing_engine::RunAlone;
-
 TEST(MlaTest, GreedyIsTheSameAloneBatchedChunkedAndOverTwoRanks) {
   for (const std::string arch : {"deepseek_v2", "deepseek_v3"}) {
     SCOPED_TRACE(arch);
@@ -544,30 +542,7 @@ TEST(MlaTest, PrefixSharingAndPreemptionKeepTheTokens) {
   const SynthOutputs out = Write(DeepseekOptions("deepseek_v3", "prefix"));
   absl::StatusOr<LoadedModel> m = LoadModel(out.hf_dir);
   ASSERT_TRUE(m.ok()) << m.status();
-  std::vector<EngineRequest> requests;
-  for (int i = 0; i < 12; ++i) {
-    std::vector<TokenId> prompt = Prompt(40 + i % 3);  // a shared 40-token prefix
-    prompt.back() = static_cast<TokenId>(100 + i);
-    requests.push_back(testing_engine::Greedy(absl::StrCat("r", i), prompt, 16 + i % 4));
-  }
-  std::vector<testing_engine::Collected> alone;
-  for (const EngineRequest& r : requests) alone.push_back(RunAlone(*m, r));
-  EngineOptions o = testing_engine::SmallModelOptions();
-  o.kv_cache_memory = 0;
-  o.num_kv_blocks = 24;  // 384 slots of 16 for 12 requests of ~60 tokens
-  o.block_size = 16;
-  std::unique_ptr<Engine> engine = *Engine::Create(&*m, o);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const testing_engine::Collected got = testing_engine::Drain(*streams[i])[0];
-    EXPECT_EQ(got.tokens, alone[i].tokens) << i;
-    EXPECT_EQ(got.logprobs, alone[i].logprobs) << i;
-  }
-  const EngineStats st = engine->stats();
-  EXPECT_GT(st.prefix_hit_tokens, 0);
-  EXPECT_GT(st.num_preemptions, 0);
-  testing_engine::ExpectPoolFree(*engine);
+  testing_engine::ExpectPrefixSharingAndPreemptionKeepTheTokens(*m, Prompt);
 }
 
 // ---- Memory accounting ----

@@ -268,7 +268,7 @@ TEST(MoeTest, LogitsMatchThePlainReference) {
 
 // ---- Batch invariance through the engine ----
 
-TEST(MoeTest, GreedyIsTheSameAloneBatchedAndChunked) {
+TEST(MoeTest, GreedyIsTheSameAloneBatchedChunkedAndPreempted) {
   for (const std::string arch : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(arch);
     const SynthOutputs out = WriteMoe(arch, arch);
@@ -277,6 +277,8 @@ TEST(MoeTest, GreedyIsTheSameAloneBatchedAndChunked) {
     // Batched, the other requests' tokens go to other experts in the same steps; under tensor
     // parallelism every expert is split over the ranks and the router replicated.
     testing_engine::ExpectFamilyBatchInvariance(*m, Prompt);
+    // Requests sharing a prefix in a pool that forces preemption keep their tokens.
+    testing_engine::ExpectPrefixSharingAndPreemptionKeepTheTokens(*m, Prompt);
   }
 }
 

@@ -232,7 +232,7 @@ TEST(Qwen3Test, HfAndGgufGiveTheSameLogits) {
 using testing_engine::RunAlone;
 EngineOptions EngineOpts() { return testing_engine::SmallModelOptions(); }
 
-TEST(Qwen3Test, GreedyIsTheSameAloneBatchedAndChunked) {
+TEST(Qwen3Test, GreedyIsTheSameAloneBatchedChunkedAndPreempted) {
   const SynthOutputs out = WriteQwen3("model");
   absl::StatusOr<LoadedModel> m = LoadModel(out.gguf_path);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -248,6 +248,8 @@ TEST(Qwen3Test, GreedyIsTheSameAloneBatchedAndChunked) {
   absl::StatusOr<LoadedModel> hf = LoadModel(out.hf_dir);
   ASSERT_TRUE(hf.ok()) << hf.status();
   EXPECT_EQ(RunAlone(*hf, a).tokens, alone.tokens);
+  // Requests sharing a prefix in a pool that forces preemption keep their tokens.
+  testing_engine::ExpectPrefixSharingAndPreemptionKeepTheTokens(*m, Prompt);
 }
 
 // ---- KV bytes: engine pool against the planner ----
