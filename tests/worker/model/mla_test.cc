@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/test_util/scratch_dir.h"
 #include "tests/worker/engine/engine_test_util.h"
+#include "tests/worker/model/hf_config_util.h"
 #include "tests/worker/model/model_test_util.h"
 #include "tests/worker/model/reference_forward.h"
 #include "worker/engine/engine.h"
@@ -90,13 +91,8 @@ SynthOutputs Write(const SynthWriteOptions& o) {
   return out.ok() ? *out : SynthOutputs{};
 }
 
-nlohmann::json ReadConfig(const std::string& hf_dir) {
-  return nlohmann::json::parse(*ReadFileToString(hf_dir + "/config.json"));
-}
-
-void WriteConfig(const std::string& hf_dir, const nlohmann::json& j) {
-  ASSERT_TRUE(WriteStringToFile(hf_dir + "/config.json", j.dump()).ok());
-}
+using testing_model::ReadConfig;
+using testing_model::WriteConfig;
 
 std::vector<TokenId> Prompt(int n) { return testing_model::SpreadPrompt(n); }
 
