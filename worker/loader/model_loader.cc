@@ -258,16 +258,7 @@ class Binder {
           r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
           " must be 2-D with a row length that is a multiple of its ", block, "-element block"));
     }
-    // Quantized blocks hold fp16 fields at even offsets (read with memcpy): 2-byte alignment.
-    const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
-    const void* data = r.data;
-    if (reinterpret_cast<uintptr_t>(r.data) % need != 0) {  // safetensors offsets need not align
-      auto copy = std::make_unique<uint8_t[]>(r.nbytes);
-      std::memcpy(copy.get(), r.data, r.nbytes);
-      data = copy.get();
-      weights_->owned_buffers.push_back(std::move(copy));
-    }
-    *out = TensorView{r.name, r.dtype, r.shape, data};
+    *out = TensorView{r.name, r.dtype, r.shape, AlignedData(r.data, r.dtype, r.nbytes)};
     return absl::OkStatus();
   }
 
@@ -351,19 +342,27 @@ class Binder {
           " must have a row length that is a multiple of its ", block, "-element block"));
     }
     const int64_t bytes = rows * DTypeRowBytes(r.dtype, cols);
-    const uint8_t* data = r.data + expert * bytes;
-    const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
-    if (reinterpret_cast<uintptr_t>(data) % need != 0) {
-      auto copy = std::make_unique<uint8_t[]>(bytes);
-      std::memcpy(copy.get(), data, bytes);
-      data = copy.get();
-      weights_->owned_buffers.push_back(std::move(copy));
-    }
-    *out = TensorView{absl::StrCat(r.name, "[", expert, "]"), r.dtype, {rows, cols}, data};
+    *out = TensorView{absl::StrCat(r.name, "[", expert, "]"),
+                      r.dtype,
+                      {rows, cols},
+                      AlignedData(r.data + expert * bytes, r.dtype, bytes)};
     return absl::OkStatus();
   }
 
  private:
+  /// `data` itself, or an owned copy when it is not aligned for `dtype` (safetensors offsets
+  /// need not be; quantized blocks hold fp16 fields at even offsets, read with memcpy, so they
+  /// need 2-byte alignment).
+  const void* AlignedData(const uint8_t* data, DType dtype, uint64_t bytes) {
+    const uintptr_t need = DTypeIsQuantized(dtype) ? 2 : DTypeBlockBytes(dtype);
+    if (reinterpret_cast<uintptr_t>(data) % need == 0) return data;
+    auto copy = std::make_unique<uint8_t[]>(bytes);
+    std::memcpy(copy.get(), data, bytes);
+    const void* aligned = copy.get();
+    weights_->owned_buffers.push_back(std::move(copy));
+    return aligned;
+  }
+
   absl::StatusOr<const RawTensor*> Lookup(const std::string& name,
                                           const std::vector<int64_t>& expected) const {
     auto it = table_.find(name);

@@ -505,33 +505,32 @@ absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b)
 
 void LlamaModel::Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias,
                         float* y, int64_t m) {
-  cpu::MatmulArgs args{};
-  args.x = x;
-  args.x_stride = w.cols;
-  args.w = w.data;
-  args.w_dtype = w.dtype;
-  args.bias = bias.data;
-  args.y = y;
-  args.y_stride = w.rows;
-  args.m = m;
-  args.n = w.rows;
-  args.k = w.cols;
-  backend_->Matmul(args);
+  LinearStrided(x, w.cols, w, y, w.rows, m, bias);
 }
 
 void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
-                               int64_t y_stride, int64_t m) {
+                               int64_t y_stride, int64_t m, const PreparedVector& bias) {
   cpu::MatmulArgs args{};
   args.x = x;
   args.x_stride = x_stride;
   args.w = w.data;
   args.w_dtype = w.dtype;
+  args.bias = bias.data;
   args.y = y;
   args.y_stride = y_stride;
   args.m = m;
   args.n = w.rows;
   args.k = w.cols;
   backend_->Matmul(args);
+}
+
+void LlamaModel::SwiGlu(const float* x, const PreparedMatrix& gate, const PreparedMatrix& up,
+                        const PreparedMatrix& down, float* out, int64_t rows) {
+  const int64_t width = gate.rows;
+  Linear(x, gate, PreparedVector{}, gate_, rows);
+  Linear(x, up, PreparedVector{}, up_, rows);
+  backend_->SiluMul({gate_, up_, gate_, rows, width, width, width, width});
+  Linear(gate_, down, PreparedVector{}, out, rows);
 }
 
 void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& weight, float* y,
@@ -550,19 +549,18 @@ void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& wei
   backend_->RmsNorm(args);
 }
 
-void LlamaModel::HeadNorm(float* x, const PreparedVector& weight, int64_t tokens, int64_t heads) {
-  // Each (token, head) vector is one row of the ordinary RMSNorm, so its result depends on that
-  // vector alone, whatever the batch.
-  const ModelConfig& c = weights_->config;
+void LlamaModel::NormRows(float* x, int64_t stride, const PreparedVector& weight, int64_t dim,
+                          int64_t rows) {
+  // Each row is normed alone, so its result depends on that row only, whatever the batch.
   cpu::RmsNormArgs args{};
   args.x = x;
   args.weight = weight.data;
   args.y = x;
-  args.rows = tokens * heads;
-  args.dim = c.head_dim;
-  args.eps = c.rms_norm_eps;
-  args.x_stride = c.head_dim;
-  args.y_stride = c.head_dim;
+  args.rows = rows;
+  args.dim = dim;
+  args.eps = weights_->config.rms_norm_eps;
+  args.x_stride = stride;
+  args.y_stride = stride;
   backend_->RmsNorm(args);
 }
 
@@ -844,8 +842,9 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   Linear(normed_, w.wk, w.bk, k_, t);
   Linear(normed_, w.wv, w.bv, v_, t);
   if (c.qk_norm) {
-    HeadNorm(q_, w.q_norm, t, c.num_heads);
-    HeadNorm(k_, w.k_norm, t, c.num_kv_heads);
+    // Qwen3: every (token, head) vector is one row.
+    NormRows(q_, c.head_dim, w.q_norm, c.head_dim, t * c.num_heads);
+    NormRows(k_, c.head_dim, w.k_norm, c.head_dim, t * c.num_kv_heads);
   }
 
   RopeKvWriteArgs rope{};
@@ -912,26 +911,13 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
 
   if (c.q_lora_rank > 0) {
     Linear(normed_, w.wq_a, PreparedVector{}, q_lora_, t);
-    cpu::RmsNormArgs norm{};
-    norm.x = norm.y = q_lora_;
-    norm.weight = w.q_a_norm.data;
-    norm.rows = t;
-    norm.dim = norm.x_stride = norm.y_stride = c.q_lora_rank;
-    norm.eps = c.rms_norm_eps;
-    backend_->RmsNorm(norm);
+    NormRows(q_lora_, c.q_lora_rank, w.q_a_norm, c.q_lora_rank, t);
     Linear(q_lora_, w.wq_b, PreparedVector{}, q_heads_, t);
   } else {
     Linear(normed_, w.wq, PreparedVector{}, q_heads_, t);
   }
   Linear(normed_, w.wkv_a, PreparedVector{}, k_, t);
-  cpu::RmsNormArgs kv_norm{};
-  kv_norm.x = kv_norm.y = k_;
-  kv_norm.weight = w.kv_a_norm.data;
-  kv_norm.rows = t;
-  kv_norm.dim = rank;
-  kv_norm.x_stride = kv_norm.y_stride = row;
-  kv_norm.eps = c.rms_norm_eps;
-  backend_->RmsNorm(kv_norm);
+  NormRows(k_, row, w.kv_a_norm, rank, t);  // the latent part of each new row
   for (int64_t h = 0; h < heads; ++h) {
     LinearStrided(q_heads_ + h * qk, heads * qk, w.w_q_absorb[h], q_ + h * row, heads * row, t);
   }
@@ -981,11 +967,7 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
 }
 
 void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
-  Linear(normed_, w.w_gate, PreparedVector{}, gate_, t);
-  Linear(normed_, w.w_up, PreparedVector{}, up_, t);
-  const int64_t inter = weights_->config.intermediate_size;
-  backend_->SiluMul({gate_, up_, gate_, t, inter, inter, inter, inter});
-  Linear(gate_, w.w_down, PreparedVector{}, delta_, t);
+  SwiGlu(normed_, w.w_gate, w.w_up, w.w_down, delta_, t);
 }
 
 // Mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V2/V3):
@@ -995,16 +977,16 @@ void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
 //     the lower expert index, what torch.topk returns for the small ties these models meet in
 //     practice), their scores renormalized to sum 1 when norm_topk_prob, times
 //     routed_scaling_factor;
-//  3. per expert, ascending: gather the rows of the tokens routed to it (token order), run its
-//     SwiGLU MLP once over them with the ordinary matmul kernels, and add weight x output to
-//     each token's row of delta_;
-//  4. DeepSeek's shared experts: one SwiGLU MLP over every token, added last.
+//  3. (MoeMlp) one gather lays the routed rows out expert after expert (each expert's tokens in
+//     token order), and each expert runs its SwiGLU MLP once over its rows with the ordinary
+//     matmul kernels; DeepSeek's shared experts run over every token;
+//  4. MoeCombine: each token's row of delta_ is 0 + weight x output over its experts in
+//     ascending expert order, then + the shared experts' output.
 // Batch invariance: the matmul kernels keep each output row's reduction order independent of
-// how many rows run together, and every token's row of delta_ is 0 + its experts' terms added
-// in ascending expert order (+ the shared term), so a token's result does not depend on the
-// other tokens in the step. Under tensor parallelism every rank routes identically (replicated
-// router, identical normed rows) and holds a slice of every expert's width; delta_ is then a
-// partial sum that the caller all-reduces, like the dense MLP's.
+// how many rows run together, and every token's sum has a fixed order, so a token's result
+// does not depend on the other tokens in the step. Under tensor parallelism every rank routes
+// identically (replicated router, identical normed rows) and holds a slice of every expert's width;
+// delta_ is then a partial sum that the caller all-reduces, like the dense MLP's.
 void LlamaModel::RouteTokens(const Layer& w, int64_t t, const float* all_logits) {
   const ModelConfig& c = weights_->config;
   const int num_experts = c.num_experts;
@@ -1016,7 +998,7 @@ void LlamaModel::RouteTokens(const Layer& w, int64_t t, const float* all_logits)
   std::vector<float> choice(num_experts);  // what selection compares (scores + bias for V3)
   std::vector<char> eligible(num_experts);
   std::vector<float> group_score(c.n_group);
-  std::vector<char> group_taken(c.n_group);
+  std::vector<char> group_open(c.n_group);  // not (yet) among the topk_group best
   std::vector<int> chosen(k);
   // The best of `values` whose flag in `allowed` is set, ties to the lower index; -1 if none.
   auto best_of = [](const std::vector<float>& values, const std::vector<char>& allowed) {
@@ -1056,14 +1038,9 @@ void LlamaModel::RouteTokens(const Layer& w, int64_t t, const float* all_logits)
           group_score[g] = v[first] + v[second];
         }
       }
-      std::fill(group_taken.begin(), group_taken.end(), 0);
-      std::vector<char> group_open(c.n_group, 1);
-      for (int j = 0; j < c.topk_group; ++j) {
-        const int g = best_of(group_score, group_open);
-        group_open[g] = 0;
-        group_taken[g] = 1;
-      }
-      for (int e = 0; e < num_experts; ++e) eligible[e] = group_taken[e / per_group];
+      std::fill(group_open.begin(), group_open.end(), 1);
+      for (int j = 0; j < c.topk_group; ++j) group_open[best_of(group_score, group_open)] = 0;
+      for (int e = 0; e < num_experts; ++e) eligible[e] = !group_open[e / per_group];
     }
     float picked_sum = 0.0f;
     for (int j = 0; j < k; ++j) {
@@ -1084,7 +1061,6 @@ absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   const int k = c.num_experts_per_tok;
-  const int64_t width = c.moe_intermediate_size;
   Linear(normed_, w.router, PreparedVector{}, router_logits_, t);
   const int64_t logit_count = t * c.num_experts;
   const float* logits = router_logits_;
@@ -1156,19 +1132,11 @@ absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
     const int64_t n = static_cast<int64_t>(routes_[e].size());
     if (n == 0) continue;
     const Expert& x = w.experts[e];
-    Linear(expert_in_ + offset * h, x.w_gate, PreparedVector{}, gate_, n);
-    Linear(expert_in_ + offset * h, x.w_up, PreparedVector{}, up_, n);
-    backend_->SiluMul({gate_, up_, gate_, n, width, width, width, width});
-    Linear(gate_, x.w_down, PreparedVector{}, expert_out_ + offset * h, n);
+    SwiGlu(expert_in_ + offset * h, x.w_gate, x.w_up, x.w_down, expert_out_ + offset * h, n);
     offset += n;
   }
   if (shared) {
-    const int64_t shared_width = w.shared.w_gate.rows;
-    Linear(normed_, w.shared.w_gate, PreparedVector{}, gate_, t);
-    Linear(normed_, w.shared.w_up, PreparedVector{}, up_, t);
-    backend_->SiluMul(
-        {gate_, up_, gate_, t, shared_width, shared_width, shared_width, shared_width});
-    Linear(gate_, w.shared.w_down, PreparedVector{}, expert_out_ + t * k * h, t);
+    SwiGlu(normed_, w.shared.w_gate, w.shared.w_up, w.shared.w_down, expert_out_ + t * k * h, t);
   }
   backend_->MoeCombine({expert_out_, slots, route_weights, delta_, t, slots_per_token, h});
   return absl::OkStatus();

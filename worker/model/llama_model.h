@@ -211,13 +211,16 @@ class LlamaModel {
   absl::Status MoeMlp(const Layer& w, int64_t tokens);
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
               int64_t m);
-  /// Linear with explicit row strides (elements) of x and y, no bias.
+  /// Linear with explicit row strides (elements) of x and y.
   void LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
-                     int64_t y_stride, int64_t m);
+                     int64_t y_stride, int64_t m, const PreparedVector& bias = PreparedVector{});
+  /// out = down(silu(gate x) * up x) over `rows` rows of x (hidden wide), through gate_ / up_.
+  void SwiGlu(const float* x, const PreparedMatrix& gate, const PreparedMatrix& up,
+              const PreparedMatrix& down, float* out, int64_t rows);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);
-  /// Qwen3's q/k norm: RMS-normalizes each of the `heads` head_dim-wide vectors of every token
-  /// row of `x` ([tokens, heads * head_dim]) in place with `weight` ([head_dim]).
-  void HeadNorm(float* x, const PreparedVector& weight, int64_t tokens, int64_t heads);
+  /// RMSNorm in place of `rows` rows of x, `stride` apart, over their first `dim` values, with
+  /// `weight` ([dim]): Qwen3's per-head q/k norms, MLA's q_a and kv_a norms.
+  void NormRows(float* x, int64_t stride, const PreparedVector& weight, int64_t dim, int64_t rows);
 
   const ModelWeights* weights_;
   cpu::ThreadPool* pool_;
