@@ -15,18 +15,31 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
   app->add_option("--num-kv-blocks", e.num_kv_blocks,
                   "KV pool size in blocks; 0 sizes it from --kv-cache-memory")
       ->capture_default_str();
-  app->add_option_function<std::string>(
-         "--kv-cache-memory",
-         [options](const std::string& text) {
-           absl::StatusOr<int64_t> bytes = ParseByteSize(text);
-           if (!bytes.ok()) {
-             throw CLI::ValidationError("--kv-cache-memory", std::string(bytes.status().message()));
-           }
-           options->kv_cache_memory = *bytes;
-         },
-         "KV pool size: bytes or with a unit (2GiB, 512MB); 0: room for --max-num-seqs "
-         "full-length sequences, at most 4 GiB")
-      ->default_str(std::to_string(e.kv_cache_memory));
+  // A size flag taking bytes or units; `field` gets the bytes.
+  auto size_flag = [app](const std::string& name, int64_t* field, const std::string& help) {
+    app->add_option_function<std::string>(
+           name,
+           [name, field](const std::string& text) {
+             absl::StatusOr<int64_t> bytes = ParseByteSize(text);
+             if (!bytes.ok())
+               throw CLI::ValidationError(name, std::string(bytes.status().message()));
+             *field = *bytes;
+           },
+           help)
+        ->default_str(std::to_string(*field));
+  };
+  size_flag("--kv-cache-memory", &e.kv_cache_memory,
+            "KV pool size: bytes or with a unit (2GiB, 512MB); 0: room for --max-num-seqs "
+            "full-length sequences, at most 4 GiB");
+  size_flag("--kv-offload-memory", &e.kv_offload.host_bytes,
+            "Host-memory tier of the prefix cache (bytes or 8GiB, 512MB): full KV blocks are "
+            "copied there as they are computed and restored on a prefix hit after the device "
+            "pool has dropped them; 0: off");
+  app->add_option("--kv-disk-dir", e.kv_offload.disk_dir,
+                  "Disk tier of the prefix cache: block files under this directory survive a "
+                  "restart (needs --kv-disk-bytes); empty: off");
+  size_flag("--kv-disk-bytes", &e.kv_offload.disk_bytes,
+            "Size of the disk tier (bytes or with a unit); least recently used files go first");
   app->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "With --num-kv-blocks and --kv-cache-memory 0: give the KV pool this fraction "
                   "of the device's memory minus weights and activations (0 disables)")

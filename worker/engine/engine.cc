@@ -164,6 +164,11 @@ absl::Status EngineOptions::Validate() const {
         "gpu_memory_utilization must be in [0, 1], got ", gpu_memory_utilization));
   }
   if (max_n <= 0) return absl::InvalidArgumentError("max_n must be positive");
+  if (kv_offload.enabled() && !scheduler.enable_prefix_caching) {
+    return absl::InvalidArgumentError(
+        "--kv-offload-memory and --kv-disk-dir keep prefix-cache blocks: they need prefix caching "
+        "(drop --no-prefix-caching)");
+  }
   if (tensor_parallel_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("tensor_parallel_size (--tp) must be >= 1, got ",
                                                    tensor_parallel_size));
@@ -272,6 +277,39 @@ absl::Status Engine::CreateModel() {
   return absl::OkStatus();
 }
 
+absl::Status Engine::CreateOffloader() {
+  if (!options_.kv_offload.enabled()) return absl::OkStatus();
+  KvBlockAccess access;
+  std::string layout;
+  const ModelConfig& config = model_->config();
+  auto describe = [&](const KvCache& rank0, int tp) {
+    return KvLayoutDescription(config.num_layers, rank0.layout().num_kv_heads,
+                               rank0.layout().head_dim, config.kv_cache_has_v(),
+                               std::string(KvCacheDTypeName(options_.kv_cache_dtype)),
+                               options_.block_size, tp, access.block_bytes);
+  };
+  if (device_cache_ != nullptr) {
+    KvCache* cache = device_cache_.get();
+    access.block_bytes = cache->BlockBytes();
+    access.read = [cache](BlockId b, uint8_t* dst) { return cache->ReadBlock(b, dst); };
+    access.write = [cache](BlockId b, const uint8_t* src) { return cache->WriteBlock(b, src); };
+    layout = describe(*cache, 1);
+  } else {
+    ShardedKvCache* cache = cache_.get();
+    access.block_bytes = cache->BlockBytes();
+    access.read = [cache](BlockId b, uint8_t* dst) { return cache->ReadBlock(b, dst); };
+    access.write = [cache](BlockId b, const uint8_t* src) { return cache->WriteBlock(b, src); };
+    layout = describe(cache->rank(0), cache->tp_size());
+  }
+  const KvTierIdentity identity{ModelWeightsFingerprint(*model_->weights), layout};
+  absl::StatusOr<std::unique_ptr<KvOffloader>> offloader =
+      KvOffloader::Create(options_.kv_offload, std::move(access), identity);
+  if (!offloader.ok()) return offloader.status();
+  offloader_ = std::move(*offloader);
+  kv_->SetBlockSource(offloader_.get());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
                                                        const EngineOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
@@ -287,6 +325,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
   absl::StatusOr<KvManager> kv = KvManager::Create(kv_options);
   if (!kv.ok()) return kv.status();
   engine->kv_ = std::make_unique<KvManager>(std::move(*kv));
+  if (absl::Status s = engine->CreateOffloader(); !s.ok()) return s;
   engine->scheduler_ = std::make_unique<Scheduler>(options.scheduler, engine->kv_.get());
   engine->stop_token_ids_ = model->StopTokenIds();
   engine->logits_.resize(static_cast<size_t>(config.vocab_size));
@@ -592,6 +631,8 @@ void Engine::RunModel(const SchedulerOutput& out) {
     return;
   }
   scheduler_->OnStepDone(out);
+  // The blocks this step filled are final: copy them down before any later step can reuse them.
+  if (offloader_ != nullptr) offloader_->Offload(kv_->TakeStoredBlocks());
   // Every token of the step is out at the same moment.
   step_time_ = Clock::now();
   // Which sequence samples from which logits row (forks share the prompt's row).
@@ -886,6 +927,8 @@ void Engine::PublishStats() {
   stats_.free_blocks = kv.free_blocks;
   stats_.prefix_query_tokens = kv.prefix_query_tokens;
   stats_.prefix_hit_tokens = kv.prefix_hit_tokens;
+  stats_.prefix_restored_tokens = kv.prefix_restored_tokens;
+  if (offloader_ != nullptr) stats_.kv_tiers = offloader_->stats();
   stats_.num_preemptions = scheduler_->num_preemptions();
   stats_.num_steps = num_steps_;
   stats_.num_finished_requests = num_finished_;

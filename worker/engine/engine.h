@@ -24,6 +24,7 @@
 #include "worker/engine/sequence.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_manager.h"
+#include "worker/kv/kv_offload.h"
 #include "worker/model/batch_builder.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
@@ -53,6 +54,9 @@ struct EngineOptions {
   bool device_memory_per_rank = false;
   /// Element type of the cached K and V.
   KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
+  /// Tiers of the prefix cache below the device pool (host memory, disk); off by default.
+  /// They need prefix caching.
+  KvOffloadOptions kv_offload;
   SchedulerOptions scheduler;
   /// Most samples per request (n).
   int32_t max_n = 16;
@@ -93,6 +97,10 @@ struct EngineStats {
   int32_t free_blocks = 0;
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  /// Part of prefix_hit_tokens restored from the host or disk tier.
+  int64_t prefix_restored_tokens = 0;
+  /// The tiers below the device pool (all zero when they are off).
+  KvOffloader::Stats kv_tiers;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
@@ -158,6 +166,8 @@ class Engine {
   Engine(const LoadedModel* model, const EngineOptions& options);
   /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
   absl::Status CreateModel();
+  /// Creates the host / disk tiers of options_.kv_offload over the model's KV pool.
+  absl::Status CreateOffloader();
   /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
   /// `host_pool`: the pool lives in host memory (the CPU path), so the default is also capped
   /// by the memory available.
@@ -211,6 +221,8 @@ class Engine {
   bool graph_failure_logged_ = false;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<KvManager> kv_;
+  /// Host / disk tiers (null when off); kv_ restores from it.
+  std::unique_ptr<KvOffloader> offloader_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;
   /// Constrained decoding: compiled constraints shared between requests, and the vocabulary as

@@ -126,6 +126,62 @@ void KvCache::CopyBlock(int64_t src, int64_t dst) {
   }
 }
 
+template <typename Fn>
+void KvCache::ForEachPart(int64_t block, Fn&& fn) const {
+  const int64_t rows = layout_.num_kv_heads * layout_.block_size;
+  const int64_t bytes = rows * layout_.head_dim * KvCacheDTypeElemBytes(layout_.dtype);
+  for (size_t l = 0; l < k_.size(); ++l) {
+    for (const Buffer* b : {&k_[l], v_.empty() ? nullptr : &v_[l]}) {
+      if (b == nullptr) continue;
+      fn(b->data + block * bytes, static_cast<size_t>(bytes));
+      if (b->scales != nullptr) {
+        fn(reinterpret_cast<uint8_t*>(b->scales + block * rows),
+           static_cast<size_t>(rows) * sizeof(float));
+      }
+    }
+  }
+}
+
+int64_t KvCache::BlockBytes() const {
+  int64_t total = 0;
+  ForEachPart(0, [&](uint8_t*, size_t bytes) { total += static_cast<int64_t>(bytes); });
+  return total;
+}
+
+absl::Status KvCache::ReadBlock(int64_t block, uint8_t* dst) const {
+  if (block < 0 || block >= num_blocks_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("KV block ", block, " outside [0, ", num_blocks_, ")"));
+  }
+  absl::Status status;
+  ForEachPart(block, [&](const uint8_t* part, size_t bytes) {
+    if (backend_ != nullptr) {
+      if (status.ok()) status = backend_->CopyToHost(dst, part, bytes);
+    } else {
+      std::memcpy(dst, part, bytes);
+    }
+    dst += bytes;
+  });
+  return status;
+}
+
+absl::Status KvCache::WriteBlock(int64_t block, const uint8_t* src) {
+  if (block < 0 || block >= num_blocks_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("KV block ", block, " outside [0, ", num_blocks_, ")"));
+  }
+  absl::Status status;
+  ForEachPart(block, [&](uint8_t* part, size_t bytes) {
+    if (backend_ != nullptr) {
+      if (status.ok()) status = backend_->CopyToDevice(part, src, bytes);
+    } else {
+      std::memcpy(part, src, bytes);
+    }
+    src += bytes;
+  });
+  return status;
+}
+
 absl::Status KvCache::AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_count) {
   auto fail = [&](const absl::Status& s) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -72,6 +72,15 @@ class KvCache {
   /// shared block). Both must be in [0, num_blocks).
   void CopyBlock(int64_t src, int64_t dst);
 
+  /// Bytes of one block in every layer, scales included: the size ReadBlock writes. Layer by
+  /// layer: K data, K scales, V data, V scales (absent parts skipped).
+  int64_t BlockBytes() const;
+  /// Copies block `block` (in [0, num_blocks)) into `dst` (BlockBytes() bytes), in BlockBytes'
+  /// order. With a device backend the copy is ordered after the work already queued.
+  absl::Status ReadBlock(int64_t block, uint8_t* dst) const;
+  /// The inverse of ReadBlock: overwrites block `block` with `src` (BlockBytes() bytes).
+  absl::Status WriteBlock(int64_t block, const uint8_t* src);
+
   /// Bytes of K and V for one token across all layers, scales included:
   /// 2 * num_layers * num_kv_heads * KvCacheDTypeVectorBytes(dtype, head_dim); MLA (one latent
   /// row, no V): num_layers * KvCacheDTypeVectorBytes(dtype, kv_lora_rank + qk_rope_head_dim).
@@ -106,6 +115,9 @@ class KvCache {
   };
 
   KvCache() = default;
+  /// Calls fn(pointer, bytes) for each contiguous part of block `block`, in BlockBytes' order.
+  template <typename Fn>
+  void ForEachPart(int64_t block, Fn&& fn) const;
   /// Allocates and zeroes one device buffer (and its scales when scale_count > 0).
   absl::Status AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_count);
 

@@ -73,13 +73,40 @@ PrefixMatch KvManager::FindCachedPrefix(std::span<const TokenId> tokens,
   // At least one token stays uncomputed, so the last prompt position's logits are produced.
   const size_t max_blocks = tokens.empty() ? 0 : (tokens.size() - 1) / bs;
   BlockKey parent = kRootBlockKey;
-  for (size_t i = 0; i < max_blocks; ++i) {
+  size_t i = 0;
+  for (; i < max_blocks; ++i) {
     const BlockKey key =
         HashBlock(parent, tokens.subspan(i * bs, bs), i == 0 ? cache_salt : std::string_view());
     const std::optional<BlockId> block = pool_.Lookup(key);
     if (!block) break;
     match.blocks.push_back(*block);
     parent = key;
+  }
+  if (source_ != nullptr && i < max_blocks) {
+    // Hold the chain so far: the allocations below must not evict it.
+    for (BlockId b : match.blocks) pool_.Ref(b);
+    for (; i < max_blocks; ++i) {
+      const BlockKey key =
+          HashBlock(parent, tokens.subspan(i * bs, bs), i == 0 ? cache_salt : std::string_view());
+      std::optional<BlockId> block = pool_.Lookup(key);
+      if (block) {
+        pool_.Ref(*block);
+      } else {
+        if (!source_->Contains(key)) break;
+        block = pool_.Allocate();
+        if (!block) break;
+        if (!source_->Restore(key, *block)) {
+          pool_.Unref(*block);
+          break;
+        }
+        pool_.CacheBlock(*block, key);
+        prefix_restored_tokens_ += static_cast<int64_t>(bs);
+      }
+      match.blocks.push_back(*block);
+      parent = key;
+    }
+    // Tail first, like Free: the chain's tail is evicted before its head.
+    for (auto b = match.blocks.rbegin(); b != match.blocks.rend(); ++b) pool_.Unref(*b);
   }
   match.num_tokens = static_cast<int32_t>(match.blocks.size() * bs);
   prefix_hit_tokens_ += match.num_tokens;
@@ -174,7 +201,9 @@ void KvManager::Commit(SeqId seq, std::span<const TokenId> tokens, int32_t num_c
     const BlockKey key = HashBlock(s.last_key, tokens.subspan(static_cast<size_t>(i) * bs, bs),
                                    i == 0 ? std::string_view(s.cache_salt) : std::string_view());
     // A block the sliding window already released cannot be cached, but the chain goes on.
-    if (s.table[i] != kNullBlock) pool_.CacheBlock(s.table[i], key);
+    if (s.table[i] != kNullBlock && pool_.CacheBlock(s.table[i], key) && source_ != nullptr) {
+      stored_.push_back(StoredBlock{s.table[i], key});
+    }
     s.last_key = key;
     s.num_hashed = i + 1;
   }
@@ -239,6 +268,7 @@ KvManager::Stats KvManager::stats() const {
   s.free_blocks = pool_.num_free();
   s.prefix_query_tokens = prefix_query_tokens_;
   s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.prefix_restored_tokens = prefix_restored_tokens_;
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +51,25 @@ struct BlockCopy {
   }
 };
 
+/// A full block that the prefix cache registered (KvManager::TakeStoredBlocks): its K/V are in
+/// the device pool and stay unchanged while the block keeps its key.
+struct StoredBlock {
+  BlockId block = kNullBlock;
+  BlockKey key;
+};
+
+/// Cached blocks beyond the device pool (worker/kv/kv_offload.h: host memory and disk tiers).
+/// FindCachedPrefix continues a prefix chain into it where the device pool's blocks end.
+class KvBlockSource {
+ public:
+  virtual ~KvBlockSource() = default;
+  /// Whether bytes cached under `key` can be restored.
+  virtual bool Contains(const BlockKey& key) = 0;
+  /// Writes the bytes cached under `key` into device block `dst`. False when they cannot be had
+  /// (a corrupt file, say): the prefix then ends before this block.
+  virtual bool Restore(const BlockKey& key, BlockId dst) = 0;
+};
+
 /// Per-sequence, append-only block tables over a BlockPool (vLLM v1 style). Decides which blocks
 /// each sequence's token slots live in, shares full blocks of identical prefixes (prefix cache),
 /// shares all blocks between forked samples with copy-on-write of the partial last block, and
@@ -77,6 +97,11 @@ class KvManager {
   /// references: the match is valid until the next call that allocates. Counts a prefix-cache
   /// query of tokens.size() tokens and a hit of num_tokens in the stats (nothing when prefix
   /// caching is off; the match is then empty).
+  ///
+  /// With a block source (SetBlockSource), blocks of the chain that are not in the device pool
+  /// but in the source are restored into free device blocks (evicting the least recently freed
+  /// cached blocks, never one of this match) and cached there, unreferenced, as if they had
+  /// never left; the chain ends at the first block found nowhere.
   PrefixMatch FindCachedPrefix(std::span<const TokenId> tokens, std::string_view cache_salt);
 
   /// Starts sequence `seq` on the matched blocks (refs them) plus enough new blocks for
@@ -121,6 +146,14 @@ class KvManager {
   /// Whether `seq` currently holds a block table.
   bool HasSequence(SeqId seq) const { return seqs_.contains(seq); }
 
+  /// Sets where FindCachedPrefix looks past the device pool (null: nowhere). Not owned; must
+  /// outlive its use.
+  void SetBlockSource(KvBlockSource* source) { source_ = source; }
+
+  /// Blocks that Commit registered in the prefix cache since the last call, in order (not those
+  /// restored from the block source), recorded while a block source is set: what to offload.
+  std::vector<StoredBlock> TakeStoredBlocks() { return std::exchange(stored_, {}); }
+
   /// Copy-on-write copies queued since the last call, in order.
   std::vector<BlockCopy> TakeCopies();
   /// Prefix-cache events (stored / evicted keys) since the last call, oldest first.
@@ -143,8 +176,10 @@ class KvManager {
     int32_t free_blocks = 0;
     /// Tokens passed to FindCachedPrefix.
     int64_t prefix_query_tokens = 0;
-    /// Tokens FindCachedPrefix found cached.
+    /// Tokens FindCachedPrefix found cached (restored ones included).
     int64_t prefix_hit_tokens = 0;
+    /// Part of prefix_hit_tokens that was restored from the block source.
+    int64_t prefix_restored_tokens = 0;
   };
   /// Current stats.
   Stats stats() const;
@@ -182,8 +217,11 @@ class KvManager {
   BlockPool pool_;
   absl::flat_hash_map<SeqId, SeqState> seqs_;
   std::vector<BlockCopy> copies_;
+  std::vector<StoredBlock> stored_;
+  KvBlockSource* source_ = nullptr;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  int64_t prefix_restored_tokens_ = 0;
 };
 
 }  // namespace kvserve

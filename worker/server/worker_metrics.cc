@@ -1,5 +1,6 @@
 #include "worker/server/worker_metrics.h"
 
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,39 @@ WorkerMetrics::WorkerMetrics(const Engine* engine, const ServingCounters* counte
                  "Prompt tokens looked up in the prefix cache when requests were admitted.");
   prefix_hits_tokens_ = AddCounter(r, CounterName(kSub, "prefix_cache_hits", "tokens"),
                                    "Prompt tokens found in the prefix cache (not recomputed).");
+  auto& tier_capacity = prometheus::BuildGauge()
+                            .Name(MetricName(kSub, "kv_tier_capacity", "bytes"))
+                            .Help(
+                                "Size of a KV tier below the device pool (0: off), by tier: "
+                                "host memory or disk.")
+                            .Register(r);
+  auto& tier_used = prometheus::BuildGauge()
+                        .Name(MetricName(kSub, "kv_tier_used", "bytes"))
+                        .Help("Bytes of KV blocks held in a tier below the device pool.")
+                        .Register(r);
+  auto& tier_restored = prometheus::BuildCounter()
+                            .Name(CounterName(kSub, "kv_tier_restored", "blocks"))
+                            .Help(
+                                "KV blocks restored into the device pool from a tier on a "
+                                "prefix hit, by tier.")
+                            .Register(r);
+  for (int t = 0; t < 2; ++t) {
+    const std::map<std::string, std::string> labels{{"tier", t == 0 ? "host" : "disk"}};
+    tier_capacity_bytes_[t] = &tier_capacity.Add(labels);
+    tier_used_bytes_[t] = &tier_used.Add(labels);
+    tier_restored_blocks_[t] = &tier_restored.Add(labels);
+  }
+  offloaded_blocks_ = AddCounter(r, CounterName(kSub, "kv_offloaded", "blocks"),
+                                 "Newly cached KV blocks copied from the device pool to the "
+                                 "host tier (or to disk without one).");
+  prefix_restored_tokens_ =
+      AddCounter(r, CounterName(kSub, "prefix_cache_restored", "tokens"),
+                 "Part of the prefix-cache hits restored from the host or disk tier.");
+  disk_bad_files_ = AddCounter(r, CounterName(kSub, "kv_disk_bad_files"),
+                               "Block files found truncated, corrupted or written for another "
+                               "model or layout, and removed.");
+  disk_write_drops_ = AddCounter(r, CounterName(kSub, "kv_disk_write_drops"),
+                                 "Block writes to disk dropped because too many were queued.");
   preemptions_ = AddCounter(r, CounterName(kSub, "preemptions"),
                             "Sequences preempted (blocks freed, recomputed later).");
   engine_steps_ = AddCounter(r, CounterName(kSub, "engine_steps"), "Engine steps run.");
@@ -142,6 +176,17 @@ void WorkerMetrics::Refresh() {
   Mirror(prefix_queries_tokens_, s.prefix_query_tokens, &last_prefix_queries_);
   Mirror(prefix_hits_tokens_, s.prefix_hit_tokens, &last_prefix_hits_);
   Mirror(preemptions_, s.num_preemptions, &last_preemptions_);
+  const KvOffloader::Stats& tiers = s.kv_tiers;
+  tier_capacity_bytes_[0]->Set(static_cast<double>(tiers.host_capacity_blocks * tiers.block_bytes));
+  tier_used_bytes_[0]->Set(static_cast<double>(tiers.host_blocks * tiers.block_bytes));
+  tier_capacity_bytes_[1]->Set(static_cast<double>(tiers.disk.capacity_bytes));
+  tier_used_bytes_[1]->Set(static_cast<double>(tiers.disk.bytes));
+  Mirror(tier_restored_blocks_[0], tiers.restored_from_host, &last_restored_[0]);
+  Mirror(tier_restored_blocks_[1], tiers.restored_from_disk, &last_restored_[1]);
+  Mirror(offloaded_blocks_, tiers.offloaded_blocks, &last_offloaded_);
+  Mirror(prefix_restored_tokens_, s.prefix_restored_tokens, &last_prefix_restored_);
+  Mirror(disk_bad_files_, tiers.disk.bad_files, &last_bad_files_);
+  Mirror(disk_write_drops_, tiers.disk.write_drops, &last_write_drops_);
   Mirror(engine_steps_, s.num_steps, &last_steps_);
   Mirror(generate_rejected_, serving.generate_rejected, &last_rejected_);
   Mirror(generate_cancelled_, serving.generate_cancelled, &last_cancelled_);

@@ -61,6 +61,14 @@ class WorkerMetrics final : public EngineObserver {
   prometheus::Counter* generate_rejected_;
   prometheus::Counter* generate_cancelled_;
   // Fed by the engine.
+  // KV tiers below the device pool, by tier ("host", "disk").
+  prometheus::Gauge* tier_capacity_bytes_[2];
+  prometheus::Gauge* tier_used_bytes_[2];
+  prometheus::Counter* tier_restored_blocks_[2];
+  prometheus::Counter* offloaded_blocks_;
+  prometheus::Counter* prefix_restored_tokens_;
+  prometheus::Counter* disk_bad_files_;
+  prometheus::Counter* disk_write_drops_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Family<prometheus::Counter>* finished_family_;
@@ -80,6 +88,11 @@ class WorkerMetrics final : public EngineObserver {
   int64_t last_steps_ = 0;
   int64_t last_rejected_ = 0;
   int64_t last_cancelled_ = 0;
+  int64_t last_restored_[2] = {0, 0};
+  int64_t last_offloaded_ = 0;
+  int64_t last_prefix_restored_ = 0;
+  int64_t last_bad_files_ = 0;
+  int64_t last_write_drops_ = 0;
 };
 
 }  // namespace kvserve

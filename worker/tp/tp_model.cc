@@ -11,6 +11,28 @@ void ShardedKvCache::CopyBlock(int64_t src, int64_t dst) {
   for (auto& cache : ranks_) cache->CopyBlock(src, dst);
 }
 
+int64_t ShardedKvCache::BlockBytes() const {
+  int64_t total = 0;
+  for (const auto& cache : ranks_) total += cache->BlockBytes();
+  return total;
+}
+
+absl::Status ShardedKvCache::ReadBlock(int64_t block, uint8_t* dst) const {
+  for (const auto& cache : ranks_) {
+    if (absl::Status s = cache->ReadBlock(block, dst); !s.ok()) return s;
+    dst += cache->BlockBytes();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedKvCache::WriteBlock(int64_t block, const uint8_t* src) {
+  for (auto& cache : ranks_) {
+    if (absl::Status s = cache->WriteBlock(block, src); !s.ok()) return s;
+    src += cache->BlockBytes();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(
     const ModelWeights* weights, const TensorParallelOptions& options) {
   if (weights == nullptr) return absl::InvalidArgumentError("TensorParallelModel: no weights");

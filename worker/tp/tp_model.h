@@ -59,6 +59,12 @@ class ShardedKvCache {
   KvCacheDType dtype() const { return ranks_[0]->dtype(); }
   /// Copies block `src` to block `dst` on every rank (copy-on-write of a shared block).
   void CopyBlock(int64_t src, int64_t dst);
+  /// Bytes of one block on all ranks together: the ranks' KvCache::BlockBytes in rank order.
+  int64_t BlockBytes() const;
+  /// Copies block `block` of every rank, rank 0 first, into `dst` (BlockBytes() bytes).
+  absl::Status ReadBlock(int64_t block, uint8_t* dst) const;
+  /// The inverse of ReadBlock.
+  absl::Status WriteBlock(int64_t block, const uint8_t* src);
 
  private:
   friend class TensorParallelModel;

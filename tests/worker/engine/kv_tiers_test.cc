@@ -1,0 +1,193 @@
+// The prefix cache's tiers below the device pool (host memory, disk) on stories260K: with them
+// on, prefixes the device pool has dropped are restored instead of recomputed, and every request
+// still gets exactly the tokens and log-probabilities it gets with them off; the disk tier
+// carries the prefix cache across an engine restart.
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/test_util/scratch_dir.h"
+#include "tests/worker/engine/engine_test_util.h"
+#include "worker/engine/engine.h"
+
+namespace kvserve {
+namespace {
+
+using testing_engine::Collected;
+using testing_engine::Drain;
+using testing_engine::Greedy;
+
+class KvTiersTest : public testing_engine::StoriesModelTest {
+ protected:
+  // A device pool of 24 blocks of 16 tokens: far less than the prefixes below need together.
+  static EngineOptions SmallPool() {
+    EngineOptions o;
+    o.num_threads = 1;
+    o.check_invariants = true;
+    o.num_kv_blocks = 24;
+    o.block_size = 16;
+    return o;
+  }
+
+  // Eight "system prompts" of 70 tokens (4 full blocks each), each asked twice with its own
+  // question: 64 prefix blocks, 2.7 times the device pool.
+  static std::vector<EngineRequest> Workload() {
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<TokenId> tok(3, 500);
+    std::vector<std::vector<TokenId>> prefixes(8);
+    for (auto& p : prefixes) {
+      p = {1};
+      while (p.size() < 70) p.push_back(tok(rng));
+    }
+    std::vector<EngineRequest> requests;
+    for (int round = 0; round < 2; ++round) {
+      for (int i = 0; i < 8; ++i) {
+        std::vector<TokenId> prompt = prefixes[i];
+        for (int j = 0; j < 5 + i; ++j) prompt.push_back(tok(rng));
+        requests.push_back(Greedy(absl::StrCat("r", round, "-", i), prompt, 6 + i % 3));
+      }
+    }
+    return requests;
+  }
+
+  // Runs the requests one after another (so each finds what the earlier ones left).
+  static std::vector<Collected> RunInTurn(Engine& engine,
+                                          const std::vector<EngineRequest>& requests) {
+    std::vector<Collected> out;
+    for (const EngineRequest& r : requests) out.push_back(Drain(**engine.Submit(r))[0]);
+    return out;
+  }
+
+  // Submits every request at once (preemption in the small pool) and collects them.
+  static std::vector<Collected> RunTogether(Engine& engine,
+                                            const std::vector<EngineRequest>& requests) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const EngineRequest& r : requests) streams.push_back(*engine.Submit(r));
+    std::vector<Collected> out;
+    for (auto& s : streams) out.push_back(Drain(*s)[0]);
+    return out;
+  }
+
+  static void ExpectSame(const std::vector<Collected>& got, const std::vector<Collected>& want,
+                         const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << what << ", request " << i;
+      EXPECT_EQ(got[i].logprobs, want[i].logprobs) << what << ", request " << i;
+    }
+  }
+};
+
+TEST_F(KvTiersTest, EvictedPrefixesComeBackFromHostMemoryWithTheSameTokens) {
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kInt8}) {
+    SCOPED_TRACE(KvCacheDTypeName(dtype));
+    EngineOptions off = SmallPool();
+    off.kv_cache_dtype = dtype;
+    std::unique_ptr<Engine> plain = *Engine::Create(model_, off);
+    const std::vector<Collected> want = RunInTurn(*plain, Workload());
+    const EngineStats plain_stats = plain->stats();
+
+    EngineOptions on = off;
+    on.kv_offload.host_bytes = int64_t{16} << 20;
+    std::unique_ptr<Engine> tiered = *Engine::Create(model_, on);
+    ExpectSame(RunInTurn(*tiered, Workload()), want, "host tier");
+    const EngineStats st = tiered->stats();
+    // The second round's prefixes (4 blocks each) were all dropped by the device pool and all
+    // restored from host memory; without the tier they were recomputed.
+    EXPECT_EQ(st.prefix_restored_tokens, 8 * 64);
+    EXPECT_EQ(st.kv_tiers.restored_from_host, 8 * 4);
+    EXPECT_EQ(st.kv_tiers.restored_from_disk, 0);
+    EXPECT_GE(st.prefix_hit_tokens, plain_stats.prefix_hit_tokens + 8 * 64);
+    EXPECT_GT(st.kv_tiers.offloaded_blocks, 8 * 4);
+    EXPECT_GT(st.kv_tiers.host_blocks, 0);
+    testing_engine::ExpectPoolFree(*tiered);
+  }
+}
+
+TEST_F(KvTiersTest, ConcurrencyPreemptionAndTensorParallelismKeepTheTokens) {
+  // Long enough answers that the running requests outgrow the pool and preempt each other.
+  std::vector<EngineRequest> requests = Workload();
+  for (EngineRequest& r : requests) r.params.max_tokens = 40;
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp));
+    EngineOptions off = SmallPool();
+    off.tensor_parallel_size = tp;
+    off.num_threads = tp;
+    std::unique_ptr<Engine> plain = *Engine::Create(model_, off);
+    const std::vector<Collected> want = RunInTurn(*plain, requests);
+
+    EngineOptions on = off;
+    on.kv_offload.host_bytes = int64_t{16} << 20;
+    std::unique_ptr<Engine> tiered = *Engine::Create(model_, on);
+    ExpectSame(RunTogether(*tiered, requests), want, "together");
+    ExpectSame(RunTogether(*tiered, requests), want, "together, again");
+    const EngineStats st = tiered->stats();
+    EXPECT_GT(st.num_preemptions, 0);
+    EXPECT_GT(st.kv_tiers.restored_from_host, 0);
+    testing_engine::ExpectPoolFree(*tiered);
+  }
+}
+
+TEST_F(KvTiersTest, TheDiskTierSurvivesARestart) {
+  const std::vector<EngineRequest> requests = Workload();
+  EngineOptions off = SmallPool();
+  std::unique_ptr<Engine> plain = *Engine::Create(model_, off);
+  const std::vector<Collected> want = RunInTurn(*plain, requests);
+
+  EngineOptions on = off;
+  on.kv_offload.disk_dir = test_util::TestScratchDir();
+  on.kv_offload.disk_bytes = int64_t{64} << 20;
+  const std::vector<EngineRequest> first_round(requests.begin(), requests.begin() + 8);
+  {
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, on);
+    ExpectSame(RunInTurn(*engine, first_round),
+               std::vector<Collected>(want.begin(), want.begin() + 8), "before the restart");
+  }  // the engine's end finishes the queued writes
+  for (bool with_host : {false, true}) {
+    SCOPED_TRACE(with_host ? "disk and host tiers" : "disk tier alone");
+    EngineOptions o = on;
+    if (with_host) o.kv_offload.host_bytes = int64_t{16} << 20;
+    std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+    ExpectSame(RunInTurn(*engine, requests), want, "after the restart");
+    const EngineStats st = engine->stats();
+    // Every prefix of both rounds came from disk once: nothing of the first run was in memory.
+    EXPECT_GE(st.kv_tiers.restored_from_disk, 8 * 4);
+    EXPECT_EQ(st.kv_tiers.disk.bad_files, 0);
+    EXPECT_GT(st.kv_tiers.disk.files, 0);
+    testing_engine::ExpectPoolFree(*engine);
+  }
+  // Another KV layout (int8 instead of f32) does not see those files: nothing is restored.
+  EngineOptions other = on;
+  other.kv_cache_dtype = KvCacheDType::kInt8;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, other);
+  RunInTurn(*engine, first_round);
+  EXPECT_EQ(engine->stats().kv_tiers.restored_from_disk, 0);
+}
+
+TEST_F(KvTiersTest, BadSettingsAreRefusedByName) {
+  EngineOptions o = SmallPool();
+  o.kv_offload.disk_dir = test_util::TestScratchDir();
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("--kv-disk-bytes"), std::string::npos)
+      << engine.status();
+  o = SmallPool();
+  o.kv_offload.host_bytes = 100;  // less than one block
+  engine = Engine::Create(model_, o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("--kv-offload-memory"), std::string::npos)
+      << engine.status();
+  o = SmallPool();
+  o.kv_offload.host_bytes = int64_t{1} << 20;
+  o.scheduler.enable_prefix_caching = false;
+  engine = Engine::Create(model_, o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("prefix caching"), std::string::npos) << engine.status();
+}
+
+}  // namespace
+}  // namespace kvserve
