@@ -184,6 +184,38 @@ TEST_F(CudaEngineTest, QuantizedKvCache) {
   }
 }
 
+// The prefix cache's host and disk tiers over device memory: blocks go down through
+// KvCache::ReadBlock (device to host) and come back through WriteBlock, and the tokens are those
+// of the same engine without tiers. Four prefixes of 4 blocks, twice, in a pool of 12 blocks.
+TEST_F(CudaEngineTest, KvTiersRestoreWhatTheDevicePoolDropped) {
+  const std::vector<EngineRequest> requests = testing_engine::SharedPrefixRounds(4);
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kInt8}) {
+    SCOPED_TRACE(KvCacheDTypeName(dtype));
+    EngineOptions o = Options();
+    o.kv_cache_memory = 0;
+    o.num_kv_blocks = 13;
+    o.block_size = 16;
+    o.kv_cache_dtype = dtype;
+    std::unique_ptr<Engine> plain = Make(o);
+    if (plain == nullptr) return;
+    const std::vector<Collected> want = testing_engine::RunInTurn(*plain, requests);
+    o.kv_offload.host_bytes = int64_t{4} << 20;
+    o.kv_offload.disk_dir = test_util::TestScratchDir();
+    o.kv_offload.disk_bytes = int64_t{16} << 20;
+    std::unique_ptr<Engine> tiered = Make(o);
+    if (tiered == nullptr) return;
+    const std::vector<Collected> got = testing_engine::RunInTurn(*tiered, requests);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+      EXPECT_EQ(got[i].logprobs, want[i].logprobs) << i;
+    }
+    const EngineStats st = tiered->stats();
+    EXPECT_EQ(st.kv_tiers.restored_from_host, 4 * 4);
+    EXPECT_EQ(st.prefix_restored_tokens, 4 * 64);
+    ExpectPoolFree(*tiered);
+  }
+}
+
 TEST_F(CudaEngineTest, TensorParallelOverNccl) {
   const auto golden = testing_golden::LoadStoriesGolden();
   KVSERVE_REQUIRE_DEVICES(2);

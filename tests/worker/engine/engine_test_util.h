@@ -92,6 +92,35 @@ inline std::vector<EngineRequest> MixedWorkload(int max_extra_tokens = 40) {
   return requests;
 }
 
+/// `num_prefixes` "system prompts" of 70 tokens (4 full blocks of 16), asked `rounds` times
+/// each with its own 5 to 5 + num_prefixes - 1 token question, prefix by prefix and round after
+/// round: with a small KV pool, the later rounds find their prefix dropped by the device pool.
+inline std::vector<EngineRequest> SharedPrefixRounds(int num_prefixes, int rounds = 2) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<TokenId> tok(3, 500);
+  std::vector<std::vector<TokenId>> prefixes(static_cast<size_t>(num_prefixes));
+  for (auto& p : prefixes) {
+    p = {1};
+    while (p.size() < 70) p.push_back(tok(rng));
+  }
+  std::vector<EngineRequest> requests;
+  for (int round = 0; round < rounds; ++round) {
+    for (int i = 0; i < num_prefixes; ++i) {
+      std::vector<TokenId> prompt = prefixes[static_cast<size_t>(i)];
+      for (int j = 0; j < 5 + i; ++j) prompt.push_back(tok(rng));
+      requests.push_back(Greedy(absl::StrCat("r", round, "-", i), prompt, 6 + i % 3));
+    }
+  }
+  return requests;
+}
+
+/// Runs the requests one after another on `engine` (each finds what the earlier ones left).
+inline std::vector<Collected> RunInTurn(Engine& engine, const std::vector<EngineRequest>& requests) {
+  std::vector<Collected> out;
+  for (const EngineRequest& r : requests) out.push_back(Drain(**engine.Submit(r))[0]);
+  return out;
+}
+
 /// A test fixture holding stories260K (GGUF), loaded once per test suite.
 class StoriesModelTest : public ::testing::Test {
  protected:

@@ -4,7 +4,6 @@
 // carries the prefix cache across an engine restart.
 
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -19,7 +18,7 @@ namespace {
 
 using testing_engine::Collected;
 using testing_engine::Drain;
-using testing_engine::Greedy;
+using testing_engine::RunInTurn;
 
 class KvTiersTest : public testing_engine::StoriesModelTest {
  protected:
@@ -33,34 +32,9 @@ class KvTiersTest : public testing_engine::StoriesModelTest {
     return o;
   }
 
-  // Eight "system prompts" of 70 tokens (4 full blocks each), each asked twice with its own
-  // question: 64 prefix blocks, 2.7 times the device pool.
-  static std::vector<EngineRequest> Workload() {
-    std::mt19937 rng(11);
-    std::uniform_int_distribution<TokenId> tok(3, 500);
-    std::vector<std::vector<TokenId>> prefixes(8);
-    for (auto& p : prefixes) {
-      p = {1};
-      while (p.size() < 70) p.push_back(tok(rng));
-    }
-    std::vector<EngineRequest> requests;
-    for (int round = 0; round < 2; ++round) {
-      for (int i = 0; i < 8; ++i) {
-        std::vector<TokenId> prompt = prefixes[i];
-        for (int j = 0; j < 5 + i; ++j) prompt.push_back(tok(rng));
-        requests.push_back(Greedy(absl::StrCat("r", round, "-", i), prompt, 6 + i % 3));
-      }
-    }
-    return requests;
-  }
-
-  // Runs the requests one after another (so each finds what the earlier ones left).
-  static std::vector<Collected> RunInTurn(Engine& engine,
-                                          const std::vector<EngineRequest>& requests) {
-    std::vector<Collected> out;
-    for (const EngineRequest& r : requests) out.push_back(Drain(**engine.Submit(r))[0]);
-    return out;
-  }
+  // Eight prefixes of 4 full blocks, each asked twice: 64 prefix blocks, 2.7 times the device
+  // pool.
+  static std::vector<EngineRequest> Workload() { return testing_engine::SharedPrefixRounds(8); }
 
   // Submits every request at once (preemption in the small pool) and collects them.
   static std::vector<Collected> RunTogether(Engine& engine,
