@@ -10,7 +10,10 @@
 // that sampling and detokenization work over a realistic vocabulary.
 
 #include <benchmark/benchmark.h>
+#include <stdlib.h>
 
+#include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -177,6 +180,92 @@ void BM_ConstrainedDecodeStep(benchmark::State& state) {
 BENCHMARK(BM_ConstrainedDecodeStep)
     ->ArgNames({"batch", "constrained"})
     ->ArgsProduct({{32}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The prefix cache's tiers on a shared-prefix workload whose prefixes need 4 times the device
+// pool: 16 "system prompts" of 256 tokens (16 blocks each, 256 blocks in all) over a device pool
+// of 64 blocks, asked in two rounds, one request after another (chat turns), each with its own
+// 16-token question and 4 generated tokens. Arg tiers: 0 none, 1 host memory, 2 disk alone (a
+// fresh directory). Counters: hit_% (prompt tokens served from the prefix cache, any tier),
+// restored_% (part of the prompt tokens restored from a tier), req/s, ttft_ms (mean time from
+// Submit to the first token) and ttft2_ms (the same over the second round, whose prefixes the
+// device pool has dropped by then).
+void BM_SharedPrefixTiers(benchmark::State& state) {
+  const LoadedModel* model = Model();
+  if (model == nullptr) {
+    state.SkipWithError("gpt2 tokenizer not found");
+    return;
+  }
+  constexpr int kPrefixes = 16;
+  constexpr int kPrefixLen = 256;
+  const int tiers = static_cast<int>(state.range(0));
+  std::vector<EngineRequest> requests;
+  for (int round = 0; round < 2; ++round) {
+    for (int p = 0; p < kPrefixes; ++p) {
+      EngineRequest r;
+      r.request_id = std::to_string(round * kPrefixes + p);
+      for (int j = 0; j < kPrefixLen; ++j) r.prompt_ids.push_back((p * 7919 + j * 131) % 50000);
+      for (int j = 0; j < 16; ++j) r.prompt_ids.push_back((round * 977 + p * 31 + j) % 50000);
+      r.params.max_tokens = 4;
+      r.params.ignore_eos = true;
+      r.params.temperature = 0;
+      requests.push_back(std::move(r));
+    }
+  }
+  std::string dir;
+  double ttft_sum = 0;
+  double ttft2_sum = 0;
+  EngineStats last;
+  for (auto _ : state) {
+    EngineOptions o;
+    o.num_kv_blocks = 65;
+    o.block_size = 16;
+    o.kv_cache_dtype = KvCacheDType::kBF16;
+    if (tiers == 1) o.kv_offload.host_bytes = int64_t{1} << 30;
+    if (tiers == 2) {
+      char tmpl[] = "/tmp/kvserve-bench-tiers-XXXXXX";
+      dir = mkdtemp(tmpl) != nullptr ? tmpl : "";
+      o.kv_offload.disk_dir = dir;
+      o.kv_offload.disk_bytes = int64_t{1} << 30;
+    }
+    std::unique_ptr<Engine> engine = *Engine::Create(model, o);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const EngineRequest& r = requests[i];
+      const auto start = std::chrono::steady_clock::now();
+      std::shared_ptr<RequestStream> s = *engine->Submit(r);
+      RequestOutput out;
+      bool first = true;
+      while (s->Next(&out)) {
+        if (first && !out.token_ids.empty()) {
+          const double ttft =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          ttft_sum += ttft;
+          if (i >= kPrefixes) ttft2_sum += ttft;
+          first = false;
+        }
+      }
+    }
+    last = engine->stats();
+    engine.reset();
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+  const double queries = static_cast<double>(last.prefix_query_tokens);
+  state.counters["hit_%"] = queries > 0 ? 100.0 * last.prefix_hit_tokens / queries : 0.0;
+  state.counters["restored_%"] = queries > 0 ? 100.0 * last.prefix_restored_tokens / queries : 0.0;
+  state.counters["req/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * requests.size(), benchmark::Counter::kIsRate);
+  state.counters["ttft_ms"] =
+      1e3 * ttft_sum / (static_cast<double>(state.iterations()) * requests.size());
+  state.counters["ttft2_ms"] =
+      1e3 * ttft2_sum / (static_cast<double>(state.iterations()) * kPrefixes);
+}
+BENCHMARK(BM_SharedPrefixTiers)
+    ->ArgName("tiers")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
