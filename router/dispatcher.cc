@@ -28,20 +28,22 @@ std::shared_ptr<WorkerHandle> Dispatcher::ReserveLocked(const PendingRequest& re
   std::vector<WorkerId> ids;
   ids.reserve(candidates.size());
   for (const auto& worker : candidates) ids.push_back(worker->id());
-  const std::vector<int> matched = index_->MatchedBlocks(ids, routing.block_keys);
+  const std::vector<PrefixMatchCount> matched = index_->MatchedBlocks(ids, routing.block_keys);
   std::vector<WorkerView> views(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
     views[i].address = candidates[i]->address();
     views[i].in_flight = candidates[i]->in_flight();
     views[i].capacity = options_.max_inflight_per_worker;
     views[i].load = candidates[i]->load();
-    views[i].matched_blocks = matched[i];
+    views[i].matched_blocks = matched[i].blocks;
+    views[i].matched_device_blocks = matched[i].device_blocks;
   }
   WorkerChoice choice = policy_->Choose(routing, views);
   if (choice.index >= candidates.size()) choice.index = 0;  // a broken policy must not crash us
   std::shared_ptr<WorkerHandle> chosen = std::move(candidates[choice.index]);
   chosen->AddInFlight(1);
-  if (metrics_ != nullptr) metrics_->RecordRouting(matched[choice.index] * options_.block_size);
+  if (metrics_ != nullptr)
+    metrics_->RecordRouting(matched[choice.index].blocks * options_.block_size);
   return chosen;
 }
 

@@ -3,12 +3,15 @@
 //
 // For each candidate worker w (healthy, not draining, with a free in-flight slot):
 //
-//   hit(w)   = min(1, matched_blocks(w) * block_size / prompt_tokens)    in [0, 1]
+//   hit(w)   = min(1, matched(w) * block_size / prompt_tokens)           in [0, 1]
+//   matched(w) = device_blocks(w) + lower_tier_weight * (matched_blocks(w) - device_blocks(w))
 //   load(w)  = in_flight(w) + waiting_requests(w)                        (WorkerView::Load)
 //   score(w) = hit(w) - load_weight * load(w) / capacity(w)
 //
 // matched_blocks(w) is the longest leading run of the request's block keys that w's KV events
-// say it holds: only a leading run is reusable, because each key hashes its whole prefix.
+// say it holds, in any tier: only a leading run is reusable, because each key hashes its whole
+// prefix. Blocks held only in the worker's host or disk tier count lower_tier_weight (0.8) of
+// one in its device pool: the worker restores them, which costs a copy.
 // The best worker has the highest score; ties go to the lower load, then the earlier candidate.
 //
 // Balance guard: a popular prefix (a shared system prompt) would otherwise draw every request
@@ -56,7 +59,10 @@ class KvAwarePolicy final : public RoutingPolicy {
   double Score(const RoutingRequest& request, const WorkerView& worker) const {
     double hit = 0.0;
     if (request.prompt_tokens > 0) {
-      hit = static_cast<double>(worker.matched_blocks) * request.block_size / request.prompt_tokens;
+      const double matched =
+          worker.matched_device_blocks +
+          config_.lower_tier_weight * (worker.matched_blocks - worker.matched_device_blocks);
+      hit = matched * request.block_size / request.prompt_tokens;
       hit = std::min(hit, 1.0);
     }
     const double capacity = std::max(worker.capacity, 1);

@@ -48,8 +48,11 @@ struct WorkerView {
   /// The worker's last load report.
   WorkerLoad load;
   /// Length, in blocks, of the longest leading run of the request's block keys that the worker
-  /// holds in its prefix cache (from the prefix index).
+  /// holds in its prefix cache, in any tier (from the prefix index).
   int matched_blocks = 0;
+  /// How many of those blocks are in the worker's device pool; the others would be restored
+  /// from its host or disk tier.
+  int matched_device_blocks = 0;
 
   /// The load every policy compares: requests in flight from this router plus requests waiting
   /// in the worker's own queue (the latter may include other routers' requests).
@@ -72,6 +75,10 @@ struct KvAwareConfig {
   /// more than this many requests, route to the least loaded one instead, so that one hot
   /// prefix cannot pile all traffic onto one worker. Negative disables the guard.
   int balance_threshold = 8;
+  /// What a matched block held only in a worker's host or disk tier is worth against one in its
+  /// device pool (1): restoring it costs a copy, far less than recomputing it (docs/benchmarks.md,
+  /// "KV tiers": ~17 ms against ~112 ms to the first token), but not nothing.
+  double lower_tier_weight = 0.8;
 };
 
 /// Tuning of every built-in policy; each policy reads its own part.

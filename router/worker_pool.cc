@@ -482,9 +482,13 @@ void WorkerPool::RunKvStream(WorkerHandle* worker) {
         if (event.type() != v1::KvEvent::TYPE_STORED && event.type() != v1::KvEvent::TYPE_EVICTED) {
           continue;  // unknown event types from a newer worker are skipped
         }
+        if (event.tier() < v1::KvEvent::TIER_DEVICE || event.tier() > v1::KvEvent::TIER_DISK) {
+          continue;  // a tier this router does not know
+        }
         deltas.push_back({event.type() == v1::KvEvent::TYPE_STORED ? KvDelta::Type::kStored
                                                                    : KvDelta::Type::kEvicted,
-                          BlockKey{event.key().hi(), event.key().lo()}});
+                          BlockKey{event.key().hi(), event.key().lo()},
+                          static_cast<KvTier>(event.tier())});
       }
       index_->Apply(worker->id(), batch.reset(), deltas);
     }

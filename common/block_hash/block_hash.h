@@ -49,6 +49,10 @@ struct BlockKey {
   std::string ToString() const;
 };
 
+/// Where a worker holds a cached block: its device KV pool, or a tier below it
+/// (worker/kv/kv_offload.h) from which a prefix hit restores the block instead of recomputing it.
+enum class KvTier : uint8_t { kDevice = 0, kHost = 1, kDisk = 2 };
+
 /// The parent of every chain's first block: XXH3-128 of the ASCII bytes "kvserve.block_hash.v1"
 /// (a6cf8cf7ddd57a5c91cbfab443de011a). A new format version gets a new tag.
 inline constexpr BlockKey kRootBlockKey{0xa6cf8cf7ddd57a5cULL, 0x91cbfab443de011aULL};

@@ -7,15 +7,19 @@
 namespace kvserve::testing {
 namespace {
 
-v1::KvEventBatch MakeBatch(bool reset, const std::vector<BlockKey>& keys, bool stored) {
+void AddEvent(v1::KvEventBatch* batch, const BlockKey& key, bool stored, KvTier tier) {
+  v1::KvEvent* event = batch->add_events();
+  event->set_type(stored ? v1::KvEvent::TYPE_STORED : v1::KvEvent::TYPE_EVICTED);
+  event->mutable_key()->set_hi(key.hi);
+  event->mutable_key()->set_lo(key.lo);
+  event->set_tier(static_cast<v1::KvEvent::Tier>(tier));
+}
+
+v1::KvEventBatch MakeBatch(bool reset, const std::vector<BlockKey>& keys, bool stored,
+                           KvTier tier) {
   v1::KvEventBatch batch;
   batch.set_reset(reset);
-  for (const BlockKey& key : keys) {
-    v1::KvEvent* event = batch.add_events();
-    event->set_type(stored ? v1::KvEvent::TYPE_STORED : v1::KvEvent::TYPE_EVICTED);
-    event->mutable_key()->set_hi(key.hi);
-    event->mutable_key()->set_lo(key.lo);
-  }
+  for (const BlockKey& key : keys) AddEvent(&batch, key, stored, tier);
   return batch;
 }
 
@@ -248,8 +252,14 @@ class FakeWorker::WorkerImpl final : public v1::Worker::CallbackService {
     absl::MutexLock lock(&owner_->mu_);
     ++owner_->kv_subscriptions_;
     owner_->kv_streams_.push_back(reactor);
-    std::vector<BlockKey> keys(owner_->keys_.begin(), owner_->keys_.end());
-    reactor->Enqueue(MakeBatch(/*reset=*/true, keys, /*stored=*/true));
+    v1::KvEventBatch snapshot;
+    snapshot.set_reset(true);
+    for (const auto& [key, tiers] : owner_->keys_) {
+      for (KvTier tier : {KvTier::kDevice, KvTier::kHost, KvTier::kDisk}) {
+        if ((tiers >> static_cast<int>(tier) & 1) != 0) AddEvent(&snapshot, key, true, tier);
+      }
+    }
+    reactor->Enqueue(std::move(snapshot));
     return reactor;
   }
 
@@ -321,16 +331,21 @@ void FakeWorker::Broadcast(const v1::KvEventBatch& batch) {
   for (KvStreamReactor* stream : kv_streams_) stream->Enqueue(batch);
 }
 
-void FakeWorker::StoreKeys(const std::vector<BlockKey>& keys) {
+void FakeWorker::StoreKeys(const std::vector<BlockKey>& keys, KvTier tier) {
   absl::MutexLock lock(&mu_);
-  for (const BlockKey& key : keys) keys_.insert(key);
-  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/true));
+  for (const BlockKey& key : keys) keys_[key] |= static_cast<uint8_t>(1 << static_cast<int>(tier));
+  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/true, tier));
 }
 
-void FakeWorker::EvictKeys(const std::vector<BlockKey>& keys) {
+void FakeWorker::EvictKeys(const std::vector<BlockKey>& keys, KvTier tier) {
   absl::MutexLock lock(&mu_);
-  for (const BlockKey& key : keys) keys_.erase(key);
-  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/false));
+  for (const BlockKey& key : keys) {
+    auto it = keys_.find(key);
+    if (it == keys_.end()) continue;
+    it->second &= static_cast<uint8_t>(~(1 << static_cast<int>(tier)));
+    if (it->second == 0) keys_.erase(it);
+  }
+  Broadcast(MakeBatch(/*reset=*/false, keys, /*stored=*/false, tier));
 }
 
 void FakeWorker::ReleaseHeld() {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/block_hash/block_hash.h"
@@ -45,10 +45,11 @@ class FakeWorker {
   void set_texts(std::vector<std::string> texts, v1::FinishReason finish = v1::FINISH_REASON_STOP);
   void set_load(const v1::LoadReport& load);
   void SetServing(bool serving);
-  /// Adds keys to the cache (STORED events to connected streams; new streams get a snapshot).
-  void StoreKeys(const std::vector<BlockKey>& keys);
-  /// Removes keys (EVICTED events).
-  void EvictKeys(const std::vector<BlockKey>& keys);
+  /// Adds keys to one tier of the cache (STORED events to connected streams; new streams get a
+  /// snapshot of every tier).
+  void StoreKeys(const std::vector<BlockKey>& keys, KvTier tier = KvTier::kDevice);
+  /// Removes keys from one tier (EVICTED events).
+  void EvictKeys(const std::vector<BlockKey>& keys, KvTier tier = KvTier::kDevice);
   /// Lets held streams finish normally, including ones that reach the hold point later (until
   /// the next set_mode).
   void ReleaseHeld();
@@ -90,7 +91,8 @@ class FakeWorker {
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<KvStreamReactor*> kv_streams_ ABSL_GUARDED_BY(mu_);
   int kv_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_set<BlockKey> keys_ ABSL_GUARDED_BY(mu_);
+  /// Key -> bit per tier holding it.
+  absl::flat_hash_map<BlockKey, uint8_t> keys_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<InferenceImpl> inference_;
   std::unique_ptr<WorkerImpl> worker_;

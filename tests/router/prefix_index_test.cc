@@ -13,15 +13,15 @@ namespace {
 
 BlockKey Key(uint64_t n) { return BlockKey{n, n * 31 + 7}; }
 
-std::vector<KvDelta> Stored(std::initializer_list<uint64_t> ns) {
+std::vector<KvDelta> Stored(std::initializer_list<uint64_t> ns, KvTier tier = KvTier::kDevice) {
   std::vector<KvDelta> out;
-  for (uint64_t n : ns) out.push_back({KvDelta::Type::kStored, Key(n)});
+  for (uint64_t n : ns) out.push_back({KvDelta::Type::kStored, Key(n), tier});
   return out;
 }
 
-std::vector<KvDelta> Evicted(std::initializer_list<uint64_t> ns) {
+std::vector<KvDelta> Evicted(std::initializer_list<uint64_t> ns, KvTier tier = KvTier::kDevice) {
   std::vector<KvDelta> out;
-  for (uint64_t n : ns) out.push_back({KvDelta::Type::kEvicted, Key(n)});
+  for (uint64_t n : ns) out.push_back({KvDelta::Type::kEvicted, Key(n), tier});
   return out;
 }
 
@@ -98,7 +98,39 @@ TEST(PrefixIndexTest, ManyWorkersInOneLookup) {
   index.Apply(5, true, Stored({1}));
   index.Apply(8, true, Stored({2, 3}));
   const std::vector<WorkerId> workers = {5, 8, 3, 9};
-  EXPECT_EQ(index.MatchedBlocks(workers, Keys({1, 2, 3})), (std::vector<int>{1, 0, 3, 0}));
+  const std::vector<PrefixMatchCount> got = index.MatchedBlocks(workers, Keys({1, 2, 3}));
+  std::vector<int> blocks;
+  for (const PrefixMatchCount& m : got) blocks.push_back(m.blocks);
+  EXPECT_EQ(blocks, (std::vector<int>{1, 0, 3, 0}));
+}
+
+TEST(PrefixIndexTest, AKeyStaysHeldWhileAnyTierHoldsIt) {
+  PrefixIndex index;
+  index.Apply(0, true, Stored({1, 2, 3}));
+  index.Apply(0, false, Stored({1, 2, 3}, KvTier::kHost));
+  index.Apply(0, false, Stored({3}, KvTier::kDisk));
+  // The device pool drops 2 and 3: they are still held, below the device.
+  index.Apply(0, false, Evicted({2, 3}));
+  const WorkerId w[] = {0};
+  PrefixMatchCount m = index.MatchedBlocks(w, Keys({1, 2, 3}))[0];
+  EXPECT_EQ(m.blocks, 3);
+  EXPECT_EQ(m.device_blocks, 1);
+  EXPECT_EQ(index.NumBlocks(0), 3u);
+  // The host tier drops them too: 3 is still on disk, 2 is gone and ends the run.
+  index.Apply(0, false, Evicted({2, 3}, KvTier::kHost));
+  m = index.MatchedBlocks(w, Keys({1, 2, 3}))[0];
+  EXPECT_EQ(m.blocks, 1);
+  EXPECT_EQ(m.device_blocks, 1);
+  EXPECT_EQ(index.MatchedBlocks(0, Keys({3})), 1);
+  EXPECT_EQ(index.NumBlocks(0), 2u);
+  // Evicting from a tier that does not hold the key changes nothing.
+  index.Apply(0, false, Evicted({1}, KvTier::kDisk));
+  EXPECT_EQ(index.MatchedBlocks(0, Keys({1})), 1);
+  // A snapshot replaces every tier.
+  index.Apply(0, true, Stored({5}, KvTier::kDisk));
+  EXPECT_EQ(index.MatchedBlocks(0, Keys({1})), 0);
+  EXPECT_EQ(index.MatchedBlocks(0, Keys({5})), 1);
+  EXPECT_EQ(index.NumKeys(), 1u);
 }
 
 TEST(PrefixIndexTest, RealBlockKeysOfSharedPrefixes) {

@@ -216,6 +216,27 @@ TEST_F(RouterLoopbackTest, KvAwareFollowsTheWorkersKvEvents) {
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));
 }
 
+// Blocks a worker holds only in its host tier (it restores them) count, a little less than blocks
+// in a device pool, and a worker that drops them from every tier stops drawing the prefix.
+TEST_F(RouterLoopbackTest, KvAwareCountsBlocksAWorkerCanRestoreFromItsHostTier) {
+  StartWorkers(3);
+  StartRouter("kv_aware");
+  const std::vector<uint32_t> prompt = Range(10, 66);  // 4 full blocks
+  const std::vector<BlockKey> keys = KeysOf(prompt);
+  ASSERT_EQ(keys.size(), 4u);
+  workers_[1]->StoreKeys({keys[0], keys[1], keys[2]});  // 3 on the device
+  workers_[2]->StoreKeys(keys, KvTier::kHost);          // 4 on the host: worth 3.2
+  const WorkerId w1 = router_->pool().Find(Addr(1))->id();
+  const WorkerId w2 = router_->pool().Find(Addr(2))->id();
+  ASSERT_TRUE(router_->index().WaitForBlockCount(w1, 3, absl::Seconds(10)));
+  ASSERT_TRUE(router_->index().WaitForBlockCount(w2, 4, absl::Seconds(10)));
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(2));
+  // Worker 2's host tier drops the first block: its run is empty, worker 1 wins.
+  workers_[2]->EvictKeys({keys[0]}, KvTier::kHost);
+  ASSERT_TRUE(router_->index().WaitForBlockCount(w2, 3, absl::Seconds(10)));
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(1));
+}
+
 // The KV event stream breaks (UNAVAILABLE), or the worker closes it because the router fell too
 // far behind (RESOURCE_EXHAUSTED, KvEventStream::kMaxPending), while the worker stays healthy: the
 // router subscribes again and the new stream's snapshot gives it the worker's cache as it is now,

@@ -9,11 +9,15 @@
 namespace kvserve {
 namespace {
 
-WorkerView View(int in_flight, int waiting, int matched_blocks, int capacity = 10) {
+// A worker holding `matched_blocks` of the request's blocks, all in its device pool unless
+// `device_blocks` says fewer (the rest in its host or disk tier).
+WorkerView View(int in_flight, int waiting, int matched_blocks, int capacity = 10,
+                int device_blocks = -1) {
   WorkerView view;
   view.in_flight = in_flight;
   view.load.waiting_requests = waiting;
   view.matched_blocks = matched_blocks;
+  view.matched_device_blocks = device_blocks < 0 ? matched_blocks : device_blocks;
   view.capacity = capacity;
   return view;
 }
@@ -90,6 +94,20 @@ TEST(KvAwareTest, TradesCacheHitsAgainstLoadByTheCostFunction) {
   EXPECT_EQ(policy->Choose(Request(64), std::vector{View(7, 0, 1), View(1, 0, 0)}).index, 1u);
   // Worker 0: hit 0.5, load 10 -> 0; worker 1: hit 0.25, load 2 -> 0.15. Worker 1 wins.
   EXPECT_EQ(policy->Choose(Request(64), std::vector{View(4, 6, 2), View(2, 0, 1)}).index, 1u);
+}
+
+TEST(KvAwareTest, BlocksInALowerTierCountLessThanOnTheDevice) {
+  std::unique_ptr<RoutingPolicy> policy = Make("kv_aware");
+  // 4 blocks on the host tier (worth 3.2) against 4 on the device: the device wins.
+  std::vector<WorkerView> views = {View(0, 0, 4, 10, 0), View(0, 0, 4)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 1u);
+  // 4 on the host tier against 3 on the device: restoring 4 beats recomputing 1 of them.
+  views = {View(0, 0, 3), View(0, 0, 4, 10, 0)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 1u);
+  // With the tiers weighted 0.5, 4 host blocks (2) lose to 3 device blocks.
+  RoutingPolicyConfig config;
+  config.kv_aware.lower_tier_weight = 0.5;
+  EXPECT_EQ(Make("kv_aware", config)->Choose(Request(64), views).index, 0u);
 }
 
 TEST(KvAwareTest, EqualScoresGoToTheLowerLoad) {

@@ -474,6 +474,10 @@ void Engine::PublishKvEvents() {
     fresh.swap(new_subscribers_);
   }
   std::vector<KvEvent> events = kv_->TakeEvents();
+  if (offloader_ != nullptr) {
+    std::vector<KvEvent> tiers = offloader_->TakeEvents();
+    events.insert(events.end(), tiers.begin(), tiers.end());
+  }
   if (!events.empty()) {
     std::erase_if(subscribers_, [&](const std::shared_ptr<KvEventStream>& s) {
       return !s->Push(KvEventBatch{false, events});
@@ -488,6 +492,7 @@ void Engine::PublishKvEvents() {
         snapshot.events.push_back({KvEvent::Type::kStored, *key});
       }
     }
+    if (offloader_ != nullptr) offloader_->AppendSnapshot(&snapshot.events);
     if (s->Push(std::move(snapshot))) subscribers_.push_back(std::move(s));
   }
 }

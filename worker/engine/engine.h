@@ -145,7 +145,8 @@ class Engine {
   bool idle() const;
 
   /// Subscribes to prefix-cache changes: the first batch is a snapshot of every cached block
-  /// (reset), then one batch per step that stored or evicted blocks.
+  /// (reset), then one batch per step that stored or evicted blocks. With KV tiers the events
+  /// also say which blocks the host and disk tiers hold (KvEvent::tier).
   std::shared_ptr<KvEventStream> SubscribeKvEvents();
 
   /// Manual mode (run_loop_thread == false): takes queued submissions and aborts and runs one

@@ -28,9 +28,11 @@ struct KvEvent {
   };
   Type type = Type::kStored;
   BlockKey key;
+  /// Where the block is (kStored) or was (kEvicted): the device pool, or the host / disk tier.
+  KvTier tier = KvTier::kDevice;
 
   friend bool operator==(const KvEvent& a, const KvEvent& b) {
-    return a.type == b.type && a.key == b.key;
+    return a.type == b.type && a.key == b.key && a.tier == b.tier;
   }
 };
 

@@ -176,6 +176,13 @@ const uint8_t* KvHostTier::Get(const BlockKey& key) {
   return Slot(it->second->slot);
 }
 
+std::vector<BlockKey> KvHostTier::Keys() const {
+  std::vector<BlockKey> keys;
+  keys.reserve(lru_.size());
+  for (const Entry& e : lru_) keys.push_back(e.key);
+  return keys;
+}
+
 uint8_t* KvHostTier::Put(const BlockKey& key) {
   int64_t slot;
   if (!free_slots_.empty()) {
@@ -189,9 +196,11 @@ uint8_t* KvHostTier::Put(const BlockKey& key) {
     index_.erase(oldest.key);
     slot = oldest.slot;
     ++evictions_;
+    events_.push_back(KvEvent{KvEvent::Type::kEvicted, oldest.key, KvTier::kHost});
   }
   lru_.push_back(Entry{key, slot});
   index_[key] = std::prev(lru_.end());
+  events_.push_back(KvEvent{KvEvent::Type::kStored, key, KvTier::kHost});
   return Slot(slot);
 }
 
@@ -201,6 +210,7 @@ void KvHostTier::Erase(const BlockKey& key) {
   free_slots_.push_back(it->second->slot);
   lru_.erase(it->second);
   index_.erase(it);
+  events_.push_back(KvEvent{KvEvent::Type::kEvicted, key, KvTier::kHost});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,8 +304,20 @@ bool KvDiskTier::Contains(const BlockKey& key) const {
   return files_.contains(key) || queued_.contains(key);
 }
 
+std::vector<KvEvent> KvDiskTier::TakeEvents() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(events_, {});
+}
+
+std::vector<BlockKey> KvDiskTier::Keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::vector<BlockKey>(lru_.begin(), lru_.end());
+}
+
 void KvDiskTier::IndexLocked(const BlockKey& key, int64_t bytes) {
-  DropLocked(key);
+  const bool known = files_.contains(key);
+  DropLocked(key, /*record=*/false);
+  if (!known) events_.push_back(KvEvent{KvEvent::Type::kStored, key, KvTier::kDisk});
   lru_.push_back(key);
   files_[key] = FileEntry{std::prev(lru_.end()), bytes};
   total_bytes_ += bytes;
@@ -309,9 +331,10 @@ void KvDiskTier::IndexLocked(const BlockKey& key, int64_t bytes) {
   stats_.bytes = total_bytes_;
 }
 
-void KvDiskTier::DropLocked(const BlockKey& key) {
+void KvDiskTier::DropLocked(const BlockKey& key, bool record) {
   auto it = files_.find(key);
   if (it == files_.end()) return;
+  if (record) events_.push_back(KvEvent{KvEvent::Type::kEvicted, key, KvTier::kDisk});
   total_bytes_ -= it->second.bytes;
   lru_.erase(it->second.it);
   files_.erase(it);
@@ -585,6 +608,29 @@ void KvOffloader::Offload(std::span<const StoredBlock> blocks) {
 
 void KvOffloader::Flush() {
   if (disk_ != nullptr) disk_->Flush();
+}
+
+std::vector<KvEvent> KvOffloader::TakeEvents() {
+  std::vector<KvEvent> events;
+  if (host_ != nullptr) events = host_->TakeEvents();
+  if (disk_ != nullptr) {
+    std::vector<KvEvent> disk = disk_->TakeEvents();
+    events.insert(events.end(), disk.begin(), disk.end());
+  }
+  return events;
+}
+
+void KvOffloader::AppendSnapshot(std::vector<KvEvent>* events) const {
+  if (host_ != nullptr) {
+    for (const BlockKey& key : host_->Keys()) {
+      events->push_back(KvEvent{KvEvent::Type::kStored, key, KvTier::kHost});
+    }
+  }
+  if (disk_ != nullptr) {
+    for (const BlockKey& key : disk_->Keys()) {
+      events->push_back(KvEvent{KvEvent::Type::kStored, key, KvTier::kDisk});
+    }
+  }
 }
 
 KvOffloader::Stats KvOffloader::stats() const {

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -75,6 +76,10 @@ class KvHostTier {
   int64_t block_bytes() const { return block_bytes_; }
   /// Entries pushed out to make room.
   int64_t evictions() const { return evictions_; }
+  /// Host-tier events (stored, evicted) since the last call, oldest first.
+  std::vector<KvEvent> TakeEvents() { return std::exchange(events_, {}); }
+  /// Every key held, least recently used first.
+  std::vector<BlockKey> Keys() const;
 
  private:
   KvHostTier(int64_t capacity, int64_t block_bytes, uint8_t* base, size_t mapped)
@@ -95,6 +100,7 @@ class KvHostTier {
   std::vector<int64_t> free_slots_;
   int64_t next_slot_ = 0;
   int64_t evictions_ = 0;
+  std::vector<KvEvent> events_;
 };
 
 /// Block files under one directory, one per chain hash, at most `capacity_bytes` in all (least
@@ -133,6 +139,11 @@ class KvDiskTier {
   const std::string& dir() const { return dir_; }
   /// A block's file: 32 hex digits of its key and ".kvb".
   std::string PathOf(const BlockKey& key) const;
+  /// Disk-tier events (a file complete, a file removed) since the last call, oldest first; the
+  /// files found at Open count as stored.
+  std::vector<KvEvent> TakeEvents();
+  /// Keys of every file on disk, least recently used first.
+  std::vector<BlockKey> Keys() const;
 
   struct Stats {
     int64_t files = 0;
@@ -155,7 +166,8 @@ class KvDiskTier {
   /// Adds `key` (file of `bytes`) as the most recent entry and removes the least recently used
   /// files beyond the capacity. Requires mu_.
   void IndexLocked(const BlockKey& key, int64_t bytes);
-  void DropLocked(const BlockKey& key);
+  /// Forgets `key`'s file (recording an eviction event when `record`).
+  void DropLocked(const BlockKey& key, bool record = true);
   /// Drops and deletes a bad file, warning once with `why`.
   void Reject(const BlockKey& key, const std::string& why);
 
@@ -181,6 +193,7 @@ class KvDiskTier {
   std::deque<Job> queue_;
   absl::flat_hash_set<BlockKey> queued_;
   int64_t queued_bytes_ = 0;
+  std::vector<KvEvent> events_;
   bool writing_ = false;
   bool stop_ = false;
   Stats stats_;
@@ -216,6 +229,10 @@ class KvOffloader : public KvBlockSource {
   void Offload(std::span<const StoredBlock> blocks);
   /// Waits for the disk tier's queued writes (tests, shutdown).
   void Flush();
+  /// Host and disk tier events since the last call (KvEvent::tier says which).
+  std::vector<KvEvent> TakeEvents();
+  /// A kStored event for every block the tiers hold (for a KV event snapshot).
+  void AppendSnapshot(std::vector<KvEvent>* events) const;
 
   struct Stats {
     /// Bytes of one block (every layer and rank).

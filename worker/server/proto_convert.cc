@@ -211,6 +211,7 @@ void ToProtoKvEventBatch(const KvEventBatch& batch, v1::KvEventBatch* proto) {
                                                      : v1::KvEvent::TYPE_EVICTED);
     event->mutable_key()->set_hi(e.key.hi);
     event->mutable_key()->set_lo(e.key.lo);
+    event->set_tier(static_cast<v1::KvEvent::Tier>(e.tier));
   }
 }
 

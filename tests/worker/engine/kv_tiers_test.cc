@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/test_util/scratch_dir.h"
@@ -140,6 +141,55 @@ TEST_F(KvTiersTest, TheDiskTierSurvivesARestart) {
   std::unique_ptr<Engine> engine = *Engine::Create(model_, other);
   RunInTurn(*engine, first_round);
   EXPECT_EQ(engine->stats().kv_tiers.restored_from_disk, 0);
+}
+
+// The KV event stream reports the host tier as well as the device pool, and the deltas agree
+// with a snapshot taken afterwards: the router's index sees what the worker can restore.
+TEST_F(KvTiersTest, KvEventsReportWhichTierHoldsEachBlock) {
+  EngineOptions o = SmallPool();
+  o.run_loop_thread = false;
+  o.kv_offload.host_bytes = int64_t{16} << 20;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  std::shared_ptr<KvEventStream> events = engine->SubscribeKvEvents();
+  // Key -> bit per tier, from the deltas.
+  absl::flat_hash_map<BlockKey, int> held;
+  int host_stored = 0;
+  int device_evicted = 0;
+  auto replay = [&](KvEventStream& stream, absl::flat_hash_map<BlockKey, int>* into) {
+    KvEventBatch batch;
+    while (stream.Next(&batch, std::chrono::milliseconds(0))) {
+      if (batch.reset) into->clear();
+      for (const KvEvent& e : batch.events) {
+        const int bit = 1 << static_cast<int>(e.tier);
+        if (e.type == KvEvent::Type::kStored) {
+          (*into)[e.key] |= bit;
+          if (e.tier == KvTier::kHost) ++host_stored;
+        } else {
+          if (e.tier == KvTier::kDevice) ++device_evicted;
+          auto it = into->find(e.key);
+          if (it != into->end() && (it->second &= ~bit) == 0) into->erase(it);
+        }
+      }
+    }
+  };
+  for (const EngineRequest& r : Workload()) {
+    std::shared_ptr<RequestStream> s = *engine->Submit(r);
+    while (engine->StepOnce()) {
+    }
+    Drain(*s);
+    replay(*events, &held);
+  }
+  EXPECT_GT(host_stored, 0);
+  EXPECT_GT(device_evicted, 0);
+  // Every prefix block is held somewhere; the device pool alone holds at most 24.
+  int on_host = 0;
+  for (const auto& [key, bits] : held) on_host += (bits & 2) != 0;
+  EXPECT_GE(on_host, 8 * 4);
+  std::shared_ptr<KvEventStream> late = engine->SubscribeKvEvents();
+  engine->StepOnce();
+  absl::flat_hash_map<BlockKey, int> snapshot;
+  replay(*late, &snapshot);
+  EXPECT_EQ(snapshot, held);
 }
 
 TEST_F(KvTiersTest, BadSettingsAreRefusedByName) {

@@ -107,6 +107,33 @@ TEST(KvDiskTierTest, BlocksSurviveReopening) {
   EXPECT_EQ(disk->stats().bad_files, 0);
 }
 
+TEST(KvDiskTierTest, EventsSayWhichFilesComeAndGo) {
+  const std::string dir = test_util::TestScratchDir();
+  std::unique_ptr<KvDiskTier> disk = OpenDisk(dir, 2 * (80 + kBlockBytes));
+  for (uint64_t n = 1; n <= 3; ++n) disk->Write(Key(n), Bytes(n).data());
+  disk->Flush();
+  const std::vector<KvEvent> want = {
+      {KvEvent::Type::kStored, Key(1), KvTier::kDisk},
+      {KvEvent::Type::kStored, Key(2), KvTier::kDisk},
+      {KvEvent::Type::kStored, Key(3), KvTier::kDisk},
+      {KvEvent::Type::kEvicted, Key(1), KvTier::kDisk},  // over the size
+  };
+  EXPECT_EQ(disk->TakeEvents(), want);
+  EXPECT_EQ(disk->Keys(), (std::vector<BlockKey>{Key(2), Key(3)}));
+  // A reopened tier reports the files it found.
+  disk = OpenDisk(dir, 2 * (80 + kBlockBytes));
+  EXPECT_EQ(disk->TakeEvents().size(), 2u);
+  std::unique_ptr<KvHostTier> host = *KvHostTier::Create(1, kBlockBytes);
+  host->Put(Key(1));
+  host->Put(Key(2));
+  const std::vector<KvEvent> host_want = {
+      {KvEvent::Type::kStored, Key(1), KvTier::kHost},
+      {KvEvent::Type::kEvicted, Key(1), KvTier::kHost},
+      {KvEvent::Type::kStored, Key(2), KvTier::kHost},
+  };
+  EXPECT_EQ(host->TakeEvents(), host_want);
+}
+
 TEST(KvDiskTierTest, KeepsWithinItsSizeDroppingTheLeastRecentlyUsed) {
   const std::string dir = test_util::TestScratchDir();
   // Room for two files (80-byte header + 64 bytes each), not three.

@@ -537,6 +537,34 @@ TEST_F(WorkerServerTest, KvEventsStartWithASnapshotThenDeltas) {
   EXPECT_TRUE(WaitFor([this] { return server_->stats().open_kv_event_streams == 0; }));
 }
 
+TEST_F(WorkerServerTest, KvEventsNameTheTierHoldingEachBlock) {
+  EngineOptions o = Options();
+  o.kv_offload.host_bytes = int64_t{4} << 20;
+  StartServer(o);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto events = worker_->StreamKvEvents(&context, v1::StreamKvEventsRequest());
+  v1::KvEventBatch batch;
+  ASSERT_TRUE(events->Read(&batch));
+  std::vector<TokenId> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(300 + i);
+  ASSERT_TRUE(Generate(Greedy(prompt, 1)).status.ok());
+  const std::vector<BlockKey> expected = HashFullBlocks(prompt, 16, "");
+  // Each full block is stored in the device pool and copied to the host tier.
+  std::vector<BlockKey> device, host;
+  while ((device.size() < 2 || host.size() < 2) && events->Read(&batch)) {
+    for (const v1::KvEvent& e : batch.events()) {
+      EXPECT_EQ(e.type(), v1::KvEvent::TYPE_STORED);
+      (e.tier() == v1::KvEvent::TIER_HOST ? host : device).push_back({e.key().hi(), e.key().lo()});
+      EXPECT_NE(e.tier(), v1::KvEvent::TIER_DISK);
+    }
+  }
+  EXPECT_EQ(device, expected);
+  EXPECT_EQ(host, expected);
+  context.TryCancel();
+  events->Finish();
+}
+
 TEST_F(WorkerServerTest, HealthIsServingAfterWarmup) {
   StartServer();
   EXPECT_EQ(Health(""), HealthStatus::SERVING);
