@@ -3,6 +3,8 @@
 // still gets exactly the tokens and log-probabilities it gets with them off; the disk tier
 // carries the prefix cache across an engine restart.
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +143,61 @@ TEST_F(KvTiersTest, TheDiskTierSurvivesARestart) {
   std::unique_ptr<Engine> engine = *Engine::Create(model_, other);
   RunInTurn(*engine, first_round);
   EXPECT_EQ(engine->stats().kv_tiers.restored_from_disk, 0);
+}
+
+// A damaged block file at restart is not served: the engine recomputes from that block on and
+// the tokens do not change. Another tenant (cache salt) never restores this tenant's blocks.
+TEST_F(KvTiersTest, DamagedFilesAndOtherTenantsGetNothingFromTheTiers) {
+  const std::vector<EngineRequest> requests = Workload();
+  const std::vector<EngineRequest> first_round(requests.begin(), requests.begin() + 8);
+  std::unique_ptr<Engine> plain = *Engine::Create(model_, SmallPool());
+  const std::vector<Collected> want = RunInTurn(*plain, first_round);
+
+  EngineOptions on = SmallPool();
+  on.kv_offload.disk_dir = test_util::TestScratchDir();
+  on.kv_offload.disk_bytes = int64_t{64} << 20;
+  { RunInTurn(**Engine::Create(model_, on), first_round); }
+  // Flip one byte in the middle of every file.
+  int damaged = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(on.kv_offload.disk_dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(200);
+    char c = 0;
+    f.get(c);
+    f.seekp(200);
+    f.put(static_cast<char>(c ^ 1));
+    ++damaged;
+  }
+  ASSERT_GE(damaged, 8 * 4);
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, on);
+  ExpectSame(RunInTurn(*engine, first_round), want, "damaged files");
+  EngineStats st = engine->stats();
+  EXPECT_EQ(st.kv_tiers.restored_from_disk, 0);
+  // The first block of each prompt was looked up, found damaged and removed.
+  EXPECT_EQ(st.kv_tiers.disk.bad_files, 8);
+  testing_engine::ExpectPoolFree(*engine);
+
+  // Tenant b asks tenant a's prompts after a's blocks left the device pool: nothing restored.
+  EngineOptions host = SmallPool();
+  host.kv_offload.host_bytes = int64_t{16} << 20;
+  engine = *Engine::Create(model_, host);
+  std::vector<EngineRequest> a = first_round;
+  for (EngineRequest& r : a) r.cache_salt = "tenant-a";
+  RunInTurn(*engine, a);
+  std::vector<EngineRequest> b = first_round;
+  for (EngineRequest& r : b) {
+    r.cache_salt = "tenant-b";
+    r.request_id += "-b";
+  }
+  ExpectSame(RunInTurn(*engine, b), want, "tenant b");
+  st = engine->stats();
+  EXPECT_EQ(st.kv_tiers.restored_from_host, 0);
+  EXPECT_EQ(st.prefix_hit_tokens, 0);
+  // Tenant a again: restored from host memory.
+  for (EngineRequest& r : a) r.request_id += "-again";
+  ExpectSame(RunInTurn(*engine, a), want, "tenant a again");
+  EXPECT_GT(engine->stats().kv_tiers.restored_from_host, 0);
 }
 
 // The KV event stream reports the host tier as well as the device pool, and the deltas agree
