@@ -127,6 +127,23 @@ class Backend {
   virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   /// Copies device -> host; returns when the bytes are on the host.
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  /// Host memory the device copies to and from without staging (CUDA: page-locked), for
+  /// buffers that take part in the *Async copies below. UNIMPLEMENTED where plain host memory
+  /// is as good (the CPU). Free it with FreeHost.
+  virtual absl::StatusOr<void*> AllocHost(size_t /*bytes*/) {
+    return absl::UnimplementedError("no special host memory");
+  }
+  virtual void FreeHost(void* /*ptr*/) {}
+  /// Queues a host -> device copy in stream order; `src` must stay unchanged until the copy has
+  /// run (Synchronize). Defaults to the blocking CopyToDevice.
+  virtual absl::Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes) {
+    return CopyToDevice(dst, src, bytes);
+  }
+  /// Queues a device -> host copy in stream order; the bytes are on the host after Synchronize.
+  /// Defaults to the blocking CopyToHost.
+  virtual absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) {
+    return CopyToHost(dst, src, bytes);
+  }
   /// Copies device -> device (queued).
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   /// Sets `bytes` bytes to `value` (queued).

@@ -159,6 +159,32 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   return Synchronize();
 }
 
+absl::StatusOr<void*> CudaBackend::AllocHost(size_t bytes) {
+  Bind();
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (err != cudaSuccess) return CudaError(err, "page-locked host allocation");
+  return p;
+}
+
+void CudaBackend::FreeHost(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+absl::Status CudaBackend::CopyToDeviceAsync(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return absl::OkStatus();
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "copy to device");
+}
+
+absl::Status CudaBackend::CopyToHostAsync(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return absl::OkStatus();
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_);
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "copy to host");
+}
+
 absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   Bind();
   if (bytes == 0) return absl::OkStatus();

@@ -38,6 +38,10 @@ class CudaBackend final : public Backend {
   void Free(void* ptr) override;
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::StatusOr<void*> AllocHost(size_t bytes) override;
+  void FreeHost(void* ptr) override;
+  absl::Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int value, size_t bytes) override;
   absl::Status Synchronize() override;

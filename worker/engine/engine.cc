@@ -293,12 +293,16 @@ absl::Status Engine::CreateOffloader() {
     access.block_bytes = cache->BlockBytes();
     access.read = [cache](BlockId b, uint8_t* dst) { return cache->ReadBlock(b, dst); };
     access.write = [cache](BlockId b, const uint8_t* src) { return cache->WriteBlock(b, src); };
+    access.finish = [cache] { return cache->FinishCopies(); };
+    access.host_memory = cache->backend();
     layout = describe(*cache, 1);
   } else {
     ShardedKvCache* cache = cache_.get();
     access.block_bytes = cache->BlockBytes();
     access.read = [cache](BlockId b, uint8_t* dst) { return cache->ReadBlock(b, dst); };
     access.write = [cache](BlockId b, const uint8_t* src) { return cache->WriteBlock(b, src); };
+    access.finish = [cache] { return cache->FinishCopies(); };
+    access.host_memory = cache->rank(0).backend();
     layout = describe(cache->rank(0), cache->tp_size());
   }
   const KvTierIdentity identity{ModelWeightsFingerprint(*model_->weights), layout};

@@ -156,7 +156,7 @@ absl::Status KvCache::ReadBlock(int64_t block, uint8_t* dst) const {
   absl::Status status;
   ForEachPart(block, [&](const uint8_t* part, size_t bytes) {
     if (backend_ != nullptr) {
-      if (status.ok()) status = backend_->CopyToHost(dst, part, bytes);
+      if (status.ok()) status = backend_->CopyToHostAsync(dst, part, bytes);
     } else {
       std::memcpy(dst, part, bytes);
     }
@@ -173,13 +173,17 @@ absl::Status KvCache::WriteBlock(int64_t block, const uint8_t* src) {
   absl::Status status;
   ForEachPart(block, [&](uint8_t* part, size_t bytes) {
     if (backend_ != nullptr) {
-      if (status.ok()) status = backend_->CopyToDevice(part, src, bytes);
+      if (status.ok()) status = backend_->CopyToDeviceAsync(part, src, bytes);
     } else {
       std::memcpy(part, src, bytes);
     }
     src += bytes;
   });
   return status;
+}
+
+absl::Status KvCache::FinishCopies() const {
+  return backend_ != nullptr ? backend_->Synchronize() : absl::OkStatus();
 }
 
 absl::Status KvCache::AllocDevice(Buffer* b, int64_t data_bytes, int64_t scale_count) {

@@ -76,10 +76,16 @@ class KvCache {
   /// layer: K data, K scales, V data, V scales (absent parts skipped).
   int64_t BlockBytes() const;
   /// Copies block `block` (in [0, num_blocks)) into `dst` (BlockBytes() bytes), in BlockBytes'
-  /// order. With a device backend the copy is ordered after the work already queued.
+  /// order. With a device backend the copy is queued after the work already queued, and the
+  /// bytes are in `dst` after FinishCopies.
   absl::Status ReadBlock(int64_t block, uint8_t* dst) const;
-  /// The inverse of ReadBlock: overwrites block `block` with `src` (BlockBytes() bytes).
+  /// The inverse of ReadBlock: overwrites block `block` with `src` (BlockBytes() bytes). With a
+  /// device backend the copy is queued: `src` must stay unchanged until FinishCopies.
   absl::Status WriteBlock(int64_t block, const uint8_t* src);
+  /// Waits for the queued ReadBlock / WriteBlock copies (no-op in host memory).
+  absl::Status FinishCopies() const;
+  /// The device backend, or null for host memory.
+  Backend* backend() const { return backend_; }
 
   /// Bytes of K and V for one token across all layers, scales included:
   /// 2 * num_layers * num_kv_heads * KvCacheDTypeVectorBytes(dtype, head_dim); MLA (one latent

@@ -150,13 +150,27 @@ std::string KvLayoutDescription(int num_layers, int64_t kv_heads, int64_t head_d
 // KvHostTier
 
 absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t capacity,
-                                                               int64_t block_bytes) {
+                                                               int64_t block_bytes,
+                                                               Backend* pinned) {
   if (capacity < 1 || block_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat("host KV tier needs at least one block of ",
                                                    "at least one byte, got ", capacity, " of ",
                                                    block_bytes));
   }
   const size_t bytes = static_cast<size_t>(capacity) * static_cast<size_t>(block_bytes);
+  if (pinned != nullptr) {
+    absl::StatusOr<void*> host = pinned->AllocHost(bytes);
+    if (host.ok()) {
+      return std::unique_ptr<KvHostTier>(
+          new KvHostTier(capacity, block_bytes, static_cast<uint8_t*>(*host), bytes, pinned));
+    }
+    if (host.status().code() != absl::StatusCode::kUnimplemented) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes,
+                                                       " bytes of page-locked memory for the "
+                                                       "host KV tier: ",
+                                                       host.status().message()));
+    }
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
@@ -164,10 +178,21 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t capacity,
         absl::StrCat("cannot reserve ", bytes, " bytes for the host KV tier: ", strerror(errno)));
   }
   return std::unique_ptr<KvHostTier>(
-      new KvHostTier(capacity, block_bytes, static_cast<uint8_t*>(p), bytes));
+      new KvHostTier(capacity, block_bytes, static_cast<uint8_t*>(p), bytes, nullptr));
 }
 
-KvHostTier::~KvHostTier() { munmap(base_, mapped_); }
+KvHostTier::~KvHostTier() {
+  if (pinned_ != nullptr) {
+    pinned_->FreeHost(base_);
+  } else {
+    munmap(base_, mapped_);
+  }
+}
+
+const uint8_t* KvHostTier::Peek(const BlockKey& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : Slot(it->second->slot);
+}
 
 const uint8_t* KvHostTier::Get(const BlockKey& key) {
   auto it = index_.find(key);
@@ -540,7 +565,8 @@ absl::StatusOr<std::unique_ptr<KvOffloader>> KvOffloader::Create(const KvOffload
                                                      " holds no KV block (one block is ",
                                                      block_bytes, " bytes)"));
     }
-    absl::StatusOr<std::unique_ptr<KvHostTier>> host = KvHostTier::Create(blocks, block_bytes);
+    absl::StatusOr<std::unique_ptr<KvHostTier>> host =
+        KvHostTier::Create(blocks, block_bytes, offloader->access_.host_memory);
     if (!host.ok()) return host.status();
     offloader->host_ = std::move(*host);
     offloader->stats_.host_capacity_blocks = blocks;
@@ -559,30 +585,65 @@ bool KvOffloader::Contains(const BlockKey& key) {
   return (host_ != nullptr && host_->Contains(key)) || (disk_ != nullptr && disk_->Contains(key));
 }
 
+KvOffloader::~KvOffloader() { WritePendingToDisk(); }
+
+bool KvOffloader::FinishCopies() {
+  if (!access_.finish) return true;
+  if (access_.finish().ok()) return true;
+  ++stats_.copy_failures;
+  return false;
+}
+
+void KvOffloader::WritePendingToDisk() {
+  if (pending_disk_.empty()) return;
+  const bool ok = FinishCopies();
+  for (const BlockKey& key : pending_disk_) {
+    // Gone when a later Put of the same Offload took its slot.
+    const uint8_t* bytes = host_->Peek(key);
+    if (ok && bytes != nullptr && !disk_->Contains(key)) disk_->Write(key, bytes);
+  }
+  pending_disk_.clear();
+  pending_set_.clear();
+}
+
 bool KvOffloader::Restore(const BlockKey& key, BlockId dst) {
   const uint8_t* bytes = host_ != nullptr ? host_->Get(key) : nullptr;
   bool from_disk = false;
   if (bytes == nullptr) {
-    if (disk_ == nullptr || !disk_->Read(key, scratch_.data())) return false;
+    if (disk_ == nullptr) return false;
+    // Host-side writes below: every queued copy from scratch_ or a host slot must have run.
+    WritePendingToDisk();
+    if (!FinishCopies() || !disk_->Read(key, scratch_.data())) return false;
     bytes = scratch_.data();
     from_disk = true;
-    // The block is in use again: keep it in the host tier too.
-    if (host_ != nullptr) std::memcpy(host_->Put(key), bytes, scratch_.size());
+    // The block is in use again: keep it in the host tier too (and copy from there, so the
+    // next disk read may reuse scratch_ at once).
+    if (host_ != nullptr) {
+      uint8_t* slot = host_->Put(key);
+      std::memcpy(slot, bytes, scratch_.size());
+      bytes = slot;
+    }
   }
   if (!access_.write(dst, bytes).ok()) {
     ++stats_.copy_failures;
     return false;
   }
+  // Without a host tier the next disk read reuses scratch_: the copy from it must be done.
+  if (from_disk && host_ == nullptr && !FinishCopies()) return false;
   ++(from_disk ? stats_.restored_from_disk : stats_.restored_from_host);
   return true;
 }
 
 void KvOffloader::Offload(std::span<const StoredBlock> blocks) {
+  // The previous step's copies are long done on the device by now; this also keeps a slot
+  // from being reused below while a copy into it could still be queued for the disk tier.
+  WritePendingToDisk();
   for (const StoredBlock& b : blocks) {
-    const uint8_t* bytes = nullptr;
     if (host_ != nullptr) {
-      bytes = host_->Get(b.key);
-      if (bytes == nullptr) {
+      if (host_->Get(b.key) == nullptr) {
+        // A block still due on disk must get there before its slot is reused.
+        const BlockKey* victim = host_->NextEvicted();
+        if (victim != nullptr && pending_set_.contains(*victim)) WritePendingToDisk();
         uint8_t* slot = host_->Put(b.key);
         if (!access_.read(b.block, slot).ok()) {
           host_->Erase(b.key);
@@ -590,23 +651,25 @@ void KvOffloader::Offload(std::span<const StoredBlock> blocks) {
           continue;
         }
         ++stats_.offloaded_blocks;
-        bytes = slot;
       }
-    }
-    if (disk_ == nullptr || disk_->Contains(b.key)) continue;
-    if (bytes == nullptr) {
-      if (!access_.read(b.block, scratch_.data()).ok()) {
-        ++stats_.copy_failures;
-        continue;
+      if (disk_ != nullptr && !disk_->Contains(b.key) && pending_set_.insert(b.key).second) {
+        pending_disk_.push_back(b.key);
       }
-      ++stats_.offloaded_blocks;
-      bytes = scratch_.data();
+      continue;
     }
-    disk_->Write(b.key, bytes);
+    // Disk tier alone: through scratch_, one block at a time.
+    if (disk_->Contains(b.key)) continue;
+    if (!access_.read(b.block, scratch_.data()).ok() || !FinishCopies()) {
+      ++stats_.copy_failures;
+      continue;
+    }
+    ++stats_.offloaded_blocks;
+    disk_->Write(b.key, scratch_.data());
   }
 }
 
 void KvOffloader::Flush() {
+  WritePendingToDisk();
   if (disk_ != nullptr) disk_->Flush();
 }
 

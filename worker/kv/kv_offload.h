@@ -29,17 +29,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/block_hash/block_hash.h"
+#include "kernels/backend.h"
 #include "worker/kv/kv_manager.h"
 #include "worker/model/weights.h"
 
 namespace kvserve {
 
 /// Reads and writes whole blocks of the device pool (every layer and rank): KvCache::ReadBlock and
-/// WriteBlock, or ShardedKvCache's.
+/// WriteBlock, or ShardedKvCache's. The copies may be queued (a device's stream): `finish` waits
+/// for them; until then a read's bytes are not there and a write's source must not change.
 struct KvBlockAccess {
   int64_t block_bytes = 0;
   std::function<absl::Status(BlockId, uint8_t*)> read;
   std::function<absl::Status(BlockId, const uint8_t*)> write;
+  /// Null: the copies complete before read / write return.
+  std::function<absl::Status()> finish;
+  /// Where the host tier's memory comes from when it can be copied to and from without staging
+  /// (Backend::AllocHost: page-locked for CUDA); null or unsupported: ordinary mapped memory.
+  Backend* host_memory = nullptr;
 };
 
 /// What a block's bytes depend on besides its tokens: a block file written for another model or
@@ -56,8 +63,10 @@ struct KvTierIdentity {
 /// whose pages are committed as slots are first filled. Not thread-safe (the engine loop owns it).
 class KvHostTier {
  public:
-  /// Fails when the address space cannot be reserved.
-  static absl::StatusOr<std::unique_ptr<KvHostTier>> Create(int64_t capacity, int64_t block_bytes);
+  /// Fails when the memory cannot be had. With `pinned` (whose AllocHost succeeds) the slots are
+  /// its page-locked memory, committed at once; otherwise one mapping committed as slots fill.
+  static absl::StatusOr<std::unique_ptr<KvHostTier>> Create(int64_t capacity, int64_t block_bytes,
+                                                            Backend* pinned = nullptr);
   ~KvHostTier();
   KvHostTier(const KvHostTier&) = delete;
   KvHostTier& operator=(const KvHostTier&) = delete;
@@ -65,9 +74,18 @@ class KvHostTier {
   bool Contains(const BlockKey& key) const { return index_.contains(key); }
   /// The bytes cached under `key`, now the most recently used; null when absent.
   const uint8_t* Get(const BlockKey& key);
+  /// The bytes cached under `key` without touching the LRU order; null when absent.
+  const uint8_t* Peek(const BlockKey& key) const;
+  /// Whether the slots are page-locked memory of a backend.
+  bool pinned() const { return pinned_ != nullptr; }
   /// A slot for `key` to be filled by the caller, the most recently used: the least recently
   /// used entry makes room when the tier is full. Requires !Contains(key).
   uint8_t* Put(const BlockKey& key);
+  /// The key the next Put would push out, or null when a slot is free.
+  const BlockKey* NextEvicted() const {
+    return free_slots_.empty() && next_slot_ >= capacity_ && !lru_.empty() ? &lru_.front().key
+                                                                           : nullptr;
+  }
   /// Forgets `key` (a slot whose fill failed).
   void Erase(const BlockKey& key);
 
@@ -82,8 +100,12 @@ class KvHostTier {
   std::vector<BlockKey> Keys() const;
 
  private:
-  KvHostTier(int64_t capacity, int64_t block_bytes, uint8_t* base, size_t mapped)
-      : capacity_(capacity), block_bytes_(block_bytes), base_(base), mapped_(mapped) {}
+  KvHostTier(int64_t capacity, int64_t block_bytes, uint8_t* base, size_t mapped, Backend* pinned)
+      : capacity_(capacity),
+        block_bytes_(block_bytes),
+        base_(base),
+        mapped_(mapped),
+        pinned_(pinned) {}
 
   struct Entry {
     BlockKey key;
@@ -95,6 +117,7 @@ class KvHostTier {
   int64_t block_bytes_;
   uint8_t* base_;
   size_t mapped_;
+  Backend* pinned_;       // owner of base_ when page-locked, else null (base_ is a mapping)
   std::list<Entry> lru_;  // least recently used first
   absl::flat_hash_map<BlockKey, std::list<Entry>::iterator> index_;
   std::vector<int64_t> free_slots_;
@@ -220,12 +243,17 @@ class KvOffloader : public KvBlockSource {
   static absl::StatusOr<std::unique_ptr<KvOffloader>> Create(const KvOffloadOptions& options,
                                                              KvBlockAccess access,
                                                              const KvTierIdentity& identity);
+  /// Writes the last Offload's blocks to disk (the device pool must still be there).
+  ~KvOffloader() override;
 
   bool Contains(const BlockKey& key) override;
   bool Restore(const BlockKey& key, BlockId dst) override;
 
   /// Copies newly cached device blocks into the host tier and queues them for the disk tier
-  /// (blocks a tier already holds are only marked recently used there).
+  /// (blocks a tier already holds are only marked recently used there). With a device the
+  /// copies into the host tier are queued, not waited for: they are waited for, and those
+  /// blocks handed to the disk tier, at the next Offload (or Flush), so a step never waits
+  /// for its own copies.
   void Offload(std::span<const StoredBlock> blocks);
   /// Waits for the disk tier's queued writes (tests, shutdown).
   void Flush();
@@ -256,11 +284,18 @@ class KvOffloader : public KvBlockSource {
 
  private:
   explicit KvOffloader(KvBlockAccess access) : access_(std::move(access)) {}
+  /// Waits for the queued copies (KvBlockAccess::finish); false (counted) when they failed.
+  bool FinishCopies();
+  /// Waits for the copies of the last Offload and hands those blocks to the disk tier.
+  void WritePendingToDisk();
 
   KvBlockAccess access_;
   std::unique_ptr<KvHostTier> host_;
   std::unique_ptr<KvDiskTier> disk_;
   std::vector<uint8_t> scratch_;  // one block read from disk (or going there without a host tier)
+  /// Blocks of the last Offload whose copies into the host tier may still be queued, due on disk.
+  std::vector<BlockKey> pending_disk_;
+  absl::flat_hash_set<BlockKey> pending_set_;
   Stats stats_;
 };
 

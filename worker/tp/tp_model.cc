@@ -11,6 +11,13 @@ void ShardedKvCache::CopyBlock(int64_t src, int64_t dst) {
   for (auto& cache : ranks_) cache->CopyBlock(src, dst);
 }
 
+absl::Status ShardedKvCache::FinishCopies() const {
+  for (const auto& cache : ranks_) {
+    if (absl::Status s = cache->FinishCopies(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 int64_t ShardedKvCache::BlockBytes() const {
   int64_t total = 0;
   for (const auto& cache : ranks_) total += cache->BlockBytes();

@@ -65,6 +65,8 @@ class ShardedKvCache {
   absl::Status ReadBlock(int64_t block, uint8_t* dst) const;
   /// The inverse of ReadBlock.
   absl::Status WriteBlock(int64_t block, const uint8_t* src);
+  /// Waits for every rank's queued ReadBlock / WriteBlock copies.
+  absl::Status FinishCopies() const;
 
  private:
   friend class TensorParallelModel;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "internal.h"
@@ -83,6 +84,7 @@ struct State {
   std::vector<std::unique_ptr<Device>> devices;
   std::mutex mem_mu;
   std::map<uintptr_t, Allocation> allocations;  // by start address
+  std::unordered_set<uintptr_t> host_allocations;  // cudaHostAlloc
   std::mutex attr_mu;
   std::unordered_map<const void*, int> max_dynamic_shared;
   std::mutex diag_mu;
@@ -502,6 +504,35 @@ cudaError_t cudaFree(void* ptr) {
   kvsim::Device& d = *S().devices[static_cast<size_t>(a.device)];
   std::lock_guard<std::mutex> lock(d.mu);
   d.used -= (std::max<size_t>(a.bytes, 1) + 255) & ~size_t{255};
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned /*flags*/) {
+  if (ptr == nullptr) return kvsim::Ret(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (const cudaError_t e = kvsim::CheckCaptureSafe(); e != cudaSuccess) return kvsim::Ret(e);
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, std::max<size_t>(bytes, 1)) != 0) {
+    return kvsim::Ret(cudaErrorMemoryAllocation);
+  }
+  {
+    std::lock_guard<std::mutex> lock(S().mem_mu);
+    S().host_allocations.insert(reinterpret_cast<uintptr_t>(p));
+  }
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(S().mem_mu);
+    if (S().host_allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      std::fprintf(stderr, "kvsim: cudaFreeHost(%p): not from cudaHostAlloc\n", ptr);
+      return kvsim::Ret(cudaErrorInvalidValue);
+    }
+  }
+  std::free(ptr);
   return cudaSuccess;
 }
 

@@ -244,21 +244,38 @@ TEST(KvDiskTierTest, OpeningRemovesUnfinishedWritesAndRefusesBadSettings) {
   EXPECT_FALSE(KvDiskTier::Open(dir + "/file/sub", 1 << 20, kBlockBytes, Identity()).ok());
 }
 
-// A device pool of `n` blocks in plain memory, for the offloader.
+// A device pool of `n` blocks in plain memory, for the offloader. `queued`: copies run only
+// at KvBlockAccess::finish, as a device's stream would run them, so an offloader that reads a
+// copy's result too early, or changes its source too soon, gets the wrong bytes.
 struct FakePool {
-  explicit FakePool(int n) : bytes(static_cast<size_t>(n * kBlockBytes)) {}
+  explicit FakePool(int n, bool queued = false)
+      : bytes(static_cast<size_t>(n * kBlockBytes)), queued(queued) {}
   KvBlockAccess Access() {
     KvBlockAccess a;
     a.block_bytes = kBlockBytes;
     a.read = [this](BlockId b, uint8_t* dst) {
-      std::memcpy(dst, bytes.data() + b * kBlockBytes, kBlockBytes);
+      Run([this, b, dst] { std::memcpy(dst, bytes.data() + b * kBlockBytes, kBlockBytes); });
       return absl::OkStatus();
     };
     a.write = [this](BlockId b, const uint8_t* src) {
-      std::memcpy(bytes.data() + b * kBlockBytes, src, kBlockBytes);
+      Run([this, b, src] { std::memcpy(bytes.data() + b * kBlockBytes, src, kBlockBytes); });
       return absl::OkStatus();
     };
+    if (queued) {
+      a.finish = [this] {
+        for (auto& op : ops) op();
+        ops.clear();
+        return absl::OkStatus();
+      };
+    }
     return a;
+  }
+  void Run(std::function<void()> op) {
+    if (queued) {
+      ops.push_back(std::move(op));
+    } else {
+      op();
+    }
   }
   void Fill(BlockId b, uint64_t n) {
     std::memcpy(bytes.data() + b * kBlockBytes, Bytes(n).data(), kBlockBytes);
@@ -267,7 +284,32 @@ struct FakePool {
     return {bytes.begin() + b * kBlockBytes, bytes.begin() + (b + 1) * kBlockBytes};
   }
   std::vector<uint8_t> bytes;
+  bool queued;
+  std::vector<std::function<void()>> ops;
 };
+
+TEST(KvOffloaderTest, QueuedCopiesReachTheHostAndDiskTiersIntact) {
+  FakePool pool(8, /*queued=*/true);
+  KvOffloadOptions o;
+  o.host_bytes = 2 * kBlockBytes;
+  o.disk_dir = test_util::TestScratchDir();
+  o.disk_bytes = 1 << 20;
+  std::unique_ptr<KvOffloader> off = *KvOffloader::Create(o, pool.Access(), Identity());
+  for (BlockId b = 1; b <= 3; ++b) pool.Fill(b, b);
+  // Three blocks through a host tier of two: the first must reach the disk before its slot is
+  // reused, though its copy was only queued.
+  off->Offload(std::vector<StoredBlock>{{1, Key(1)}, {2, Key(2)}, {3, Key(3)}});
+  // The device reuses the blocks: a later "kernel" in stream order overwrites them.
+  for (BlockId b = 1; b <= 3; ++b) pool.Run([&pool, b] { pool.Fill(b, 100 + b); });
+  off->Flush();
+  EXPECT_EQ(off->stats().disk.files, 3);
+  // Restored from host (3, 2) and disk (1) into other blocks, each with its own bytes.
+  for (BlockId b = 3; b >= 1; --b) ASSERT_TRUE(off->Restore(Key(b), 4 + b)) << b;
+  ASSERT_TRUE(pool.Access().finish().ok());
+  for (BlockId b = 1; b <= 3; ++b) EXPECT_EQ(pool.Block(4 + b), Bytes(b)) << b;
+  EXPECT_EQ(off->stats().restored_from_host, 2);
+  EXPECT_EQ(off->stats().restored_from_disk, 1);
+}
 
 TEST(KvOffloaderTest, RestoresFromHostThenDiskAndCounts) {
   FakePool pool(8);

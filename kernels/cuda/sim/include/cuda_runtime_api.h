@@ -67,6 +67,7 @@ enum cudaFuncAttribute {
 
 inline constexpr unsigned cudaStreamDefault = 0x0;
 inline constexpr unsigned cudaStreamNonBlocking = 0x1;
+inline constexpr unsigned cudaHostAllocDefault = 0x0;
 inline constexpr unsigned cudaEventDefault = 0x0;
 
 typedef struct CUstream_st* cudaStream_t;
@@ -113,6 +114,9 @@ const char* cudaGetErrorString(cudaError_t error);
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
+/// Page-locked host memory: ordinary host memory in the simulator (copies run in stream order).
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
