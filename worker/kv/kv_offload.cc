@@ -118,21 +118,7 @@ BlockKey ModelWeightsFingerprint(const ModelWeights& weights) {
   };
   tensor(weights.token_embedding);
   tensor(weights.rope_freqs);
-  for (const LayerWeights& l : weights.layers) {
-    for (const TensorView* t :
-         {&l.attn_norm,   &l.wq,           &l.wk,     &l.wv,     &l.bq,          &l.bk,
-          &l.bv,          &l.wo,           &l.bo,     &l.q_norm, &l.k_norm,      &l.ffn_norm,
-          &l.w_gate,      &l.w_up,         &l.w_down, &l.wq_a,   &l.q_a_norm,    &l.wq_b,
-          &l.wkv_a,       &l.kv_a_norm,    &l.wkv_b,  &l.router, &l.router_bias, &l.shared.w_gate,
-          &l.shared.w_up, &l.shared.w_down}) {
-      tensor(*t);
-    }
-    for (const ExpertWeights& e : l.experts) {
-      tensor(e.w_gate);
-      tensor(e.w_up);
-      tensor(e.w_down);
-    }
-  }
+  weights.ForEachLayerTensor(tensor);
   const XXH128_hash_t h = XXH3_128bits_digest(state);
   XXH3_freeState(state);
   return BlockKey{h.high64, h.low64};

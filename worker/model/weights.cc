@@ -5,6 +5,11 @@ namespace kvserve {
 int64_t ModelWeights::TotalBytes() const {
   int64_t total = token_embedding.nbytes() + final_norm.nbytes();
   if (output.data != token_embedding.data) total += output.nbytes();
+  ForEachLayerTensor([&](const TensorView& t) { total += t.nbytes(); });
+  return total;
+}
+
+void ModelWeights::ForEachLayerTensor(const std::function<void(const TensorView&)>& fn) const {
   for (const LayerWeights& l : layers) {
     for (const TensorView* t :
          {&l.attn_norm,   &l.wq,           &l.wk,     &l.wv,     &l.bq,          &l.bk,
@@ -12,15 +17,14 @@ int64_t ModelWeights::TotalBytes() const {
           &l.w_gate,      &l.w_up,         &l.w_down, &l.wq_a,   &l.q_a_norm,    &l.wq_b,
           &l.wkv_a,       &l.kv_a_norm,    &l.wkv_b,  &l.router, &l.router_bias, &l.shared.w_gate,
           &l.shared.w_up, &l.shared.w_down}) {
-      if (t->present()) total += t->nbytes();
+      if (t->present()) fn(*t);
     }
     for (const ExpertWeights& e : l.experts) {
       for (const TensorView* t : {&e.w_gate, &e.w_up, &e.w_down}) {
-        if (t->present()) total += t->nbytes();
+        if (t->present()) fn(*t);
       }
     }
   }
-  return total;
 }
 
 }  // namespace kvserve

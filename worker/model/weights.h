@@ -2,6 +2,7 @@
 #define KVSERVE_WORKER_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +94,9 @@ struct ModelWeights {
 
   /// Total bytes of all weight tensors (tied output counted once).
   int64_t TotalBytes() const;
+  /// Calls fn(tensor) for every present tensor of the decoder layers (norms, attention, MLP,
+  /// router, shared and routed experts), layer by layer, in a fixed order.
+  void ForEachLayerTensor(const std::function<void(const TensorView&)>& fn) const;
 };
 
 }  // namespace kvserve

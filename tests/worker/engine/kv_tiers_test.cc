@@ -249,6 +249,20 @@ TEST_F(KvTiersTest, KvEventsReportWhichTierHoldsEachBlock) {
   EXPECT_EQ(snapshot, held);
 }
 
+// The fingerprint that names a disk tier's files: the same for two loads of one file, different
+// when one weight byte differs (a fine-tune of the same architecture).
+TEST_F(KvTiersTest, ModelFingerprintFollowsTheWeights) {
+  const BlockKey a = ModelWeightsFingerprint(*model_->weights);
+  LoadedModel again = *LoadModel(testing_golden::kStoriesGguf);
+  EXPECT_EQ(ModelWeightsFingerprint(*again.weights), a);
+  TensorView& wk = again.weights->layers[1].wk;
+  std::vector<uint8_t> copy(static_cast<const uint8_t*>(wk.data),
+                            static_cast<const uint8_t*>(wk.data) + wk.nbytes());
+  copy[copy.size() - 3] ^= 1;
+  wk.data = copy.data();
+  EXPECT_NE(ModelWeightsFingerprint(*again.weights), a);
+}
+
 TEST_F(KvTiersTest, BadSettingsAreRefusedByName) {
   EngineOptions o = SmallPool();
   o.kv_offload.disk_dir = test_util::TestScratchDir();
