@@ -34,6 +34,9 @@ struct WorkerOptions {
   std::string log_format = "text";
   double drain_timeout_s = 30.0;
   auth::ServerTlsFiles tls;
+  std::string kv_transfer = "auto";
+  double kv_transfer_bandwidth = KvTransferOptions{}.assumed_bandwidth;
+  double kv_transfer_timeout_s = 10.0;
   EngineOptions engine;
 };
 
@@ -64,6 +67,20 @@ int RunWorker(const WorkerOptions& o) {
   server_options.advertise = o.advertise;
   server_options.metrics_listen = o.metrics_listen;
   server_options.tls = o.tls;
+  absl::StatusOr<KvTransferMode> transfer_mode = ParseKvTransferMode(o.kv_transfer);
+  if (!transfer_mode.ok()) return ReportError("worker", transfer_mode.status());
+  if (!(o.kv_transfer_bandwidth > 0)) {
+    return ReportError(
+        "worker", absl::InvalidArgumentError("--kv-transfer-bandwidth must be positive (bytes/s)"));
+  }
+  if (!(o.kv_transfer_timeout_s > 0) || o.kv_transfer_timeout_s > 3600) {
+    return ReportError(
+        "worker", absl::InvalidArgumentError("--kv-transfer-timeout must be in (0, 3600] seconds"));
+  }
+  server_options.kv_transfer.mode = *transfer_mode;
+  server_options.kv_transfer.assumed_bandwidth = o.kv_transfer_bandwidth;
+  server_options.kv_transfer.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(o.kv_transfer_timeout_s * 1000));
   WorkerServer server(&*model, engine->get(), server_options);
   absl::StatusOr<int> port = server.Start(o.listen);
   if (!port.ok()) return ReportError("worker", port.status());
@@ -137,6 +154,18 @@ Command AddWorkerCommand(CLI::App& app) {
   sub->add_option("--tls-key", o->tls.key_path, "PEM private key of --tls-cert");
   sub->add_option("--tls-client-ca", o->tls.client_ca_path,
                   "PEM CA: callers (the router) must present a certificate it signed");
+  sub->add_option("--kv-transfer", o->kv_transfer,
+                  "Pull a prompt's cached KV blocks from the worker the router names instead "
+                  "of computing them: 'auto' when the measured link beats the measured prefill, "
+                  "'always', or 'never'")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  sub->add_option("--kv-transfer-bandwidth", o->kv_transfer_bandwidth,
+                  "Bytes per second assumed for a peer until a pull from it is measured")
+      ->capture_default_str();
+  sub->add_option("--kv-transfer-timeout", o->kv_transfer_timeout_s,
+                  "Seconds a pull may take; blocks not received by then are computed")
+      ->capture_default_str();
   sub->add_option("--log-format", o->log_format, "Log lines as 'text' or 'json'")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();

@@ -1,23 +1,26 @@
 #include "worker/engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <utility>
 
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/logging/logging.h"
-#include "worker/tp/nccl_group.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "worker/planner/capacity_planner.h"
+#include "worker/tp/nccl_group.h"
 
 namespace kvserve {
 
 /// A request inside the engine: its samples and where their output goes.
 struct RequestState {
   EngineRequest request;
+  /// Owner of the request's staged KV blocks (KvTransferSource).
+  int64_t serial = 0;
   std::shared_ptr<RequestStream> stream;
   std::vector<std::unique_ptr<Sequence>> sequences;
   /// The compiled EngineRequest::constraint; null when there is none.
@@ -277,9 +280,8 @@ absl::Status Engine::CreateModel() {
   return absl::OkStatus();
 }
 
-absl::Status Engine::CreateOffloader() {
-  if (!options_.kv_offload.enabled()) return absl::OkStatus();
-  KvBlockAccess access;
+void Engine::DescribeKvPool() {
+  KvBlockAccess& access = block_access_;
   std::string layout;
   const ModelConfig& config = model_->config();
   auto describe = [&](const KvCache& rank0, int tp) {
@@ -305,12 +307,27 @@ absl::Status Engine::CreateOffloader() {
     access.host_memory = cache->rank(0).backend();
     layout = describe(cache->rank(0), cache->tp_size());
   }
-  const KvTierIdentity identity{ModelWeightsFingerprint(*model_->weights), layout};
-  absl::StatusOr<std::unique_ptr<KvOffloader>> offloader =
-      KvOffloader::Create(options_.kv_offload, std::move(access), identity);
-  if (!offloader.ok()) return offloader.status();
-  offloader_ = std::move(*offloader);
-  kv_->SetBlockSource(offloader_.get());
+  kv_identity_ = KvTierIdentity{ModelWeightsFingerprint(*model_->weights), layout};
+}
+
+absl::Status Engine::CreateOffloader() {
+  DescribeKvPool();
+  if (options_.kv_offload.enabled()) {
+    // The disk tier's identity leaves the compute path out: a restart on the same machine
+    // computes the same bytes.
+    absl::StatusOr<std::unique_ptr<KvOffloader>> offloader =
+        KvOffloader::Create(options_.kv_offload, block_access_, kv_identity_);
+    if (!offloader.ok()) return offloader.status();
+    offloader_ = std::move(*offloader);
+  }
+  // Blocks moving between workers must also have been computed by the same kernels, or the
+  // receiver's tokens could differ from its own computation's in the last bits.
+  kv_identity_.layout += absl::StrCat(
+      " compute=", device_name_,
+      device_name_ == "cpu" ? absl::StrCat("/", std::string(cpu::CpuIsaName(cpu::ActiveCpuIsa())))
+                            : std::string());
+  transfer_ = std::make_unique<KvTransferSource>(block_access_, offloader_.get());
+  kv_->SetBlockSource(transfer_.get(), /*record_stored=*/offloader_ != nullptr);
   return absl::OkStatus();
 }
 
@@ -348,6 +365,8 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Exports still queued answer with what the pool holds (the loop is gone, so no step races).
+  RunTasks();
   for (auto& s : subscribers_) s->Close();
   for (auto& s : new_subscribers_) s->Close();
   // Requests still queued or running end with CANCELLED so no reader waits forever.
@@ -365,6 +384,29 @@ Engine::~Engine() {
   for (RequestState* state : live) AbortRequest(state, absl::CancelledError("engine shut down"));
 }
 
+void Engine::ExportKvBlocks(std::vector<TokenId> tokens, std::string cache_salt,
+                            int32_t first_block, int32_t max_blocks, int64_t max_bytes,
+                            std::function<void(std::vector<KvBlockPayload>)> done) {
+  auto task = [this, tokens = std::move(tokens), salt = std::move(cache_salt), first_block,
+               max_blocks, max_bytes, done = std::move(done)] {
+    done(transfer_->Export(*kv_, tokens, salt, first_block, max_blocks, max_bytes));
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void Engine::RunTasks() {
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& task : tasks) task();
+}
+
 absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
   const ModelConfig& config = model_->config();
   if (request.prompt_ids.empty()) return absl::InvalidArgumentError("prompt is empty");
@@ -373,6 +415,13 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
     return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len,
                                                    " tokens; the model's context is ",
                                                    config.max_position_embeddings));
+  }
+  for (const KvBlockPayload& b : request.kv_blocks) {
+    if (static_cast<int64_t>(b.bytes.size()) != kv_block_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_blocks: block ", b.index, " has ",
+                                                     b.bytes.size(), " bytes; a block has ",
+                                                     kv_block_bytes()));
+    }
   }
   for (TokenId id : request.prompt_ids) {
     if (id < 0 || id >= config.vocab_size) {
@@ -512,10 +561,11 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] {
         return stop_ || !inbox_.empty() || !aborts_.empty() || !new_subscribers_.empty() ||
-               scheduler_->num_running() + scheduler_->num_waiting() > 0;
+               !tasks_.empty() || scheduler_->num_running() + scheduler_->num_waiting() > 0;
       });
       if (stop_) return;
     }
+    RunTasks();
     DrainInbox();
     if (scheduler_->num_running() + scheduler_->num_waiting() > 0) Step();
     PublishKvEvents();
@@ -525,6 +575,7 @@ void Engine::Loop() {
 
 bool Engine::StepOnce() {
   const Clock::time_point start = Clock::now();
+  RunTasks();
   DrainInbox();
   const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
   if (busy) Step();
@@ -553,6 +604,11 @@ void Engine::DrainInbox() {
     seq->num_prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
     Sequence* raw = seq.get();
     state->sequences.push_back(std::move(seq));
+    state->serial = next_request_serial_++;
+    if (!state->request.kv_blocks.empty()) {
+      transfer_->Stage(state->serial, std::move(state->request.kv_blocks));
+      state->request.kv_blocks.clear();
+    }
     const std::string id = r.request_id;
     requests_[id] = std::move(state);
     scheduler_->AddWaiting(raw);
@@ -601,9 +657,13 @@ void Engine::RunModel(const SchedulerOutput& out) {
   builder_.Clear();
   std::vector<Sequence*> sampled;
   const Clock::time_point step_start = Clock::now();
+  int64_t prompt_tokens = 0;
   for (const ScheduledSequence& s : out.scheduled) {
     Sequence* seq = s.seq;
     step_metrics_.num_tokens += s.num_tokens;
+    if (seq->num_computed < seq->num_prompt_tokens) {
+      prompt_tokens += std::min(s.num_tokens, seq->num_prompt_tokens - seq->num_computed);
+    }
     if (seq->request->first_scheduled == Clock::time_point{}) {
       seq->request->first_scheduled = step_start;
     }
@@ -619,7 +679,12 @@ void Engine::RunModel(const SchedulerOutput& out) {
       device_model_ != nullptr
           ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
           : llama_->Forward(builder_.Build(), *cache_, logits_.data());
-  forward_seconds_ += SecondsBetween(forward_start, Clock::now());
+  const double forward = SecondsBetween(forward_start, Clock::now());
+  forward_seconds_ += forward;
+  if (prompt_tokens > 0) {
+    prefill_tokens_ += prompt_tokens;
+    prefill_seconds_ += forward;
+  }
   if (device_model_ != nullptr && !graph_failure_logged_ &&
       !device_model_->decode_graph_error().empty()) {
     graph_failure_logged_ = true;
@@ -841,6 +906,7 @@ void Engine::FinishSequence(Sequence* seq, RequestOutput final_output) {
 }
 
 void Engine::ForgetRequest(RequestState* state) {
+  transfer_->Release(state->serial);
   const std::string id = state->request.request_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -938,6 +1004,9 @@ void Engine::PublishStats() {
   stats_.prefix_hit_tokens = kv.prefix_hit_tokens;
   stats_.prefix_restored_tokens = kv.prefix_restored_tokens;
   if (offloader_ != nullptr) stats_.kv_tiers = offloader_->stats();
+  stats_.kv_transfer = transfer_->stats();
+  stats_.prefill_tokens_per_second =
+      prefill_seconds_ > 0 ? prefill_tokens_ / prefill_seconds_ : 0.0;
   stats_.num_preemptions = scheduler_->num_preemptions();
   stats_.num_steps = num_steps_;
   stats_.num_finished_requests = num_finished_;

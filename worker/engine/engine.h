@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,7 @@
 #include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_manager.h"
 #include "worker/kv/kv_offload.h"
+#include "worker/kv/kv_transfer.h"
 #include "worker/model/batch_builder.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
@@ -101,6 +103,11 @@ struct EngineStats {
   int64_t prefix_restored_tokens = 0;
   /// The tiers below the device pool (all zero when they are off).
   KvOffloader::Stats kv_tiers;
+  /// Blocks brought from or read out for other workers.
+  KvTransferSource::Stats kv_transfer;
+  /// Prompt tokens computed per second of forward pass, over the steps that computed prompt
+  /// tokens (0 before the first): what a worker weighs a KV transfer against.
+  double prefill_tokens_per_second = 0.0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
@@ -144,6 +151,19 @@ class Engine {
   /// True when no request is queued or running.
   bool idle() const;
 
+  /// Reads the cached K/V of `tokens`' full blocks [first_block, first_block + max_blocks)
+  /// (max_blocks 0: to the last full block) for another worker, on the loop thread between two
+  /// steps, stopping at the first block held in no tier and after `max_bytes`. `done` gets the
+  /// blocks on the loop thread (an empty list when the engine stops first); it must not block.
+  void ExportKvBlocks(std::vector<TokenId> tokens, std::string cache_salt, int32_t first_block,
+                      int32_t max_blocks, int64_t max_bytes,
+                      std::function<void(std::vector<KvBlockPayload>)> done);
+  /// What this engine's KV blocks depend on: the model's fingerprint and the layout, with the
+  /// compute path appended (blocks move only between engines with equal identities).
+  const KvTierIdentity& kv_identity() const { return kv_identity_; }
+  /// Bytes of one KV block (every layer and rank).
+  int64_t kv_block_bytes() const { return block_access_.block_bytes; }
+
   /// Subscribes to prefix-cache changes: the first batch is a snapshot of every cached block
   /// (reset), then one batch per step that stored or evicted blocks. With KV tiers the events
   /// also say which blocks the host and disk tiers hold (KvEvent::tier).
@@ -167,8 +187,13 @@ class Engine {
   Engine(const LoadedModel* model, const EngineOptions& options);
   /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
   absl::Status CreateModel();
-  /// Creates the host / disk tiers of options_.kv_offload over the model's KV pool.
+  /// Sets block_access_ and kv_identity_ for the model's KV pool.
+  void DescribeKvPool();
+  /// Creates the host / disk tiers of options_.kv_offload over the model's KV pool, and the
+  /// block source the prefix lookup restores from.
   absl::Status CreateOffloader();
+  /// Runs the tasks queued by ExportKvBlocks.
+  void RunTasks();
   /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
   /// `host_pool`: the pool lives in host memory (the CPU path), so the default is also capped
   /// by the memory available.
@@ -222,8 +247,16 @@ class Engine {
   bool graph_failure_logged_ = false;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<KvManager> kv_;
-  /// Host / disk tiers (null when off); kv_ restores from it.
+  /// Host / disk tiers (null when off).
   std::unique_ptr<KvOffloader> offloader_;
+  /// Blocks pulled from other workers, then offloader_: what kv_ restores from.
+  std::unique_ptr<KvTransferSource> transfer_;
+  KvBlockAccess block_access_;
+  KvTierIdentity kv_identity_;
+  // Prompt tokens computed and the forward time of the steps that computed them.
+  int64_t prefill_tokens_ = 0;
+  double prefill_seconds_ = 0.0;
+  int64_t next_request_serial_ = 1;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<TokenId> stop_token_ids_;
   /// Constrained decoding: compiled constraints shared between requests, and the vocabulary as
@@ -261,6 +294,7 @@ class Engine {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<RequestState>> inbox_;
   std::vector<std::string> aborts_;
+  std::vector<std::function<void()>> tasks_;
   absl::flat_hash_map<std::string, bool> live_ids_;
   bool stop_ = false;
   bool draining_ = false;

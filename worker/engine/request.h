@@ -18,6 +18,7 @@
 #include "worker/engine/sampling_params.h"
 #include "worker/engine/stop_checker.h"
 #include "worker/kv/block_pool.h"
+#include "worker/kv/kv_transfer.h"
 
 namespace kvserve {
 
@@ -35,6 +36,10 @@ struct EngineRequest {
   /// Each sample only ever draws tokens that keep its text a valid prefix, may end (EOS) only
   /// where the text is complete, and ends with finish reason "stop" once nothing may follow.
   constraint::ConstraintSpec constraint;
+  /// K/V of the prompt's leading blocks pulled from another worker (FetchKvBlocks): the prefix
+  /// lookup restores them instead of computing them. Blocks of another prompt or salt are
+  /// never found (they are looked up by chain hash); wrongly sized ones are refused.
+  std::vector<KvBlockPayload> kv_blocks;
 };
 
 /// What a finished sample reports.

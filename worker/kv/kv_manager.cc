@@ -201,7 +201,7 @@ void KvManager::Commit(SeqId seq, std::span<const TokenId> tokens, int32_t num_c
     const BlockKey key = HashBlock(s.last_key, tokens.subspan(static_cast<size_t>(i) * bs, bs),
                                    i == 0 ? std::string_view(s.cache_salt) : std::string_view());
     // A block the sliding window already released cannot be cached, but the chain goes on.
-    if (s.table[i] != kNullBlock && pool_.CacheBlock(s.table[i], key) && source_ != nullptr) {
+    if (s.table[i] != kNullBlock && pool_.CacheBlock(s.table[i], key) && record_stored_) {
       stored_.push_back(StoredBlock{s.table[i], key});
     }
     s.last_key = key;

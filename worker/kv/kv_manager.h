@@ -147,11 +147,16 @@ class KvManager {
   bool HasSequence(SeqId seq) const { return seqs_.contains(seq); }
 
   /// Sets where FindCachedPrefix looks past the device pool (null: nowhere). Not owned; must
-  /// outlive its use.
-  void SetBlockSource(KvBlockSource* source) { source_ = source; }
+  /// outlive its use. With `record_stored`, Commit records the blocks it caches for
+  /// TakeStoredBlocks.
+  void SetBlockSource(KvBlockSource* source, bool record_stored = true) {
+    source_ = source;
+    record_stored_ = source != nullptr && record_stored;
+  }
 
   /// Blocks that Commit registered in the prefix cache since the last call, in order (not those
-  /// restored from the block source), recorded while a block source is set: what to offload.
+  /// restored from the block source), recorded while a block source is set with record_stored:
+  /// what to offload.
   std::vector<StoredBlock> TakeStoredBlocks() { return std::exchange(stored_, {}); }
 
   /// Copy-on-write copies queued since the last call, in order.
@@ -219,6 +224,7 @@ class KvManager {
   std::vector<BlockCopy> copies_;
   std::vector<StoredBlock> stored_;
   KvBlockSource* source_ = nullptr;
+  bool record_stored_ = false;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
   int64_t prefix_restored_tokens_ = 0;

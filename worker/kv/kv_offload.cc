@@ -620,6 +620,18 @@ bool KvOffloader::Restore(const BlockKey& key, BlockId dst) {
   return true;
 }
 
+bool KvOffloader::ReadCached(const BlockKey& key, uint8_t* dst) {
+  if (host_ != nullptr) {
+    if (const uint8_t* bytes = host_->Peek(key)) {
+      // The copy into the slot may still be queued.
+      if (!FinishCopies()) return false;
+      std::memcpy(dst, bytes, static_cast<size_t>(access_.block_bytes));
+      return true;
+    }
+  }
+  return disk_ != nullptr && disk_->Read(key, dst);
+}
+
 void KvOffloader::Offload(std::span<const StoredBlock> blocks) {
   // The previous step's copies are long done on the device by now; this also keeps a slot
   // from being reused below while a copy into it could still be queued for the disk tier.

@@ -257,6 +257,9 @@ class KvOffloader : public KvBlockSource {
   void Offload(std::span<const StoredBlock> blocks);
   /// Waits for the disk tier's queued writes (tests, shutdown).
   void Flush();
+  /// Copies the bytes cached under `key` in the host or disk tier into `dst` (block_bytes)
+  /// without restoring them or changing the LRU order; false when neither tier has them.
+  bool ReadCached(const BlockKey& key, uint8_t* dst);
   /// Host and disk tier events since the last call (KvEvent::tier says which).
   std::vector<KvEvent> TakeEvents();
   /// A kStored event for every block the tiers hold (for a KV event snapshot).

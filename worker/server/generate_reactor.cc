@@ -10,9 +10,32 @@ namespace kvserve {
 
 GenerateReactor::GenerateReactor(GenerateReactorParams params) : params_(std::move(params)) {
   params_.counters->open_generate_streams.fetch_add(1);
+  if (params_.stream == nullptr) return;  // Attach follows
   // Outputs pushed before the listener existed are picked up by the Pump below.
   params_.stream->SetListener([this] { Pump(); });
   Pump();
+}
+
+void GenerateReactor::Attach(absl::StatusOr<std::shared_ptr<RequestStream>> stream) {
+  bool abort = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream.ok()) {
+      params_.stream = std::move(*stream);
+      // A cancel that came before the request existed found nothing to abort.
+      abort = cancelled_;
+    } else {
+      attach_error_ = stream.status();
+    }
+  }
+  if (abort) params_.engine->Abort(params_.request_id);
+  if (params_.stream != nullptr) params_.stream->SetListener([this] { Pump(); });
+  Pump();
+}
+
+bool GenerateReactor::cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
 }
 
 void GenerateReactor::Pump() {
@@ -23,7 +46,12 @@ void GenerateReactor::Pump() {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_started_ || write_in_flight_) return;
     RequestOutput out;
-    if (cancelled_) {
+    if (params_.stream == nullptr && attach_error_.ok()) return;  // not attached yet
+    if (!attach_error_.ok()) {
+      finish_started_ = true;
+      action = Action::kFinish;
+      finish_status = ToGrpcStatus(attach_error_);
+    } else if (cancelled_) {
       finish_started_ = true;
       action = Action::kFinish;
       finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "generate call cancelled");
@@ -88,10 +116,13 @@ void GenerateReactor::OnWriteDone(bool ok) {
 }
 
 void GenerateReactor::OnCancel() {
+  bool pending = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
+    pending = params_.stream == nullptr && attach_error_.ok();
   }
+  if (pending && on_cancel_pending_) on_cancel_pending_();
   params_.engine->Abort(params_.request_id);
   // Counted after the abort is queued, so whoever sees the count sees the abort too.
   params_.counters->generate_cancelled.fetch_add(1);
@@ -100,7 +131,7 @@ void GenerateReactor::OnCancel() {
 
 void GenerateReactor::OnDone() {
   // After this returns the engine thread no longer runs Pump.
-  params_.stream->SetListener(nullptr);
+  if (params_.stream != nullptr) params_.stream->SetListener(nullptr);
   params_.counters->open_generate_streams.fetch_sub(1);
   delete this;
 }

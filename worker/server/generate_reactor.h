@@ -1,6 +1,7 @@
 #ifndef KVSERVE_WORKER_SERVER_GENERATE_REACTOR_H_
 #define KVSERVE_WORKER_SERVER_GENERATE_REACTOR_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@ namespace kvserve {
 /// What a GenerateReactor streams and where its request lives.
 struct GenerateReactorParams {
   Engine* engine = nullptr;
+  /// Null: the request is not submitted yet (its KV blocks are being pulled); Attach follows.
   std::shared_ptr<RequestStream> stream;
   std::string request_id;
   int32_t num_samples = 1;
@@ -43,10 +45,25 @@ struct GenerateReactorParams {
 /// (other than an abort) finishes it with that error's code. An aborted sample (Worker.Abort, or
 /// the engine shutting down) gets a final message with FINISH_REASON_ABORT.
 ///
+/// Deferred start: a reactor made without a stream waits for Attach (the request's KV blocks
+/// are being pulled from another worker first). A cancel meanwhile runs `on_cancel_pending`
+/// (which cancels the pull) and the call ends once Attach comes.
+///
 /// The reactor deletes itself in OnDone.
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   explicit GenerateReactor(GenerateReactorParams params);
+
+  /// Deferred start: called once with the submitted request's stream, or with why it could
+  /// not be submitted (the call then ends with that status).
+  void Attach(absl::StatusOr<std::shared_ptr<RequestStream>> stream);
+  /// Deferred start: run on cancellation while no stream is attached (may be called from
+  /// OnCancel's thread). Set before the reactor is returned to gRPC.
+  void SetOnCancelPending(std::function<void()> on_cancel) {
+    on_cancel_pending_ = std::move(on_cancel);
+  }
+  /// Whether the client cancelled.
+  bool cancelled();
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -57,7 +74,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void Pump();
 
   GenerateReactorParams params_;
+  std::function<void()> on_cancel_pending_;
   std::mutex mu_;
+  /// Deferred start: the submission failed with this.
+  absl::Status attach_error_;
   bool write_in_flight_ = false;
   bool finish_started_ = false;
   bool cancelled_ = false;

@@ -68,12 +68,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = absl::UnknownError("unset");
   std::string request_id;
   int32_t num_samples = 1;
+  std::pair<int32_t, int32_t> pull{0, 0};
   if (status.ok()) {
     if (engine_request->request_id.empty()) engine_request->request_id = NewRequestId();
     request_id = engine_request->request_id;
     num_samples = engine_request->n;
-    stream = engine_->Submit(std::move(*engine_request));
-    status = stream.status();
+    pull = BlocksToPull(*request, *engine_request);
+    if (pull.first >= pull.second) {
+      stream = engine_->Submit(std::move(*engine_request));
+      status = stream.status();
+    }
   }
   if (!status.ok()) {
     counters_->generate_rejected.fetch_add(1);
@@ -83,17 +87,90 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
                   {"error", std::string(status.message())}});
     return new RejectedGenerate(status);
   }
-  counters_->generate_requests.fetch_add(1);
-  logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
-               {{"request_id", request_id}, {"n", num_samples}});
   GenerateReactorParams params;
   params.engine = engine_;
-  params.stream = std::move(*stream);
-  params.request_id = std::move(request_id);
+  params.request_id = request_id;
   params.num_samples = num_samples;
   params.worker = worker_name();
   params.counters = counters_;
+  if (pull.first < pull.second) {
+    // Pull the prefix's blocks first; the request is submitted when the pull ends, however
+    // it ends (what did not arrive is computed).
+    auto* reactor = new GenerateReactor(std::move(params));
+    struct PullState {
+      std::mutex mu;
+      std::shared_ptr<KvFetchHandle> handle;
+      bool cancelled = false;
+    };
+    auto state = std::make_shared<PullState>();
+    reactor->SetOnCancelPending([state] {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->cancelled = true;
+      if (state->handle != nullptr) state->handle->Cancel();
+    });
+    counters_->kv_pulls.fetch_add(1);
+    logging::Log(logging::LogLevel::kInfo, "worker", "pulling KV blocks",
+                 {{"request_id", request_id},
+                  {"from", request->kv_source().worker()},
+                  {"first_block", pull.first},
+                  {"blocks", pull.second - pull.first}});
+    auto shared_request = std::make_shared<EngineRequest>(std::move(*engine_request));
+    std::shared_ptr<KvFetchHandle> handle = fetcher_->Fetch(
+        request->kv_source().worker(), shared_request->prompt_ids, shared_request->cache_salt,
+        pull.first, pull.second, [this, reactor, shared_request](KvFetchResult result) {
+          shared_request->kv_blocks = std::move(result.blocks);
+          SubmitPulled(reactor, std::move(*shared_request));
+        });
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->handle = std::move(handle);
+    if (state->cancelled) state->handle->Cancel();
+    return reactor;
+  }
+  counters_->generate_requests.fetch_add(1);
+  logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
+               {{"request_id", request_id}, {"n", num_samples}});
+  params.stream = std::move(*stream);
   return new GenerateReactor(std::move(params));
+}
+
+std::pair<int32_t, int32_t> InferenceService::BlocksToPull(const v1::GenerateRequest& request,
+                                                           const EngineRequest& engine_request) {
+  if (fetcher_ == nullptr || !request.has_kv_source()) return {0, 0};
+  const v1::KvSourceHint& hint = request.kv_source();
+  if (hint.worker().empty() || hint.worker() == worker_name()) return {0, 0};
+  // The prefix lookup leaves the prompt's last token to compute, so never uses a last block
+  // that ends the prompt.
+  const int64_t usable =
+      (static_cast<int64_t>(engine_request.prompt_ids.size()) - 1) / engine_->options().block_size;
+  const int32_t first = static_cast<int32_t>(std::min<int64_t>(hint.first_block(), usable));
+  const int32_t end = static_cast<int32_t>(std::min<int64_t>(hint.num_blocks(), usable));
+  if (first >= end) return {0, 0};
+  if (!fetcher_->ShouldPull(hint.worker(), end - first)) {
+    counters_->kv_pulls_declined.fetch_add(1);
+    return {0, 0};
+  }
+  return {first, end};
+}
+
+void InferenceService::SubmitPulled(GenerateReactor* reactor, EngineRequest request) {
+  const std::string request_id = request.request_id;
+  if (reactor->cancelled()) {
+    reactor->Attach(absl::CancelledError("generate call cancelled"));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine_->Submit(std::move(request));
+  if (!stream.ok()) {
+    counters_->generate_rejected.fetch_add(1);
+    logging::Log(logging::LogLevel::kWarning, "worker", "generate rejected",
+                 {{"request_id", request_id},
+                  {"code", absl::StatusCodeToString(stream.status().code())},
+                  {"error", std::string(stream.status().message())}});
+  } else {
+    counters_->generate_requests.fetch_add(1);
+    logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
+                 {{"request_id", request_id}});
+  }
+  reactor->Attach(std::move(stream));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* context,

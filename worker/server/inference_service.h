@@ -5,10 +5,13 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
+#include "worker/server/generate_reactor.h"
+#include "worker/server/kv_fetch.h"
 #include "worker/server/serving_stats.h"
 
 namespace kvserve {
@@ -25,6 +28,9 @@ class InferenceService final : public v1::Inference::CallbackService {
 
   /// GenerateResponse.worker; set once the server knows its bound port.
   void SetWorkerName(std::string worker);
+  /// Where a request with GenerateRequest.kv_source pulls its blocks from the named worker
+  /// (null, the default: hints are ignored). Not owned; set before serving.
+  void SetKvFetcher(KvFetcher* fetcher) { fetcher_ = fetcher; }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -43,11 +49,18 @@ class InferenceService final : public v1::Inference::CallbackService {
   absl::Status CheckModel(const std::string& model) const;
   std::string NewRequestId();
   std::string worker_name();
+  /// The blocks [first, end) of the request's prompt that its kv_source hint says to pull, or
+  /// an empty range when the hint is absent or unusable, or the cost model declines.
+  std::pair<int32_t, int32_t> BlocksToPull(const v1::GenerateRequest& request,
+                                           const EngineRequest& engine_request);
+  /// Submits `request` and starts streaming it through `reactor` (deferred start).
+  void SubmitPulled(GenerateReactor* reactor, EngineRequest request);
 
   const LoadedModel* model_;
   Engine* engine_;
   const std::string model_name_;
   ServingCounters* counters_;
+  KvFetcher* fetcher_ = nullptr;
   // Generated request ids: "<prefix>-<counter>", the prefix random per service so ids from two
   // workers behind one router do not collide.
   std::string id_prefix_;

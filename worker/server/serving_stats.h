@@ -18,6 +18,16 @@ struct ServingStats {
   /// Generate and StreamKvEvents streams open now.
   int64_t open_generate_streams = 0;
   int64_t open_kv_event_streams = 0;
+  /// KV block transfer (GenerateRequest.kv_source, Worker/FetchKvBlocks): pulls started and
+  /// those that failed (what arrived before the failure is used; the rest is computed), hints
+  /// the cost model declined, blocks and bytes received, and blocks and bytes sent to peers.
+  int64_t kv_pulls = 0;
+  int64_t kv_pull_failures = 0;
+  int64_t kv_pulls_declined = 0;
+  int64_t kv_pulled_blocks = 0;
+  int64_t kv_pulled_bytes = 0;
+  int64_t kv_served_blocks = 0;
+  int64_t kv_served_bytes = 0;
 };
 
 /// The live, thread-safe form of ServingStats that the services update.
@@ -27,6 +37,13 @@ struct ServingCounters {
   std::atomic<int64_t> generate_cancelled{0};
   std::atomic<int64_t> open_generate_streams{0};
   std::atomic<int64_t> open_kv_event_streams{0};
+  std::atomic<int64_t> kv_pulls{0};
+  std::atomic<int64_t> kv_pull_failures{0};
+  std::atomic<int64_t> kv_pulls_declined{0};
+  std::atomic<int64_t> kv_pulled_blocks{0};
+  std::atomic<int64_t> kv_pulled_bytes{0};
+  std::atomic<int64_t> kv_served_blocks{0};
+  std::atomic<int64_t> kv_served_bytes{0};
 
   ServingStats Snapshot() const {
     ServingStats s;
@@ -35,6 +52,13 @@ struct ServingCounters {
     s.generate_cancelled = generate_cancelled.load();
     s.open_generate_streams = open_generate_streams.load();
     s.open_kv_event_streams = open_kv_event_streams.load();
+    s.kv_pulls = kv_pulls.load();
+    s.kv_pull_failures = kv_pull_failures.load();
+    s.kv_pulls_declined = kv_pulls_declined.load();
+    s.kv_pulled_blocks = kv_pulled_blocks.load();
+    s.kv_pulled_bytes = kv_pulled_bytes.load();
+    s.kv_served_blocks = kv_served_blocks.load();
+    s.kv_served_bytes = kv_served_bytes.load();
     return s;
   }
 };

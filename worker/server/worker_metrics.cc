@@ -106,6 +106,29 @@ WorkerMetrics::WorkerMetrics(const Engine* engine, const ServingCounters* counte
                                "model or layout, and removed.");
   disk_write_drops_ = AddCounter(r, CounterName(kSub, "kv_disk_write_drops"),
                                  "Block writes to disk dropped because too many were queued.");
+  kv_pulls_ = AddCounter(r, CounterName(kSub, "kv_transfer_pulls"),
+                         "Pulls of KV blocks from another worker (GenerateRequest.kv_source).");
+  kv_pull_failures_ = AddCounter(r, CounterName(kSub, "kv_transfer_pull_failures"),
+                                 "Pulls that failed or were cut short; the blocks that did not "
+                                 "arrive were computed.");
+  kv_pulls_declined_ = AddCounter(r, CounterName(kSub, "kv_transfer_pulls_declined"),
+                                  "Hints not followed: the cost model found computing cheaper "
+                                  "(or --kv-transfer never).");
+  kv_received_blocks_ = AddCounter(r, CounterName(kSub, "kv_transfer_received", "blocks"),
+                                   "KV blocks received from other workers.");
+  kv_received_bytes_ = AddCounter(r, CounterName(kSub, "kv_transfer_received", "bytes"),
+                                  "Bytes of KV blocks received from other workers.");
+  kv_sent_blocks_ = AddCounter(r, CounterName(kSub, "kv_transfer_sent", "blocks"),
+                               "KV blocks sent to other workers (Worker/FetchKvBlocks).");
+  kv_sent_bytes_ = AddCounter(r, CounterName(kSub, "kv_transfer_sent", "bytes"),
+                              "Bytes of KV blocks sent to other workers.");
+  kv_transfer_restored_blocks_ =
+      AddCounter(r, CounterName(kSub, "kv_transfer_restored", "blocks"),
+                 "Received KV blocks restored into the device pool by a prefix lookup.");
+  kv_pull_seconds_ = AddHistogram(r, MetricName(kSub, "kv_transfer_pull_duration", "seconds"),
+                                  "From asking a worker for KV blocks to the last block's "
+                                  "arrival (or the failure).",
+                                  metrics::RequestPhaseBuckets());
   preemptions_ = AddCounter(r, CounterName(kSub, "preemptions"),
                             "Sequences preempted (blocks freed, recomputed later).");
   engine_steps_ = AddCounter(r, CounterName(kSub, "engine_steps"), "Engine steps run.");
@@ -190,6 +213,14 @@ void WorkerMetrics::Refresh() {
   Mirror(engine_steps_, s.num_steps, &last_steps_);
   Mirror(generate_rejected_, serving.generate_rejected, &last_rejected_);
   Mirror(generate_cancelled_, serving.generate_cancelled, &last_cancelled_);
+  Mirror(kv_pulls_, serving.kv_pulls, &last_kv_transfer_[0]);
+  Mirror(kv_pull_failures_, serving.kv_pull_failures, &last_kv_transfer_[1]);
+  Mirror(kv_pulls_declined_, serving.kv_pulls_declined, &last_kv_transfer_[2]);
+  Mirror(kv_received_blocks_, serving.kv_pulled_blocks, &last_kv_transfer_[3]);
+  Mirror(kv_received_bytes_, serving.kv_pulled_bytes, &last_kv_transfer_[4]);
+  Mirror(kv_sent_blocks_, serving.kv_served_blocks, &last_kv_transfer_[5]);
+  Mirror(kv_sent_bytes_, serving.kv_served_bytes, &last_kv_transfer_[6]);
+  Mirror(kv_transfer_restored_blocks_, s.kv_transfer.restored_blocks, &last_kv_transfer_[7]);
 }
 
 void WorkerMetrics::OnStep(const StepMetrics& step) {

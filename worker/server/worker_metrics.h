@@ -30,6 +30,9 @@ class WorkerMetrics final : public EngineObserver {
   /// What /metrics serves: the registry, refreshed from the engine before each collection.
   std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
 
+  /// A pull of KV blocks from another worker ended after `seconds`.
+  void ObserveKvPull(double seconds) { kv_pull_seconds_->Observe(seconds); }
+
   // EngineObserver.
   void OnStep(const StepMetrics& step) override;
   void OnRequestFinished(const RequestMetrics& request) override;
@@ -69,6 +72,16 @@ class WorkerMetrics final : public EngineObserver {
   prometheus::Counter* prefix_restored_tokens_;
   prometheus::Counter* disk_bad_files_;
   prometheus::Counter* disk_write_drops_;
+  // KV block transfer between workers.
+  prometheus::Counter* kv_pulls_;
+  prometheus::Counter* kv_pull_failures_;
+  prometheus::Counter* kv_pulls_declined_;
+  prometheus::Counter* kv_received_blocks_;
+  prometheus::Counter* kv_received_bytes_;
+  prometheus::Counter* kv_sent_blocks_;
+  prometheus::Counter* kv_sent_bytes_;
+  prometheus::Counter* kv_transfer_restored_blocks_;
+  prometheus::Histogram* kv_pull_seconds_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Family<prometheus::Counter>* finished_family_;
@@ -93,6 +106,7 @@ class WorkerMetrics final : public EngineObserver {
   int64_t last_prefix_restored_ = 0;
   int64_t last_bad_files_ = 0;
   int64_t last_write_drops_ = 0;
+  int64_t last_kv_transfer_[8] = {};
 };
 
 }  // namespace kvserve

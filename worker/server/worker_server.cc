@@ -65,6 +65,33 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       auth::MakeServerCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
+  if (options_.kv_transfer.mode != KvTransferMode::kNever) {
+    KvTransferOptions transfer = options_.kv_transfer;
+    if (transfer.credentials == nullptr && options_.tls.enabled()) {
+      auth::ChannelTlsFiles peers;
+      peers.ca_path = options_.tls.client_ca_path;
+      peers.cert_path = options_.tls.cert_path;
+      peers.key_path = options_.tls.key_path;
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
+          auth::MakeChannelCredentials(peers, "--tls-client-ca,--tls-cert,--tls-key");
+      if (!channel.ok()) return channel.status();
+      transfer.credentials = *channel;
+    }
+    fetcher_ = std::make_unique<KvFetcher>(
+        engine_, std::move(transfer), [this](const KvFetchResult& result) {
+          if (!result.status.ok()) {
+            counters_.kv_pull_failures.fetch_add(1);
+            logging::Log(logging::LogLevel::kWarning, "worker",
+                         "KV pull failed; computing the rest",
+                         {{"error", std::string(result.status.message())},
+                          {"blocks_received", static_cast<int64_t>(result.blocks.size())}});
+          }
+          counters_.kv_pulled_blocks.fetch_add(static_cast<int64_t>(result.blocks.size()));
+          counters_.kv_pulled_bytes.fetch_add(result.bytes);
+          metrics_->ObserveKvPull(result.seconds);
+        });
+    inference_->SetKvFetcher(fetcher_.get());
+  }
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

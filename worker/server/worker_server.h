@@ -11,6 +11,7 @@
 #include "common/auth/tls_credentials.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
+#include "worker/server/kv_fetch.h"
 #include "worker/server/serving_stats.h"
 
 namespace grpc {
@@ -44,6 +45,10 @@ struct WorkerServerOptions {
   /// TLS of the gRPC port (--tls-cert, --tls-key); with client_ca_path (--tls-client-ca) every
   /// caller, the router included, must present a certificate that CA signed. None: plaintext.
   auth::ServerTlsFiles tls;
+  /// Pulling KV blocks that GenerateRequest.kv_source names (--kv-transfer). Peers are dialled
+  /// with the server's TLS files: --tls-cert/--tls-key as the client certificate and
+  /// --tls-client-ca as the CA of the peers' certificates; plaintext without TLS.
+  KvTransferOptions kv_transfer;
 };
 
 /// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus
@@ -112,6 +117,7 @@ class WorkerServer {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<WorkerService> worker_;
+  std::unique_ptr<KvFetcher> fetcher_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string advertise_;

@@ -175,6 +175,176 @@ grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* cont
   return FinishOk(context);
 }
 
+namespace {
+
+// Bytes of blocks read out of the engine per loop-thread task: large enough to keep a stream
+// busy, small enough not to stretch the gap between two steps.
+constexpr int64_t kExportBatchBytes = int64_t{8} << 20;
+
+/// A FetchKvBlocks call that failed before streaming.
+class RejectedFetch final : public grpc::ServerWriteReactor<v1::KvBlockData> {
+ public:
+  explicit RejectedFetch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+/// Streams a prompt's cached blocks to a peer: asks the engine for a batch of blocks (read on its
+/// loop thread between steps), writes them one message per block, then asks for the next batch
+/// until the range is done or the engine has no more. At most one batch and one write are
+/// outstanding; the call finishes only when neither is, so the engine's callback never outlives
+/// the reactor. Deletes itself in OnDone.
+class FetchKvBlocksReactor final : public grpc::ServerWriteReactor<v1::KvBlockData> {
+ public:
+  FetchKvBlocksReactor(Engine* engine, ServingCounters* counters, std::vector<TokenId> tokens,
+                       std::string cache_salt, int32_t first, int32_t end)
+      : engine_(engine),
+        counters_(counters),
+        tokens_(std::move(tokens)),
+        salt_(std::move(cache_salt)),
+        next_(first),
+        end_(end) {
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_in_flight_ = false;
+      if (!ok) cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnBatch(std::vector<KvBlockPayload> blocks) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      export_in_flight_ = false;
+      const int64_t expected = std::min<int64_t>(
+          end_ - next_, std::max<int64_t>(1, kExportBatchBytes / engine_->kv_block_bytes()));
+      // Fewer blocks than asked for: the engine holds no more of this prefix.
+      if (static_cast<int64_t>(blocks.size()) < expected) exhausted_ = true;
+      next_ += static_cast<int32_t>(blocks.size());
+      batch_ = std::move(blocks);
+      sent_ = 0;
+    }
+    Pump();
+  }
+
+  void Pump() {
+    enum class Action { kNone, kWrite, kExport, kFinish };
+    Action action = Action::kNone;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_started_ || write_in_flight_ || export_in_flight_) return;
+      if (cancelled_) {
+        finish_started_ = true;
+        action = Action::kFinish;
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "FetchKvBlocks cancelled");
+      } else if (sent_ < batch_.size()) {
+        KvBlockPayload& b = batch_[sent_++];
+        message_.Clear();
+        message_.set_index(static_cast<uint32_t>(b.index));
+        message_.mutable_key()->set_hi(b.key.hi);
+        message_.mutable_key()->set_lo(b.key.lo);
+        counters_->kv_served_blocks.fetch_add(1);
+        counters_->kv_served_bytes.fetch_add(static_cast<int64_t>(b.bytes.size()));
+        message_.set_data(std::move(b.bytes));
+        write_in_flight_ = true;
+        action = Action::kWrite;
+      } else if (exhausted_ || next_ >= end_) {
+        finish_started_ = true;
+        action = Action::kFinish;
+      } else {
+        export_in_flight_ = true;
+        action = Action::kExport;
+      }
+    }
+    switch (action) {
+      case Action::kNone:
+        break;
+      case Action::kWrite:
+        StartWrite(&message_);
+        break;
+      case Action::kExport:
+        engine_->ExportKvBlocks(
+            tokens_, salt_, next_, end_ - next_, kExportBatchBytes,
+            [this](std::vector<KvBlockPayload> blocks) { OnBatch(std::move(blocks)); });
+        break;
+      case Action::kFinish:
+        Finish(status);
+        break;
+    }
+  }
+
+  Engine* const engine_;
+  ServingCounters* const counters_;
+  const std::vector<TokenId> tokens_;
+  const std::string salt_;
+  std::mutex mu_;
+  int32_t next_;
+  const int32_t end_;
+  std::vector<KvBlockPayload> batch_;
+  size_t sent_ = 0;
+  bool exhausted_ = false;
+  bool export_in_flight_ = false;
+  bool write_in_flight_ = false;
+  bool cancelled_ = false;
+  bool finish_started_ = false;
+  v1::KvBlockData message_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::KvBlockData>* WorkerService::FetchKvBlocks(
+    grpc::CallbackServerContext* /*context*/, const v1::FetchKvBlocksRequest* request) {
+  const KvTierIdentity& mine = engine_->kv_identity();
+  const v1::KvIdentity& theirs = request->identity();
+  if (theirs.model().hi() != mine.model.hi || theirs.model().lo() != mine.model.lo) {
+    return new RejectedFetch(absl::FailedPreconditionError(
+        "identity: the caller's model fingerprint differs from this worker's; KV blocks move "
+        "only between workers serving the same weights"));
+  }
+  if (theirs.layout() != mine.layout) {
+    return new RejectedFetch(absl::FailedPreconditionError(
+        absl::StrCat("identity: the caller's KV layout is '", theirs.layout(),
+                     "', this worker's is '", mine.layout, "'")));
+  }
+  const int32_t bs = engine_->options().block_size;
+  const int64_t max_tokens = model_->config().max_position_embeddings;
+  if (request->token_ids_size() < bs || request->token_ids_size() > max_tokens) {
+    return new RejectedFetch(
+        absl::InvalidArgumentError(absl::StrCat("token_ids: need at least one full block (", bs,
+                                                " tokens) and at most the "
+                                                "model's context of ",
+                                                max_tokens, ", got ", request->token_ids_size())));
+  }
+  const int32_t full = request->token_ids_size() / bs;
+  if (request->first_block() >= static_cast<uint32_t>(full)) {
+    return new RejectedFetch(absl::InvalidArgumentError(absl::StrCat(
+        "first_block: ", request->first_block(), " is past the prompt's ", full, " full blocks")));
+  }
+  const int32_t first = static_cast<int32_t>(request->first_block());
+  const int32_t end =
+      request->max_blocks() == 0
+          ? full
+          : static_cast<int32_t>(std::min<int64_t>(full, int64_t{first} + request->max_blocks()));
+  std::vector<TokenId> tokens(request->token_ids().begin(), request->token_ids().end());
+  return new FetchKvBlocksReactor(engine_, counters_, std::move(tokens), request->cache_salt(),
+                                  first, end);
+}
+
 grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const v1::GetModelInfoRequest* /*request*/,
                                                       v1::ModelInfo* response) {

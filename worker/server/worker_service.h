@@ -47,6 +47,8 @@ class WorkerService final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
+  grpc::ServerWriteReactor<v1::KvBlockData>* FetchKvBlocks(
+      grpc::CallbackServerContext* context, const v1::FetchKvBlocksRequest* request) override;
 
  private:
   friend class KvEventsReactor;
