@@ -8,52 +8,94 @@
 #include "router/router_metrics.h"
 
 namespace kvserve {
+namespace {
+
+// The worker holding the longest leading run of a request's blocks: most matched blocks, then
+// most of them on the device, then the earliest. `matched` must not be empty.
+size_t BestHolder(const std::vector<PrefixMatchCount>& matched) {
+  size_t best = 0;
+  for (size_t i = 1; i < matched.size(); ++i) {
+    const PrefixMatchCount& a = matched[i];
+    const PrefixMatchCount& b = matched[best];
+    if (a.blocks > b.blocks || (a.blocks == b.blocks && a.device_blocks > b.device_blocks)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+}  // namespace
 
 Dispatcher::Dispatcher(const DispatcherOptions& options, WorkerPool* pool, PrefixIndex* index,
                        RoutingPolicy* policy)
     : options_(options), pool_(pool), index_(index), policy_(policy) {}
 
-std::shared_ptr<WorkerHandle> Dispatcher::ReserveLocked(const PendingRequest& request) {
-  std::vector<std::shared_ptr<WorkerHandle>> candidates;
+Reservation Dispatcher::ReserveLocked(const PendingRequest& request) {
+  // Every routable worker the request may go to can be pulled from, a full one included:
+  // handing a busy holder's requests to an idle worker is the point of a transfer. Only those
+  // with a free slot are candidates.
+  std::vector<std::shared_ptr<WorkerHandle>> routable;
+  std::vector<size_t> candidates;  // indices into `routable`
   for (auto& worker : pool_->Workers()) {
-    if (!worker->routable() || request.Excludes(worker->id()) ||
-        worker->in_flight() >= options_.max_inflight_per_worker) {
-      continue;
+    if (!worker->routable() || request.Excludes(worker->id())) continue;
+    if (worker->in_flight() < options_.max_inflight_per_worker) {
+      candidates.push_back(routable.size());
     }
-    candidates.push_back(std::move(worker));
+    routable.push_back(std::move(worker));
   }
-  if (candidates.empty()) return nullptr;
+  if (candidates.empty()) return {};
   RoutingRequest routing = request.routing_request();
   routing.block_size = options_.block_size;
   std::vector<WorkerId> ids;
-  ids.reserve(candidates.size());
-  for (const auto& worker : candidates) ids.push_back(worker->id());
+  ids.reserve(routable.size());
+  for (const auto& worker : routable) ids.push_back(worker->id());
   const std::vector<PrefixMatchCount> matched = index_->MatchedBlocks(ids, routing.block_keys);
+  const size_t holder = BestHolder(matched);
+  // The longest run held by a worker other than the best holder: what the best holder itself
+  // could pull.
+  int runner_up_blocks = 0;
+  for (size_t i = 0; i < routable.size(); ++i) {
+    if (i != holder) runner_up_blocks = std::max(runner_up_blocks, matched[i].blocks);
+  }
   std::vector<WorkerView> views(candidates.size());
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    views[i].address = candidates[i]->address();
-    views[i].in_flight = candidates[i]->in_flight();
-    views[i].capacity = options_.max_inflight_per_worker;
-    views[i].load = candidates[i]->load();
-    views[i].matched_blocks = matched[i].blocks;
-    views[i].matched_device_blocks = matched[i].device_blocks;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const size_t i = candidates[c];
+    views[c].address = routable[i]->address();
+    views[c].in_flight = routable[i]->in_flight();
+    views[c].capacity = options_.max_inflight_per_worker;
+    views[c].load = routable[i]->load();
+    views[c].matched_blocks = matched[i].blocks;
+    views[c].matched_device_blocks = matched[i].device_blocks;
+    views[c].pullable_blocks = i == holder ? runner_up_blocks : matched[holder].blocks;
   }
   WorkerChoice choice = policy_->Choose(routing, views);
   if (choice.index >= candidates.size()) choice.index = 0;  // a broken policy must not crash us
-  std::shared_ptr<WorkerHandle> chosen = std::move(candidates[choice.index]);
-  chosen->AddInFlight(1);
-  if (metrics_ != nullptr)
-    metrics_->RecordRouting(matched[choice.index].blocks * options_.block_size);
-  return chosen;
+  const size_t chosen = candidates[choice.index];
+  Reservation reservation;
+  reservation.worker = routable[chosen];
+  reservation.worker->AddInFlight(1);
+  // When the best holder is another worker, no worker holds more than it: it is the one to
+  // pull from, and only if it holds more than the chosen worker.
+  if (policy_->wants_kv_transfer_hints() && holder != chosen &&
+      matched[holder].blocks > matched[chosen].blocks) {
+    reservation.kv_source = KvTransferHint{.worker = routable[holder]->address(),
+                                           .first_block = matched[chosen].blocks,
+                                           .num_blocks = matched[holder].blocks};
+  }
+  if (metrics_ != nullptr) {
+    metrics_->RecordRouting(matched[chosen].blocks * options_.block_size);
+    if (reservation.kv_source.has_value()) metrics_->RecordKvTransferHint();
+  }
+  return reservation;
 }
 
 absl::Status Dispatcher::Submit(PendingRequest* request) {
-  std::shared_ptr<WorkerHandle> worker;
+  Reservation reservation;
   {
     absl::MutexLock lock(&mu_);
     // FIFO: a new request may not overtake queued ones.
-    if (queue_.empty()) worker = ReserveLocked(*request);
-    if (worker == nullptr) {
+    if (queue_.empty()) reservation = ReserveLocked(*request);
+    if (reservation.worker == nullptr) {
       int routable = 0;
       for (const auto& w : pool_->Workers()) routable += w->routable() ? 1 : 0;
       if (routable == 0) {
@@ -73,11 +115,11 @@ absl::Status Dispatcher::Submit(PendingRequest* request) {
       return absl::OkStatus();
     }
   }
-  request->Start(std::move(worker));
+  request->Start(std::move(reservation));
   return absl::OkStatus();
 }
 
-std::shared_ptr<WorkerHandle> Dispatcher::ReserveNow(PendingRequest* request) {
+Reservation Dispatcher::ReserveNow(PendingRequest* request) {
   absl::MutexLock lock(&mu_);
   return ReserveLocked(*request);
 }
@@ -99,14 +141,14 @@ void Dispatcher::Release(WorkerHandle& worker) {
 }
 
 void Dispatcher::Pump() {
-  std::vector<std::pair<PendingRequest*, std::shared_ptr<WorkerHandle>>> starts;
+  std::vector<std::pair<PendingRequest*, Reservation>> starts;
   std::vector<PendingRequest*> rejects;
   {
     absl::MutexLock lock(&mu_);
     while (!queue_.empty()) {
-      std::shared_ptr<WorkerHandle> worker = ReserveLocked(*queue_.front());
-      if (worker == nullptr) break;
-      starts.emplace_back(queue_.front(), std::move(worker));
+      Reservation reservation = ReserveLocked(*queue_.front());
+      if (reservation.worker == nullptr) break;
+      starts.emplace_back(queue_.front(), std::move(reservation));
       queue_.pop_front();
     }
     if (!queue_.empty()) {
@@ -118,7 +160,7 @@ void Dispatcher::Pump() {
       }
     }
   }
-  for (auto& [request, worker] : starts) request->Start(std::move(worker));
+  for (auto& [request, reservation] : starts) request->Start(std::move(reservation));
   for (PendingRequest* request : rejects) {
     if (metrics_ != nullptr) metrics_->RecordRejection("no_worker");
     request->Reject(absl::UnavailableError("no healthy worker left to serve the queued request"));

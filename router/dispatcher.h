@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/base/thread_annotations.h"
@@ -22,6 +24,28 @@ class RouterMetrics;
 /// wait before trying again (a hint, not a promise).
 inline constexpr std::string_view kRetryAfterMetadata = "retry-after-ms";
 
+/// Where the chosen worker can pull K/V of the prompt's leading blocks from instead of computing
+/// them; becomes GenerateRequest.kv_source. Only the dispatcher makes one, from its own view of
+/// the workers' caches (never from what a client sent).
+struct KvTransferHint {
+  /// The holding worker's address, as the router dials it.
+  std::string worker;
+  /// Leading blocks the chosen worker holds itself (not pulled).
+  int first_block = 0;
+  /// Leading full blocks the holder has; the chosen worker may pull [first_block, num_blocks).
+  int num_blocks = 0;
+};
+
+/// A worker slot reserved for a request.
+struct Reservation {
+  /// The worker (its in-flight count already includes the request); nullptr: none had room.
+  std::shared_ptr<WorkerHandle> worker;
+  /// Set when another routable worker holds more of the prompt's leading blocks than `worker`
+  /// and the policy weighs such blocks (RoutingPolicy::wants_kv_transfer_hints). Never names
+  /// `worker` itself.
+  std::optional<KvTransferHint> kv_source;
+};
+
 /// A request that needs a worker slot. Implemented by the Generate forwarding call.
 class PendingRequest {
  public:
@@ -31,10 +55,11 @@ class PendingRequest {
   virtual RoutingRequest routing_request() const = 0;
   /// True for workers the request must not go to (one that already failed it).
   virtual bool Excludes(WorkerId worker) const = 0;
-  /// A slot on `worker` is reserved for the request (its in-flight count already includes it);
-  /// the request must call Dispatcher::Release(worker) when it is done with it. Called without
-  /// the dispatcher's lock held.
-  virtual void Start(std::shared_ptr<WorkerHandle> worker) = 0;
+  /// A slot on `reservation.worker` (never null) is reserved for the request (its in-flight
+  /// count already includes it); the request must call Dispatcher::Release(worker) when it is
+  /// done with it, and sends `reservation.kv_source` with this attempt only. Called without the
+  /// dispatcher's lock held.
+  virtual void Start(Reservation reservation) = 0;
   /// The request was queued and can no longer be served (no routable worker is left).
   virtual void Reject(absl::Status status) = 0;
 };
@@ -66,9 +91,10 @@ class Dispatcher {
   /// worker is full and the queue too; UNAVAILABLE when no worker is routable. On OK the
   /// request has been started or will be started or rejected later.
   absl::Status Submit(PendingRequest* request);
-  /// Reserves a slot for a retry, bypassing the queue (the request already waited its turn):
-  /// nullptr when no routable, non-excluded worker has room.
-  std::shared_ptr<WorkerHandle> ReserveNow(PendingRequest* request);
+  /// Reserves a slot for a retry, bypassing the queue (the request already waited its turn),
+  /// with a transfer hint of its own: a null worker when no routable, non-excluded worker has
+  /// room.
+  Reservation ReserveNow(PendingRequest* request);
   /// Removes a queued request; false when it is not queued (already started or rejected).
   bool Withdraw(PendingRequest* request);
   /// Frees the request's slot on `worker` and starts queued requests that now fit.
@@ -77,8 +103,8 @@ class Dispatcher {
   /// the pool's view changes.
   void Pump();
 
-  /// Records routing decisions and admission rejections in `metrics` (nullptr: none). Call
-  /// before the first Submit; must outlive the dispatcher.
+  /// Records routing decisions, transfer hints and admission rejections in `metrics` (nullptr:
+  /// none). Call before the first Submit; must outlive the dispatcher.
   void SetMetrics(RouterMetrics* metrics) { metrics_ = metrics; }
 
   /// Requests waiting in the queue.
@@ -87,9 +113,9 @@ class Dispatcher {
   bool WaitForQueued(size_t count, absl::Duration timeout) const;
 
  private:
-  /// Picks a worker for `request` and reserves its slot; nullptr when none has room.
-  std::shared_ptr<WorkerHandle> ReserveLocked(const PendingRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Picks a worker for `request` and reserves its slot, with a transfer hint when the policy
+  /// wants them; a null worker when none has room.
+  Reservation ReserveLocked(const PendingRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherOptions options_;
   WorkerPool* const pool_;

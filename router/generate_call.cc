@@ -49,9 +49,9 @@ bool IsRetryable(grpc::StatusCode code) {
 class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::GenerateResponse>,
                                      public std::enable_shared_from_this<Upstream> {
  public:
-  Upstream(GenerateCall* call, const v1::GenerateRequest& request,
+  Upstream(GenerateCall* call, v1::GenerateRequest request,
            std::chrono::system_clock::time_point deadline)
-      : call_(call), request_(request) {
+      : call_(call), request_(std::move(request)) {
     if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
   }
 
@@ -122,7 +122,8 @@ bool GenerateCall::Excludes(WorkerId worker) const {
   return excluded_.contains(worker);
 }
 
-void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
+void GenerateCall::Start(Reservation reservation) {
+  std::shared_ptr<WorkerHandle> worker = std::move(reservation.worker);
   std::shared_ptr<Upstream> upstream;
   {
     absl::MutexLock lock(&mu_);
@@ -130,7 +131,15 @@ void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
       ++attempts_;
       if (started_ == Clock::time_point{}) started_ = Clock::now();
       worker_ = worker;
-      upstream = std::make_shared<Upstream>(this, request_, context_->deadline());
+      // request_ carries no kv_source (the service drops a client's); this attempt gets its own.
+      v1::GenerateRequest attempt = request_;
+      if (reservation.kv_source.has_value()) {
+        v1::KvSourceHint* hint = attempt.mutable_kv_source();
+        hint->set_worker(reservation.kv_source->worker);
+        hint->set_first_block(static_cast<uint32_t>(reservation.kv_source->first_block));
+        hint->set_num_blocks(static_cast<uint32_t>(reservation.kv_source->num_blocks));
+      }
+      upstream = std::make_shared<Upstream>(this, std::move(attempt), context_->deadline());
       upstream_ = upstream;
     }
   }
@@ -140,10 +149,13 @@ void GenerateCall::Start(std::shared_ptr<WorkerHandle> worker) {
     RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     return;
   }
+  const std::string kv_source =
+      reservation.kv_source.has_value() ? reservation.kv_source->worker : "";
   logging::Log(logging::LogLevel::kInfo, "router", "request routed",
                {{"request_id", request_.request_id()},
                 {"worker", worker->address()},
-                {"prompt_tokens", request_.prompt_token_ids_size()}});
+                {"prompt_tokens", request_.prompt_token_ids_size()},
+                {"kv_source", kv_source}});
   upstream->Begin(worker->inference());
 }
 
@@ -239,8 +251,8 @@ void GenerateCall::OnUpstreamDone(const grpc::Status& status) {
   if (IsDrainingRefusal(status)) pool_->MarkDraining(*worker);
   dispatcher_->Release(*worker);
   if (retry) {
-    std::shared_ptr<WorkerHandle> next = dispatcher_->ReserveNow(this);
-    if (next != nullptr) {
+    Reservation next = dispatcher_->ReserveNow(this);
+    if (next.worker != nullptr) {
       if (metrics_ != nullptr) metrics_->RecordRetry();
       logging::Log(logging::LogLevel::kWarning, "router", "retrying on another worker",
                    {{"request_id", request_.request_id()},

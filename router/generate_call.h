@@ -39,7 +39,9 @@ class RouterMetrics;
 /// excluded); a failure after it ends the stream with UNAVAILABLE. Client cancellation and the
 /// client's deadline cancel the upstream call; the deadline is also set on it. A worker that
 /// refuses the request with UNAVAILABLE because it is draining is marked draining in the pool
-/// at once (no new request goes there) and the request is retried elsewhere. Finish is
+/// at once (no new request goes there) and the request is retried elsewhere. Each attempt
+/// carries its own reservation's transfer hint (kv_source) or none: a retry never repeats the
+/// first attempt's hint. Finish is
 /// called once, only after the upstream call has ended and no write is pending; OnDone
 /// deletes the object.
 class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
@@ -65,7 +67,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   // PendingRequest.
   RoutingRequest routing_request() const override;
   bool Excludes(WorkerId worker) const override;
-  void Start(std::shared_ptr<WorkerHandle> worker) override;
+  void Start(Reservation reservation) override;
   void Reject(absl::Status status) override;
 
   // grpc::ServerWriteReactor.

@@ -58,6 +58,15 @@ RouterMetrics::RouterMetrics(std::string policy)
                            for (double v : metrics::TokenCountBuckets()) b.push_back(v);
                            return b;
                          }());
+  kv_transfer_hints_ =
+      &prometheus::BuildCounter()
+           .Name(CounterName(kSub, "kv_transfer_hints"))
+           .Help(
+               "Requests sent to a worker with a hint naming another worker that holds more "
+               "of the prompt's leading KV blocks, for the worker to pull them (kv_aware with "
+               "--kv-transfer-weight > 0).")
+           .Register(r)
+           .Add({});
   retries_ = &prometheus::BuildCounter()
                   .Name(CounterName(kSub, "retries"))
                   .Help("Requests retried on another worker after failing before streaming.")
@@ -143,6 +152,8 @@ void RouterMetrics::RecordRouting(int matched_tokens) {
   (matched_tokens > 0 ? decisions_hit_ : decisions_miss_)->Increment();
   matched_tokens_->Observe(matched_tokens);
 }
+
+void RouterMetrics::RecordKvTransferHint() { kv_transfer_hints_->Increment(); }
 
 void RouterMetrics::RecordRetry() { retries_->Increment(); }
 

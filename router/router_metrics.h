@@ -37,6 +37,9 @@ class RouterMetrics {
 
   /// The policy sent a request to a worker holding `matched_tokens` of its prompt's prefix.
   void RecordRouting(int matched_tokens);
+  /// A request was sent to a worker with a hint naming another worker that holds more of its
+  /// prompt's leading blocks (GenerateRequest.kv_source).
+  void RecordKvTransferHint();
   /// A request failed on a worker before streaming and was sent to another one.
   void RecordRetry();
   /// A request was refused admission: `reason` is "overloaded" (queue full) or "no_worker".
@@ -68,6 +71,7 @@ class RouterMetrics {
   prometheus::Counter* decisions_hit_;
   prometheus::Counter* decisions_miss_;
   prometheus::Histogram* matched_tokens_;
+  prometheus::Counter* kv_transfer_hints_;
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* rejections_family_;
   prometheus::Family<prometheus::Counter>* requests_family_;

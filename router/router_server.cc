@@ -65,6 +65,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
     return absl::InvalidArgumentError(
         absl::StrCat("load-weight: must be a finite value >= 0, got ", load_weight));
   }
+  const double transfer_weight = options.policy_config.kv_aware.transfer_weight;
+  if (!(transfer_weight >= 0 && transfer_weight <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv-transfer-weight: must be in [0, 1], got ", transfer_weight));
+  }
   auto state = std::make_unique<State>();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
       auth::MakeServerCredentials(options.tls);

@@ -66,6 +66,9 @@ absl::StatusOr<v1::GenerateRequest> RouterService::PrepareRequest(
   if (absl::Status status = CheckModel(request.model()); !status.ok()) return status;
   v1::GenerateRequest out = request;
   out.clear_model();
+  // Only the dispatcher names a worker to pull KV blocks from: a client's hint would make a
+  // worker dial an address of the client's choosing.
+  out.clear_kv_source();
   const bool has_text = !request.prompt().empty();
   const bool has_ids = request.prompt_token_ids_size() > 0;
   if (has_text == has_ids) {

@@ -74,7 +74,7 @@ class RouterService final : public v1::Inference::CallbackService {
                                        v1::DetokenizeResponse* response) override;
 
   /// The request as it is forwarded: validated, prompt tokenized into prompt_token_ids, model
-  /// cleared, request_id filled in. INVALID_ARGUMENT names the offending field.
+  /// and kv_source cleared, request_id filled in. INVALID_ARGUMENT names the offending field.
   absl::StatusOr<v1::GenerateRequest> PrepareRequest(const v1::GenerateRequest& request);
 
  private:

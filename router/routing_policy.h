@@ -53,6 +53,10 @@ struct WorkerView {
   /// How many of those blocks are in the worker's device pool; the others would be restored
   /// from its host or disk tier.
   int matched_device_blocks = 0;
+  /// The longest leading run of the request's block keys that any other routable worker holds
+  /// (full ones included), in any tier: what this worker could pull from that one
+  /// (Worker/FetchKvBlocks) instead of computing. 0 when no other worker holds any.
+  int pullable_blocks = 0;
 
   /// The load every policy compares: requests in flight from this router plus requests waiting
   /// in the worker's own queue (the latter may include other routers' requests).
@@ -79,6 +83,11 @@ struct KvAwareConfig {
   /// device pool (1): restoring it costs a copy, far less than recomputing it (docs/benchmarks.md,
   /// "KV tiers": ~17 ms against ~112 ms to the first token), but not nothing.
   double lower_tier_weight = 0.8;
+  /// What a block the worker does not hold but could pull from another worker
+  /// (WorkerView::pullable_blocks) is worth against one in its device pool (1): a pull costs a
+  /// network copy, more than restoring from the worker's own host tier. In [0, 1]; 0 ignores
+  /// other workers' blocks and sends no transfer hints.
+  double transfer_weight = 0.5;
 };
 
 /// Tuning of every built-in policy; each policy reads its own part.
@@ -97,6 +106,11 @@ class RoutingPolicy {
   /// the policy's own state.
   virtual WorkerChoice Choose(const RoutingRequest& request,
                               std::span<const WorkerView> workers) = 0;
+  /// True when the policy counts blocks a worker could pull from another one
+  /// (WorkerView::pullable_blocks): the dispatcher then tells the chosen worker where to pull
+  /// them from (GenerateRequest.kv_source). A policy that ignores them would send workers
+  /// pulls nobody weighed.
+  virtual bool wants_kv_transfer_hints() const { return false; }
 };
 
 /// Makes a policy from the configuration.

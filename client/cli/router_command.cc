@@ -29,6 +29,7 @@ struct RouterFlags {
   int max_inflight_per_worker = 64;
   int max_queue = 256;
   double load_weight = KvAwareConfig{}.load_weight;
+  double kv_transfer_weight = KvAwareConfig{}.transfer_weight;
   int balance_threshold = KvAwareConfig{}.balance_threshold;
   int probe_interval_ms = 1000;
   int probe_timeout_ms = 500;
@@ -53,6 +54,7 @@ absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
   options.model_name = flags.model_name;
   options.policy = flags.policy;
   options.policy_config.kv_aware.load_weight = flags.load_weight;
+  options.policy_config.kv_aware.transfer_weight = flags.kv_transfer_weight;
   options.policy_config.kv_aware.balance_threshold = flags.balance_threshold;
   options.dispatch.block_size = flags.block_size;
   options.dispatch.max_inflight_per_worker = flags.max_inflight_per_worker;
@@ -180,6 +182,11 @@ Command AddRouterCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--load-weight", flags->load_weight,
                   "kv_aware: cost of relative load against prefix reuse")
+      ->capture_default_str();
+  sub->add_option("--kv-transfer-weight", flags->kv_transfer_weight,
+                  "kv_aware: worth of a prefix block another worker holds (and this one would "
+                  "pull) against one on this worker's device, in [0, 1]; 0 disables transfer "
+                  "hints")
       ->capture_default_str();
   sub->add_option("--balance-threshold", flags->balance_threshold,
                   "kv_aware: load gap (requests) above which the least loaded worker is used; "

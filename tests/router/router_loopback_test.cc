@@ -1,6 +1,7 @@
 // The router end to end on loopback, against fake in-process workers (tests/router/fake_worker):
 // routing by policy, KV-aware placement from KV events, retries, mid-stream failures, health
-// ejection and re-admission, admission bounds, cancellation and deadline propagation.
+// ejection and re-admission, admission bounds, cancellation and deadline propagation, and KV
+// transfer hints (GenerateRequest.kv_source).
 
 #include <chrono>
 #include <memory>
@@ -11,6 +12,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kvserve/v1/inference.grpc.pb.h"
+#include "prometheus/metric_family.h"
+#include "router/router_metrics.h"
 #include "router/router_server.h"
 #include "tests/router/fake_worker.h"
 
@@ -57,6 +60,7 @@ class RouterLoopbackTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.model_path = kModel;
     options.policy = policy;
+    options.policy_config = policy_config_;
     options.dispatch.max_inflight_per_worker = max_inflight;
     options.dispatch.max_queue = max_queue;
     for (const auto& w : workers_) options.pool.static_workers.push_back(w->address());
@@ -85,6 +89,22 @@ class RouterLoopbackTest : public ::testing::Test {
 
   const std::string& Addr(int i) const { return workers_[i]->address(); }
 
+  /// Waits until the router's prefix index shows worker `i` holding `count` keys.
+  void WaitForKeys(int i, size_t count) {
+    const WorkerId id = router_->pool().Find(Addr(i))->id();
+    ASSERT_TRUE(router_->index().WaitForBlockCount(id, count, absl::Seconds(10)));
+  }
+
+  /// The value of the router's unlabelled counter `name` (-1 when there is none).
+  double Counter(std::string_view name) const {
+    for (const prometheus::MetricFamily& family : router_->metrics().collectable()->Collect()) {
+      if (family.name == name && !family.metric.empty()) return family.metric[0].counter.value;
+    }
+    return -1;
+  }
+
+  /// Read by StartRouter.
+  RoutingPolicyConfig policy_config_;
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   std::unique_ptr<RouterServer> router_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -220,6 +240,9 @@ TEST_F(RouterLoopbackTest, KvAwareFollowsTheWorkersKvEvents) {
 // in a device pool, and a worker that drops them from every tier stops drawing the prefix.
 TEST_F(RouterLoopbackTest, KvAwareCountsBlocksAWorkerCanRestoreFromItsHostTier) {
   StartWorkers(3);
+  // With transfers, worker 1 would pull the fourth block from worker 2 (3 + 0.5 beats 3.2):
+  // this test is about the tiers alone.
+  policy_config_.kv_aware.transfer_weight = 0;
   StartRouter("kv_aware");
   const std::vector<uint32_t> prompt = Range(10, 66);  // 4 full blocks
   const std::vector<BlockKey> keys = KeysOf(prompt);
@@ -235,6 +258,113 @@ TEST_F(RouterLoopbackTest, KvAwareCountsBlocksAWorkerCanRestoreFromItsHostTier) 
   workers_[2]->EvictKeys({keys[0]}, KvTier::kHost);
   ASSERT_TRUE(router_->index().WaitForBlockCount(w2, 3, absl::Seconds(10)));
   EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(1));
+}
+
+// A holder of the prompt's prefix that is full hands the request to another worker, with a hint
+// naming the holder and the blocks to pull; the hint is the router's alone (a client's is
+// dropped) and names only blocks of the request's own cache salt.
+TEST_F(RouterLoopbackTest, KvAwareOffloadsAFullHolderWithATransferHint) {
+  StartWorkers(2);
+  workers_[0]->set_mode(FakeWorker::Mode::kHoldAfterFirst);
+  StartRouter("kv_aware", /*max_inflight=*/1, /*max_queue=*/4);
+  const std::string kHints = "kvserve_router_kv_transfer_hints_total";
+  EXPECT_EQ(Counter(kHints), 0);
+  const std::vector<uint32_t> prompt = Range(10, 50);  // 3 full blocks
+  const std::vector<BlockKey> keys = KeysOf(prompt);
+  workers_[0]->StoreKeys(keys);
+  WaitForKeys(0, 3);
+  // A goes to the holder (no hint: it has the whole prefix) and is held there: worker 0 is full.
+  grpc::ClientContext ca;
+  ca.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto a = stub_->Generate(&ca, Prompt(prompt));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(a->Read(&msg));
+  EXPECT_EQ(msg.worker(), Addr(0));
+  EXPECT_FALSE(workers_[0]->requests().at(0).has_kv_source());
+
+  // B goes to worker 1, told to pull blocks [0, 3) from worker 0; the client's own hint is gone.
+  v1::GenerateRequest b = Prompt(prompt);
+  b.mutable_kv_source()->set_worker("203.0.113.7:9000");
+  b.mutable_kv_source()->set_num_blocks(3);
+  Outcome out = Generate(b);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.worker(), Addr(1));
+  v1::GenerateRequest seen = workers_[1]->requests().at(0);
+  ASSERT_TRUE(seen.has_kv_source());
+  EXPECT_EQ(seen.kv_source().worker(), Addr(0));
+  EXPECT_EQ(seen.kv_source().first_block(), 0u);
+  EXPECT_EQ(seen.kv_source().num_blocks(), 3u);
+  EXPECT_EQ(Counter(kHints), 1);
+
+  // Once worker 1 holds the first block itself, it pulls only [1, 3).
+  workers_[1]->StoreKeys({keys[0]});
+  WaitForKeys(1, 1);
+  out = Generate(Prompt(prompt));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  seen = workers_[1]->requests().at(1);
+  ASSERT_TRUE(seen.has_kv_source());
+  EXPECT_EQ(seen.kv_source().worker(), Addr(0));
+  EXPECT_EQ(seen.kv_source().first_block(), 1u);
+  EXPECT_EQ(seen.kv_source().num_blocks(), 3u);
+
+  // The same tokens under another cache salt (another tenant) match none of worker 0's blocks.
+  out = Generate(Prompt(prompt, "other-tenant"));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_FALSE(workers_[1]->requests().at(2).has_kv_source());
+  EXPECT_EQ(Counter(kHints), 2);
+
+  // With A done, the idle holder serves the prefix itself: no hint, and a client's is dropped.
+  workers_[0]->ReleaseHeld();
+  while (a->Read(&msg)) {
+  }
+  ASSERT_TRUE(a->Finish().ok());
+  out = Generate(b);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.worker(), Addr(0));
+  EXPECT_FALSE(workers_[0]->requests().at(1).has_kv_source());
+  EXPECT_EQ(Counter(kHints), 2);
+}
+
+// The first attempt's hint names the holder; when that attempt fails and the retry goes to the
+// holder itself, the retry carries no hint.
+TEST_F(RouterLoopbackTest, ARetryDoesNotCarryTheFirstAttemptsHint) {
+  StartWorkers(2);
+  v1::LoadReport busy;
+  busy.set_waiting_requests(9);  // past the balance guard (8): the request goes to worker 1
+  workers_[0]->set_load(busy);
+  workers_[1]->set_mode(FakeWorker::Mode::kFailBeforeFirst);
+  StartRouter("kv_aware");
+  const std::vector<uint32_t> prompt = Range(10, 50);
+  workers_[0]->StoreKeys(KeysOf(prompt));
+  WaitForKeys(0, 3);
+  Outcome out = Generate(Prompt(prompt));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.worker(), Addr(0));
+  ASSERT_EQ(workers_[1]->generate_count(), 1);
+  EXPECT_EQ(workers_[1]->requests()[0].kv_source().worker(), Addr(0));
+  ASSERT_EQ(workers_[0]->generate_count(), 1);
+  EXPECT_FALSE(workers_[0]->requests()[0].has_kv_source());
+}
+
+// Policies that do not weigh other workers' blocks send no hints, and neither does kv_aware with
+// a transfer weight of 0.
+TEST_F(RouterLoopbackTest, OnlyKvAwareWithATransferWeightSendsHints) {
+  StartWorkers(2);
+  v1::LoadReport busy;
+  busy.set_waiting_requests(9);
+  workers_[1]->set_load(busy);
+  StartRouter("round_robin");
+  const std::vector<uint32_t> prompt = Range(10, 50);
+  workers_[1]->StoreKeys(KeysOf(prompt));
+  WaitForKeys(1, 3);
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));  // round robin's first pick
+  EXPECT_FALSE(workers_[0]->requests().at(0).has_kv_source());
+  router_.reset();
+  policy_config_.kv_aware.transfer_weight = 0;
+  StartRouter("kv_aware");
+  WaitForKeys(1, 3);
+  EXPECT_EQ(Generate(Prompt(prompt)).worker(), Addr(0));  // the balance guard's pick
+  EXPECT_FALSE(workers_[0]->requests().at(1).has_kv_source());
 }
 
 // The KV event stream breaks (UNAVAILABLE), or the worker closes it because the router fell too
@@ -509,6 +639,10 @@ TEST(RouterOptionsTest, BadOptionsNameTheOption) {
   EXPECT_NE(RouterServer::Start(options).status().message().find("max-inflight-per-worker"),
             std::string::npos);
   options.dispatch.max_inflight_per_worker = 4;
+  options.policy_config.kv_aware.transfer_weight = 1.5;
+  EXPECT_NE(RouterServer::Start(options).status().message().find("kv-transfer-weight"),
+            std::string::npos);
+  options.policy_config.kv_aware.transfer_weight = 0;
   options.model_path = "/nonexistent/model.gguf";
   EXPECT_NE(RouterServer::Start(options).status().message().find("/nonexistent/model.gguf"),
             std::string::npos);

@@ -110,6 +110,51 @@ TEST(KvAwareTest, BlocksInALowerTierCountLessThanOnTheDevice) {
   EXPECT_EQ(Make("kv_aware", config)->Choose(Request(64), views).index, 0u);
 }
 
+// `view` with `pullable` leading blocks held by some other worker.
+WorkerView Pullable(WorkerView view, int pullable) {
+  view.pullable_blocks = pullable;
+  return view;
+}
+
+TEST(KvAwareTest, BlocksAnotherWorkerHoldsCountAtTheTransferWeight) {
+  RoutingPolicyConfig config;
+  config.kv_aware.balance_threshold = -1;  // guard off: only the score decides
+  auto policy = Make("kv_aware", config);
+  // Prompt of 64 tokens = 4 blocks. Worker 0 holds them all but is busy: load 12 of 10 ->
+  // 1 - 0.5 * 1.2 = 0.4. Worker 1 holds nothing and is idle, but can pull the 4 blocks from
+  // worker 0: 0.5 * 4 / 4 = 0.5. The idle worker wins.
+  std::vector<WorkerView> views = {Pullable(View(8, 4, 4), 0), Pullable(View(0, 0, 0), 4)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 1u);
+  // Without the transfer weight the idle worker's score is 0 and the busy holder keeps it.
+  config.kv_aware.transfer_weight = 0;
+  auto no_transfer = Make("kv_aware", config);
+  EXPECT_EQ(no_transfer->Choose(Request(64), views).index, 0u);
+}
+
+TEST(KvAwareTest, OnlyBlocksBeyondTheWorkersOwnRunArePulled) {
+  auto policy = Make("kv_aware");
+  // 4 blocks. Worker 0: 2 of its own + 2 pulled at 0.5 = 3 (0.75). Worker 1: 3 of its own,
+  // nothing longer elsewhere to pull (0.75 less its load 0.05 = 0.7). Worker 0 wins.
+  std::vector<WorkerView> views = {Pullable(View(0, 0, 2), 4), Pullable(View(1, 0, 3), 2)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 0u);
+  // A shorter run elsewhere counts neither way: worker 0 holds 3, another worker 2 (0.75 - 0.05
+  // = 0.7); worker 1 holds 2 and can pull a third (2.5 blocks: 0.625). Worker 0 wins.
+  views = {Pullable(View(1, 0, 3), 2), Pullable(View(0, 0, 2), 3)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 0u);
+  // A pulled block is worth less than one restored from the worker's own host tier (0.8).
+  views = {Pullable(View(0, 0, 0), 4), Pullable(View(0, 0, 4, 10, 0), 4)};
+  EXPECT_EQ(policy->Choose(Request(64), views).index, 1u);
+}
+
+TEST(TransferHintTest, OnlyKvAwareWithATransferWeightWantsThem) {
+  EXPECT_TRUE(Make("kv_aware")->wants_kv_transfer_hints());
+  RoutingPolicyConfig config;
+  config.kv_aware.transfer_weight = 0;
+  EXPECT_FALSE(Make("kv_aware", config)->wants_kv_transfer_hints());
+  EXPECT_FALSE(Make("round_robin")->wants_kv_transfer_hints());
+  EXPECT_FALSE(Make("least_loaded")->wants_kv_transfer_hints());
+}
+
 TEST(KvAwareTest, EqualScoresGoToTheLowerLoad) {
   RoutingPolicyConfig config;
   config.kv_aware.load_weight = 0;  // scores are the hit ratios alone: exact ties
