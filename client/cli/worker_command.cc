@@ -34,7 +34,9 @@ struct WorkerOptions {
   std::string log_format = "text";
   double drain_timeout_s = 30.0;
   auth::ServerTlsFiles tls;
-  std::string kv_transfer = "auto";
+  std::string role = "both";
+  // Empty: "always" for a decode worker, else "auto".
+  std::string kv_transfer;
   double kv_transfer_bandwidth = KvTransferOptions{}.assumed_bandwidth;
   double kv_transfer_timeout_s = 10.0;
   EngineOptions engine;
@@ -67,7 +69,11 @@ int RunWorker(const WorkerOptions& o) {
   server_options.advertise = o.advertise;
   server_options.metrics_listen = o.metrics_listen;
   server_options.tls = o.tls;
-  absl::StatusOr<KvTransferMode> transfer_mode = ParseKvTransferMode(o.kv_transfer);
+  server_options.role = o.role;
+  absl::StatusOr<KvTransferMode> transfer_mode =
+      ParseKvTransferMode(!o.kv_transfer.empty() ? o.kv_transfer
+                          : o.role == "decode"   ? "always"
+                                                 : "auto");
   if (!transfer_mode.ok()) return ReportError("worker", transfer_mode.status());
   if (!(o.kv_transfer_bandwidth > 0)) {
     return ReportError(
@@ -157,8 +163,13 @@ Command AddWorkerCommand(CLI::App& app) {
   sub->add_option("--kv-transfer", o->kv_transfer,
                   "Pull a prompt's cached KV blocks from the worker the router names instead "
                   "of computing them: 'auto' when the measured link beats the measured prefill, "
-                  "'always', or 'never'")
-      ->check(CLI::IsMember({"auto", "always", "never"}))
+                  "'always', or 'never' (default: always with --role decode, else auto)")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+  sub->add_option("--role", o->role,
+                  "Part in disaggregated serving, reported to the router: 'prefill' (the router "
+                  "sends it prompts to compute, whose KV blocks decode workers pull), 'decode' "
+                  "(streams tokens after pulling the prompt's blocks), or 'both'")
+      ->check(CLI::IsMember({"prefill", "decode", "both"}))
       ->capture_default_str();
   sub->add_option("--kv-transfer-bandwidth", o->kv_transfer_bandwidth,
                   "Bytes per second assumed for a peer until a pull from it is measured")

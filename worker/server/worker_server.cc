@@ -65,6 +65,11 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       auth::MakeServerCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
+  if (options_.role != "both" && options_.role != "prefill" && options_.role != "decode") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role must be prefill, decode or both, got '", options_.role, "'"));
+  }
+  worker_->SetRole(options_.role);
   if (options_.kv_transfer.mode != KvTransferMode::kNever) {
     KvTransferOptions transfer = options_.kv_transfer;
     if (transfer.credentials == nullptr && options_.tls.enabled()) {

@@ -49,6 +49,9 @@ struct WorkerServerOptions {
   /// with the server's TLS files: --tls-cert/--tls-key as the client certificate and
   /// --tls-client-ca as the CA of the peers' certificates; plaintext without TLS.
   KvTransferOptions kv_transfer;
+  /// The worker's part in disaggregated serving, reported in LoadReport.role (--role):
+  /// "prefill", "decode" or "both".
+  std::string role = "both";
 };
 
 /// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus

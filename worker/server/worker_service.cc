@@ -142,6 +142,7 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                                                  const v1::GetLoadRequest* /*request*/,
                                                  v1::LoadReport* response) {
   ToLoadReport(engine_->stats(), engine_->options().block_size, engine_->draining(), response);
+  response->set_role(role_);
   return FinishOk(context);
 }
 

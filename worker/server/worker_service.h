@@ -30,6 +30,8 @@ class WorkerService final : public v1::Worker::CallbackService {
   /// `limit`) until those calls have sent their status, so the server's own shutdown does not
   /// turn their OK into CANCELLED.
   void Shutdown(std::chrono::milliseconds limit = std::chrono::milliseconds(1000));
+  /// LoadReport.role ("both" until set). Set before serving.
+  void SetRole(std::string role) { role_ = std::move(role); }
   /// True once Shutdown was called.
   bool shutting_down() const { return shutting_down_.load(); }
 
@@ -60,6 +62,7 @@ class WorkerService final : public v1::Worker::CallbackService {
   const std::string model_name_;
   ServingCounters* counters_;
   std::function<void()> on_drain_;
+  std::string role_ = "both";
   std::atomic<bool> shutting_down_{false};
   std::mutex mu_;
   std::condition_variable unregistered_;

@@ -109,7 +109,8 @@ class KvTransferTest : public ::testing::Test {
     model_ = nullptr;
   }
 
-  static std::unique_ptr<Worker> StartWorker(KvTransferOptions transfer = {}) {
+  static std::unique_ptr<Worker> StartWorker(KvTransferOptions transfer = {},
+                                             const std::string& role = "both") {
     EngineOptions o;
     o.num_threads = 1;
     o.block_size = kBlockSize;
@@ -120,6 +121,7 @@ class KvTransferTest : public ::testing::Test {
     WorkerServerOptions server_options;
     server_options.model_name = "stories260K";
     server_options.kv_transfer = transfer;
+    server_options.role = role;
     w->server = std::make_unique<WorkerServer>(model_, w->engine.get(), server_options);
     absl::StatusOr<int> port = w->server->Start("127.0.0.1:0");
     EXPECT_TRUE(port.ok()) << port.status();
@@ -484,6 +486,26 @@ TEST_F(KvTransferTest, CostModelDeclinesASlowLink) {
   ExpectSame(ignored, computed);
   EXPECT_EQ(c->server->stats().kv_pulls, 0);
   EXPECT_EQ(a->server->stats().kv_served_blocks, 0);
+}
+
+TEST_F(KvTransferTest, GetLoadReportsTheRoleAndABadRoleIsRefused) {
+  for (const std::string role : {"prefill", "decode", "both"}) {
+    std::unique_ptr<Worker> w = StartWorker({}, role);
+    grpc::ClientContext context;
+    v1::LoadReport report;
+    ASSERT_TRUE(w->control->GetLoad(&context, v1::GetLoadRequest(), &report).ok());
+    EXPECT_EQ(report.role(), role);
+  }
+  EngineOptions o;
+  o.num_threads = 1;
+  o.num_kv_blocks = 16;
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  WorkerServerOptions server_options;
+  server_options.role = "prefil";
+  WorkerServer server(model_, engine.get(), server_options);
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+  EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(port.status().message().find("--role"), std::string::npos) << port.status();
 }
 
 }  // namespace

@@ -1,0 +1,303 @@
+// Two workers (and a router) in one process over loopback gRPC: what moving KV blocks between
+// workers buys.
+//
+//   build/bench/cluster_bench --benchmark_counters_tabular=true
+//
+// The model is engine_bench's synthetic Llama (4 layers, hidden 512, 8 KV heads of 64, bf16
+// weights and KV, GPT-2 vocabulary); every worker runs its engine on one thread.
+//
+// BM_KvTransferTtft: a prefix is built on worker A, then asked on worker B with a hint naming A
+// (GenerateRequest.kv_source, what the router's kv_aware policy sets). Arg transfer: 0 B ignores
+// the hint and computes the prompt (--kv-transfer never), 1 B pulls the blocks
+// (--kv-transfer always), 2 B's cost model decides (auto). Eight 512-token prefixes, each
+// followed by its own 16-token question; counters: ttft_ms (mean, client side, on B),
+// pulled_MB per request, pull_MB/s (bytes over the pull's duration on B's pull histogram) and
+// prefill_tok/s (B's measured prefill rate).
+//
+// BM_DisaggregatedItl: chat traffic (4 streams, 32-token prompts, 48 tokens each) mixed with
+// long prompts (one stream of 1024-token prompts, 8 tokens each) through a router over two
+// workers. Arg disaggregated: 0 both workers --role both (colocated, kv_aware), 1 one --role
+// prefill and one --role decode. Counters: the chat streams' inter-token latency p50 / p99 and
+// the long prompts' mean time to first token, all measured by the clients.
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer_loader/tokenizer_loader.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "kvserve/v1/inference.grpc.pb.h"
+#include "router/router_server.h"
+#include "worker/engine/engine.h"
+#include "worker/model/loaded_model.h"
+#include "worker/model/synthetic_model.h"
+#include "worker/server/worker_server.h"
+
+namespace kvserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kTokenizer[] = KVSERVE_SHARED_DIR "/models/tokenizers/gpt2/tokenizer.json";
+
+const LoadedModel* Model() {
+  static LoadedModel* model = [] {
+    auto* m = new LoadedModel;
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(kTokenizer);
+    if (!tok.ok()) return static_cast<LoadedModel*>(nullptr);
+    m->tokenizer = *std::move(tok);
+    SyntheticModelOptions o;
+    o.num_layers = 4;
+    o.hidden_size = 512;
+    o.num_heads = 8;
+    o.num_kv_heads = 8;
+    o.intermediate_size = 1408;
+    o.vocab_size = 50257;
+    o.max_position_embeddings = 2048;
+    o.dtype = DType::kBF16;
+    m->weights = *MakeSyntheticModel(o);
+    return m;
+  }();
+  return model;
+}
+
+struct BenchWorker {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<WorkerServer> server;
+  std::string address;
+  std::unique_ptr<v1::Inference::Stub> stub;
+};
+
+std::unique_ptr<BenchWorker> StartWorker(KvTransferMode mode, const std::string& role,
+                                         int64_t kv_blocks = 1024) {
+  EngineOptions o;
+  o.num_threads = 1;
+  o.block_size = 16;
+  o.num_kv_blocks = kv_blocks;
+  o.kv_cache_dtype = KvCacheDType::kBF16;
+  auto w = std::make_unique<BenchWorker>();
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(Model(), o);
+  if (!engine.ok()) return nullptr;
+  w->engine = *std::move(engine);
+  WorkerServerOptions server_options;
+  server_options.model_name = "synthetic";
+  server_options.kv_transfer.mode = mode;
+  server_options.role = role;
+  w->server = std::make_unique<WorkerServer>(Model(), w->engine.get(), server_options);
+  absl::StatusOr<int> port = w->server->Start("127.0.0.1:0");
+  if (!port.ok()) return nullptr;
+  w->address = absl::StrCat("127.0.0.1:", *port);
+  w->stub =
+      v1::Inference::NewStub(grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials()));
+  return w;
+}
+
+std::vector<uint32_t> Tokens(int n, uint32_t seed) {
+  std::vector<uint32_t> ids;
+  uint32_t x = seed * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    ids.push_back(1 + (x >> 8) % 50000);
+  }
+  return ids;
+}
+
+v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint32_t max_tokens) {
+  v1::GenerateRequest r;
+  for (uint32_t id : prompt) r.add_prompt_token_ids(id);
+  r.set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_temperature(0.0f);
+  r.set_ignore_eos(true);
+  return r;
+}
+
+// Runs one Generate; returns false on error. `ttft` gets the seconds to the first token and
+// `gaps` (if not null) the seconds between consecutive messages with tokens.
+bool Run(v1::Inference::Stub* stub, const v1::GenerateRequest& request, double* ttft,
+         std::vector<double>* gaps = nullptr) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last{};
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.token_ids_size() == 0) continue;
+    const Clock::time_point now = Clock::now();
+    if (last == Clock::time_point{}) {
+      if (ttft != nullptr) *ttft = std::chrono::duration<double>(now - start).count();
+    } else if (gaps != nullptr) {
+      gaps->push_back(std::chrono::duration<double>(now - last).count());
+    }
+    last = now;
+  }
+  return reader->Finish().ok();
+}
+
+void BM_KvTransferTtft(benchmark::State& state) {
+  if (Model() == nullptr) {
+    state.SkipWithError("gpt2 tokenizer not found");
+    return;
+  }
+  constexpr int kPrefixes = 8;
+  constexpr int kPrefixLen = 512;
+  const int transfer = static_cast<int>(state.range(0));
+  const KvTransferMode mode = transfer == 0   ? KvTransferMode::kNever
+                              : transfer == 1 ? KvTransferMode::kAlways
+                                              : KvTransferMode::kAuto;
+  double ttft_sum = 0;
+  ServingStats b_stats;
+  double prefill_rate = 0;
+  for (auto _ : state) {
+    std::unique_ptr<BenchWorker> a = StartWorker(KvTransferMode::kNever, "both");
+    std::unique_ptr<BenchWorker> b = StartWorker(mode, "both");
+    if (a == nullptr || b == nullptr) {
+      state.SkipWithError("worker did not start");
+      return;
+    }
+    for (int p = 0; p < kPrefixes; ++p) {
+      std::vector<uint32_t> prefix = Tokens(kPrefixLen, p + 1);
+      std::vector<uint32_t> on_a = prefix;
+      for (uint32_t t : Tokens(16, 100 + p)) on_a.push_back(t);
+      double ignored = 0;
+      if (!Run(a->stub.get(), Request(on_a, 1), &ignored)) {
+        state.SkipWithError("request on A failed");
+        return;
+      }
+      std::vector<uint32_t> on_b = prefix;
+      for (uint32_t t : Tokens(16, 200 + p)) on_b.push_back(t);
+      v1::GenerateRequest r = Request(on_b, 1);
+      r.mutable_kv_source()->set_worker(a->address);
+      r.mutable_kv_source()->set_first_block(0);
+      r.mutable_kv_source()->set_num_blocks(kPrefixLen / 16);
+      double ttft = 0;
+      if (!Run(b->stub.get(), r, &ttft)) {
+        state.SkipWithError("request on B failed");
+        return;
+      }
+      ttft_sum += ttft;
+    }
+    b_stats = b->server->stats();
+    prefill_rate = b->engine->stats().prefill_tokens_per_second;
+  }
+  const double n = static_cast<double>(state.iterations()) * kPrefixes;
+  state.counters["ttft_ms"] = 1e3 * ttft_sum / n;
+  state.counters["pulled_MB"] = b_stats.kv_pulled_bytes / 1e6 / kPrefixes;
+  state.counters["pulls"] = static_cast<double>(b_stats.kv_pulls);
+  state.counters["prefill_tok/s"] = prefill_rate;
+}
+BENCHMARK(BM_KvTransferTtft)
+    ->ArgName("transfer")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  return v[i];
+}
+
+void BM_DisaggregatedItl(benchmark::State& state) {
+  if (Model() == nullptr) {
+    state.SkipWithError("gpt2 tokenizer not found");
+    return;
+  }
+  constexpr int kChatStreams = 4;
+  constexpr int kChatRequests = 12;  // per stream
+  constexpr int kLongLen = 1024;
+  const bool disaggregated = state.range(0) == 1;
+  std::vector<double> gaps;
+  std::vector<double> long_ttfts;
+  std::atomic<int> failures{0};
+  for (auto _ : state) {
+    std::unique_ptr<BenchWorker> w1 =
+        StartWorker(KvTransferMode::kAuto, disaggregated ? "prefill" : "both");
+    std::unique_ptr<BenchWorker> w2 =
+        StartWorker(disaggregated ? KvTransferMode::kAlways : KvTransferMode::kAuto,
+                    disaggregated ? "decode" : "both");
+    if (w1 == nullptr || w2 == nullptr) {
+      state.SkipWithError("worker did not start");
+      return;
+    }
+    RouterOptions options;
+    options.listen = "127.0.0.1:0";
+    options.model_path = kTokenizer;
+    options.model_name = "synthetic";
+    options.pool.static_workers = {w1->address, w2->address};
+    options.pool.probe_interval = absl::Milliseconds(100);
+    absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(options);
+    if (!router.ok()) {
+      state.SkipWithError(std::string(router.status().message()).c_str());
+      return;
+    }
+    // Let the router see both workers (and their roles) before traffic starts.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto stub = v1::Inference::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", (*router)->port()), grpc::InsecureChannelCredentials()));
+    std::mutex mu;
+    std::atomic<bool> chat_done{false};
+    std::vector<std::thread> threads;
+    for (int s = 0; s < kChatStreams; ++s) {
+      threads.emplace_back([&, s] {
+        for (int i = 0; i < kChatRequests; ++i) {
+          std::vector<double> mine;
+          double ttft = 0;
+          if (!Run(stub.get(), Request(Tokens(32, 1000 + s * 100 + i), 48), &ttft, &mine)) {
+            ++failures;
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          gaps.insert(gaps.end(), mine.begin(), mine.end());
+        }
+      });
+    }
+    std::thread long_prompts([&] {
+      for (int i = 0; !chat_done.load(); ++i) {
+        double ttft = 0;
+        if (!Run(stub.get(), Request(Tokens(kLongLen, 5000 + i), 8), &ttft)) {
+          ++failures;
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        long_ttfts.push_back(ttft);
+      }
+    });
+    for (auto& t : threads) t.join();
+    chat_done = true;
+    long_prompts.join();
+    (*router)->Shutdown();
+  }
+  if (failures.load() > 0) state.SkipWithError("some requests failed");
+  state.counters["itl_p50_ms"] = 1e3 * Percentile(gaps, 0.5);
+  state.counters["itl_p99_ms"] = 1e3 * Percentile(gaps, 0.99);
+  double sum = 0;
+  for (double t : long_ttfts) sum += t;
+  state.counters["long_ttft_ms"] = long_ttfts.empty() ? 0 : 1e3 * sum / long_ttfts.size();
+  state.counters["long_prompts"] = static_cast<double>(long_ttfts.size());
+}
+BENCHMARK(BM_DisaggregatedItl)
+    ->ArgName("disaggregated")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace kvserve
+
+BENCHMARK_MAIN();
