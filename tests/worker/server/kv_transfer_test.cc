@@ -110,11 +110,14 @@ class KvTransferTest : public ::testing::Test {
   }
 
   static std::unique_ptr<Worker> StartWorker(KvTransferOptions transfer = {},
-                                             const std::string& role = "both") {
+                                             const std::string& role = "both",
+                                             int64_t num_kv_blocks = 64,
+                                             int64_t host_tier_bytes = 0) {
     EngineOptions o;
+    o.kv_offload.host_bytes = host_tier_bytes;
     o.num_threads = 1;
     o.block_size = kBlockSize;
-    o.num_kv_blocks = 64;
+    o.num_kv_blocks = num_kv_blocks;
     o.check_invariants = true;
     auto w = std::make_unique<Worker>();
     w->engine = *Engine::Create(model_, o);
@@ -217,6 +220,61 @@ TEST_F(KvTransferTest, PulledPrefixGivesTheTokensAndLogprobsOfComputingIt) {
   const Output again = b->Generate(Greedy(prompt));
   ExpectSame(again, computed);
   EXPECT_EQ(again.cached_prompt_tokens, 4u * kBlockSize);
+}
+
+TEST_F(KvTransferTest, ConcurrentPullsUnderPreemptionGiveTheComputedTokens) {
+  std::unique_ptr<Worker> a = StartWorker({}, "both", 128);
+  // 24 usable blocks for 6 requests of 6-8 blocks each: sequences are preempted and their
+  // prompts looked up again (the staged blocks stay until the request ends).
+  std::unique_ptr<Worker> b = StartWorker(Always(), "both", 25);
+  constexpr int kRequests = 6;
+  std::vector<Output> computed(kRequests);
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::GenerateRequest r = Greedy(Prompt(20 + i), i % 2 == 0 ? "" : "tenant");
+    r.set_max_tokens(40);
+    requests.push_back(r);
+    computed[i] = a->Generate(r);
+    ASSERT_TRUE(computed[i].status.ok()) << computed[i].status.error_message();
+  }
+  std::vector<Output> pulled(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back(
+        [&, i] { pulled[i] = b->Generate(WithHint(requests[i], a->address, 0, 4)); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    SCOPED_TRACE(i);
+    ExpectSame(pulled[i], computed[i]);
+  }
+  EXPECT_GT(b->engine->stats().num_preemptions, 0);
+  EXPECT_EQ(b->server->stats().kv_pulled_blocks, 4 * kRequests);
+  EXPECT_GE(b->engine->stats().kv_transfer.restored_blocks, 4 * kRequests);
+  ExpectIdle(*b);
+}
+
+TEST_F(KvTransferTest, BlocksTheHolderKeepsOnlyInItsHostTierAreServed) {
+  // A's device pool (15 usable blocks) cannot keep the first prompt's blocks past the next two
+  // prompts; its host tier does.
+  std::unique_ptr<Worker> a = StartWorker({}, "both", 16, int64_t{4} << 20);
+  std::unique_ptr<Worker> b = StartWorker(Always());
+  const std::vector<TokenId> prompt = Prompt(30);
+  const Output computed = a->Generate(Greedy(prompt));
+  ASSERT_TRUE(a->Generate(Greedy(Prompt(31))).status.ok());
+  ASSERT_TRUE(a->Generate(Greedy(Prompt(32))).status.ok());
+  ASSERT_TRUE(a->Generate(Greedy(Prompt(33))).status.ok());
+
+  const Output pulled = b->Generate(WithHint(Greedy(prompt), a->address, 0, 4));
+  ExpectSame(pulled, computed);
+  EXPECT_EQ(pulled.cached_prompt_tokens, 4u * kBlockSize);
+  EXPECT_EQ(a->server->stats().kv_served_blocks, 4);
+  // Served from the host tier: nothing was restored into A's device pool for it.
+  EXPECT_EQ(a->engine->stats().kv_tiers.restored_from_host, 0);
+  EXPECT_EQ(a->engine->stats().kv_transfer.exported_blocks, 4);
+  // And they were not in its device pool: asking A again restores them from the host tier.
+  ExpectSame(a->Generate(Greedy(prompt)), computed);
+  EXPECT_GT(a->engine->stats().kv_tiers.restored_from_host, 0);
 }
 
 TEST_F(KvTransferTest, PullsOnlyTheBlocksTheReceiverLacks) {
