@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -213,6 +214,47 @@ TEST_F(CudaEngineTest, KvTiersRestoreWhatTheDevicePoolDropped) {
     EXPECT_EQ(st.kv_tiers.restored_from_host, 4 * 4);
     EXPECT_EQ(st.prefix_restored_tokens, 4 * 64);
     ExpectPoolFree(*tiered);
+  }
+}
+
+// KV blocks moving between two engines on the device (what Worker/FetchKvBlocks carries): one
+// engine computes each prompt, its blocks are read out (KvCache::ReadBlock, device to host) and
+// handed to the other engine with the request, which writes them into its pool (WriteBlock)
+// instead of computing them. The tokens and logprobs are the first engine's.
+TEST_F(CudaEngineTest, KvBlocksMoveBetweenEngines) {
+  const std::vector<EngineRequest> requests = testing_engine::SharedPrefixRounds(3, 1);
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kInt8}) {
+    SCOPED_TRACE(KvCacheDTypeName(dtype));
+    EngineOptions o = Options();
+    o.kv_cache_memory = 0;
+    o.num_kv_blocks = 32;
+    o.block_size = 16;
+    o.kv_cache_dtype = dtype;
+    std::unique_ptr<Engine> holder = Make(o);
+    std::unique_ptr<Engine> receiver = Make(o);
+    if (holder == nullptr || receiver == nullptr) return;
+    ASSERT_EQ(holder->kv_identity().layout, receiver->kv_identity().layout);
+    const std::vector<Collected> want = testing_engine::RunInTurn(*holder, requests);
+    int64_t moved = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EngineRequest r = requests[i];
+      std::promise<std::vector<KvBlockPayload>> promise;
+      holder->ExportKvBlocks(
+          r.prompt_ids, r.cache_salt, 0, 0, int64_t{1} << 30,
+          [&promise](std::vector<KvBlockPayload> blocks) { promise.set_value(std::move(blocks)); });
+      r.kv_blocks = promise.get_future().get();
+      EXPECT_EQ(r.kv_blocks.size(), r.prompt_ids.size() / 16) << i;
+      moved += static_cast<int64_t>(r.kv_blocks.size());
+      const Collected got = Drain(**receiver->Submit(std::move(r)))[0];
+      EXPECT_EQ(got.tokens, want[i].tokens) << i;
+      EXPECT_EQ(got.logprobs, want[i].logprobs) << i;
+    }
+    const EngineStats st = receiver->stats();
+    // Every full block but a last one that ends the prompt is restored.
+    EXPECT_GT(st.kv_transfer.restored_blocks, 0);
+    EXPECT_LE(st.kv_transfer.restored_blocks, moved);
+    EXPECT_EQ(st.kv_transfer.staged_blocks, 0);
+    ExpectPoolFree(*receiver);
   }
 }
 
