@@ -681,7 +681,9 @@ void Engine::RunModel(const SchedulerOutput& out) {
           : llama_->Forward(builder_.Build(), *cache_, logits_.data());
   const double forward = SecondsBetween(forward_start, Clock::now());
   forward_seconds_ += forward;
-  if (prompt_tokens > 0) {
+  // Steps that computed a few prompt tokens among decodes say little about prefill speed
+  // (they would understate it): only those with at least four blocks' worth count.
+  if (prompt_tokens >= 4 * options_.block_size) {
     prefill_tokens_ += prompt_tokens;
     prefill_seconds_ += forward;
   }

@@ -105,8 +105,9 @@ struct EngineStats {
   KvOffloader::Stats kv_tiers;
   /// Blocks brought from or read out for other workers.
   KvTransferSource::Stats kv_transfer;
-  /// Prompt tokens computed per second of forward pass, over the steps that computed prompt
-  /// tokens (0 before the first): what a worker weighs a KV transfer against.
+  /// Prompt tokens computed per second of forward pass, over the steps that computed at least
+  /// four blocks of prompt tokens (0 before the first): what a worker weighs a KV transfer
+  /// against.
   double prefill_tokens_per_second = 0.0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;

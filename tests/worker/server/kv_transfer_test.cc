@@ -528,7 +528,8 @@ TEST_F(KvTransferTest, CostModelDeclinesASlowLink) {
   std::unique_ptr<Worker> b = StartWorker(slow);
   const std::vector<TokenId> prompt = Prompt(10);
   const Output computed = a->Generate(Greedy(prompt));
-  // The warm-up request gave B a measured prefill rate.
+  // A prompt of its own gives B a measured prefill rate.
+  ASSERT_TRUE(b->Generate(Greedy(Prompt(11))).status.ok());
   ASSERT_GT(b->engine->stats().prefill_tokens_per_second, 0.0);
   const Output got = b->Generate(WithHint(Greedy(prompt), a->address, 0, 4));
   ExpectSame(got, computed);
