@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer_loader/tokenizer_loader.h"
+#include "bench/gpt2_vocab_model.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -40,7 +40,6 @@
 #include "router/router_server.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
-#include "worker/model/synthetic_model.h"
 #include "worker/server/worker_server.h"
 
 namespace kvserve {
@@ -48,28 +47,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kTokenizer[] = KVSERVE_SHARED_DIR "/models/tokenizers/gpt2/tokenizer.json";
+constexpr const char* kTokenizer = kGpt2Tokenizer;
 
-const LoadedModel* Model() {
-  static LoadedModel* model = [] {
-    auto* m = new LoadedModel;
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(kTokenizer);
-    if (!tok.ok()) return static_cast<LoadedModel*>(nullptr);
-    m->tokenizer = *std::move(tok);
-    SyntheticModelOptions o;
-    o.num_layers = 4;
-    o.hidden_size = 512;
-    o.num_heads = 8;
-    o.num_kv_heads = 8;
-    o.intermediate_size = 1408;
-    o.vocab_size = 50257;
-    o.max_position_embeddings = 2048;
-    o.dtype = DType::kBF16;
-    m->weights = *MakeSyntheticModel(o);
-    return m;
-  }();
-  return model;
-}
+const LoadedModel* Model() { return Gpt2VocabModel(); }
 
 struct BenchWorker {
   std::unique_ptr<Engine> engine;

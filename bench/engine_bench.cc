@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/decode_harness.h"
+#include "bench/gpt2_vocab_model.h"
 #include "common/tokenizer_loader/tokenizer_loader.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/engine/engine.h"
@@ -32,26 +33,7 @@ constexpr int kPromptLen = 32;
 // Enough decode steps for every timed iteration (a step of batch 1 takes > 5 ms here).
 constexpr int kMaxTokens = 480;
 
-const LoadedModel* Model() {
-  static LoadedModel* model = [] {
-    auto* m = new LoadedModel;
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-        LoadTokenizer(KVSERVE_SHARED_DIR "/models/tokenizers/gpt2/tokenizer.json");
-    if (!tok.ok()) return static_cast<LoadedModel*>(nullptr);
-    m->tokenizer = *std::move(tok);
-    SyntheticModelOptions o;
-    o.num_layers = 4;
-    o.hidden_size = 512;
-    o.num_heads = 8;
-    o.num_kv_heads = 8;
-    o.intermediate_size = 1408;
-    o.vocab_size = 50257;
-    o.dtype = DType::kBF16;
-    m->weights = *MakeSyntheticModel(o);
-    return m;
-  }();
-  return model;
-}
+const LoadedModel* Model() { return Gpt2VocabModel(); }
 
 // Args: batch, greedy (1) or temperature 1 sampling (0).
 void BM_EngineDecodeStep(benchmark::State& state) {
