@@ -1,6 +1,7 @@
 #include "router/dispatcher.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -24,66 +25,129 @@ size_t BestHolder(const std::vector<PrefixMatchCount>& matched) {
   return best;
 }
 
+// The routable workers one reservation may use. Every one of them can be pulled from, a full
+// one included: handing a busy holder's requests to an idle worker is the point of a transfer.
+// Only those with a free slot are candidates: to stream the tokens, and (in disaggregated
+// serving) to compute the prompt first.
+struct RoutableSet {
+  std::vector<std::shared_ptr<WorkerHandle>> workers;
+  /// Indices into `workers`.
+  std::vector<size_t> candidates;
+  std::vector<size_t> prefill_candidates;
+  int capacity = 1;
+  /// Per worker, from Match.
+  std::vector<PrefixMatchCount> matched;
+  size_t holder = 0;
+  /// The longest run held by a worker other than the best holder: what the holder could pull.
+  int runner_up_blocks = 0;
+
+  void Match(const PrefixIndex& index, std::span<const BlockKey> keys) {
+    std::vector<WorkerId> ids;
+    ids.reserve(workers.size());
+    for (const auto& worker : workers) ids.push_back(worker->id());
+    matched = index.MatchedBlocks(ids, keys);
+    holder = BestHolder(matched);
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (i != holder) runner_up_blocks = std::max(runner_up_blocks, matched[i].blocks);
+    }
+  }
+
+  std::vector<WorkerView> ViewsOf(const std::vector<size_t>& indices) const {
+    std::vector<WorkerView> views(indices.size());
+    for (size_t c = 0; c < indices.size(); ++c) {
+      const size_t i = indices[c];
+      views[c].address = workers[i]->address();
+      views[c].in_flight = workers[i]->in_flight();
+      views[c].capacity = capacity;
+      views[c].load = workers[i]->load();
+      views[c].matched_blocks = matched[i].blocks;
+      views[c].matched_device_blocks = matched[i].device_blocks;
+      views[c].pullable_blocks = i == holder ? runner_up_blocks : matched[holder].blocks;
+    }
+    return views;
+  }
+};
+
+// The prefill phase: reserves a prefill worker (picked by `policy` among the prefill
+// candidates) when the chosen decode worker would otherwise compute some of the prompt's usable
+// blocks: full ones, but not one holding the prompt's last token, which the decode worker
+// computes anyway for its logits. When another worker already holds every usable block the
+// ordinary hint covers them and no prefill is needed.
+void PlanPrefill(const RoutingRequest& routing, const RoutableSet& set, size_t chosen,
+                 RoutingPolicy& policy, Reservation* reservation) {
+  const int usable_blocks = std::max(0, (routing.prompt_tokens - 1) / routing.block_size);
+  const int own_blocks = set.matched[chosen].blocks;
+  if (own_blocks >= usable_blocks) return;
+  if (reservation->kv_source.has_value() && reservation->kv_source->num_blocks >= usable_blocks) {
+    return;
+  }
+  WorkerChoice choice = policy.Choose(routing, set.ViewsOf(set.prefill_candidates));
+  if (choice.index >= set.prefill_candidates.size()) choice.index = 0;
+  reservation->prefill_worker = set.workers[set.prefill_candidates[choice.index]];
+  reservation->prefill_worker->AddInFlight(1);
+  reservation->prefill_kv_source = KvTransferHint{.worker = reservation->prefill_worker->address(),
+                                                  .first_block = own_blocks,
+                                                  .num_blocks = usable_blocks};
+}
+
 }  // namespace
+
+absl::StatusOr<DisaggregationMode> ParseDisaggregationMode(std::string_view name) {
+  if (name == "auto") return DisaggregationMode::kAuto;
+  if (name == "off") return DisaggregationMode::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("disaggregation: expected 'auto' or 'off', got '", std::string(name), "'"));
+}
 
 Dispatcher::Dispatcher(const DispatcherOptions& options, WorkerPool* pool, PrefixIndex* index,
                        RoutingPolicy* policy)
     : options_(options), pool_(pool), index_(index), policy_(policy) {}
 
-Reservation Dispatcher::ReserveLocked(const PendingRequest& request) {
-  // Every routable worker the request may go to can be pulled from, a full one included:
-  // handing a busy holder's requests to an idle worker is the point of a transfer. Only those
-  // with a free slot are candidates.
-  std::vector<std::shared_ptr<WorkerHandle>> routable;
-  std::vector<size_t> candidates;  // indices into `routable`
+Reservation Dispatcher::ReserveLocked(const PendingRequest& request, PrefillPhase phase) {
+  RoutableSet set;
+  set.capacity = options_.max_inflight_per_worker;
+  std::vector<WorkerRole> roles;
   for (auto& worker : pool_->Workers()) {
     if (!worker->routable() || request.Excludes(worker->id())) continue;
-    if (worker->in_flight() < options_.max_inflight_per_worker) {
-      candidates.push_back(routable.size());
-    }
-    routable.push_back(std::move(worker));
+    roles.push_back(options_.disaggregation == DisaggregationMode::kOff ? WorkerRole::kBoth
+                                                                        : worker->role());
+    set.workers.push_back(std::move(worker));
   }
-  if (candidates.empty()) return {};
+  // Prefill workers serve token streams only when nothing else is routable, so that a cluster
+  // of prefill workers alone still answers.
+  const bool split = std::find(roles.begin(), roles.end(), WorkerRole::kPrefill) != roles.end() &&
+                     std::any_of(roles.begin(), roles.end(),
+                                 [](WorkerRole r) { return r != WorkerRole::kPrefill; });
+  for (size_t i = 0; i < set.workers.size(); ++i) {
+    if (set.workers[i]->in_flight() >= set.capacity) continue;
+    (split && roles[i] == WorkerRole::kPrefill ? set.prefill_candidates : set.candidates)
+        .push_back(i);
+  }
+  if (set.candidates.empty()) return {};
   RoutingRequest routing = request.routing_request();
   routing.block_size = options_.block_size;
-  std::vector<WorkerId> ids;
-  ids.reserve(routable.size());
-  for (const auto& worker : routable) ids.push_back(worker->id());
-  const std::vector<PrefixMatchCount> matched = index_->MatchedBlocks(ids, routing.block_keys);
-  const size_t holder = BestHolder(matched);
-  // The longest run held by a worker other than the best holder: what the best holder itself
-  // could pull.
-  int runner_up_blocks = 0;
-  for (size_t i = 0; i < routable.size(); ++i) {
-    if (i != holder) runner_up_blocks = std::max(runner_up_blocks, matched[i].blocks);
-  }
-  std::vector<WorkerView> views(candidates.size());
-  for (size_t c = 0; c < candidates.size(); ++c) {
-    const size_t i = candidates[c];
-    views[c].address = routable[i]->address();
-    views[c].in_flight = routable[i]->in_flight();
-    views[c].capacity = options_.max_inflight_per_worker;
-    views[c].load = routable[i]->load();
-    views[c].matched_blocks = matched[i].blocks;
-    views[c].matched_device_blocks = matched[i].device_blocks;
-    views[c].pullable_blocks = i == holder ? runner_up_blocks : matched[holder].blocks;
-  }
-  WorkerChoice choice = policy_->Choose(routing, views);
-  if (choice.index >= candidates.size()) choice.index = 0;  // a broken policy must not crash us
-  const size_t chosen = candidates[choice.index];
+  set.Match(*index_, routing.block_keys);
+  WorkerChoice choice = policy_->Choose(routing, set.ViewsOf(set.candidates));
+  if (choice.index >= set.candidates.size()) choice.index = 0;  // a broken policy must not crash us
+  const size_t chosen = set.candidates[choice.index];
   Reservation reservation;
-  reservation.worker = routable[chosen];
+  reservation.worker = set.workers[chosen];
   reservation.worker->AddInFlight(1);
   // When the best holder is another worker, no worker holds more than it: it is the one to
   // pull from, and only if it holds more than the chosen worker.
-  if (policy_->wants_kv_transfer_hints() && holder != chosen &&
-      matched[holder].blocks > matched[chosen].blocks) {
-    reservation.kv_source = KvTransferHint{.worker = routable[holder]->address(),
-                                           .first_block = matched[chosen].blocks,
-                                           .num_blocks = matched[holder].blocks};
+  const PrefixMatchCount& held = set.matched[set.holder];
+  if (policy_->wants_kv_transfer_hints() && set.holder != chosen &&
+      held.blocks > set.matched[chosen].blocks) {
+    reservation.kv_source = KvTransferHint{.worker = set.workers[set.holder]->address(),
+                                           .first_block = set.matched[chosen].blocks,
+                                           .num_blocks = held.blocks};
+  }
+  if (phase == PrefillPhase::kAllowed && !set.prefill_candidates.empty()) {
+    PlanPrefill(routing, set, chosen, prefill_policy_ != nullptr ? *prefill_policy_ : *policy_,
+                &reservation);
   }
   if (metrics_ != nullptr) {
-    metrics_->RecordRouting(matched[chosen].blocks * options_.block_size);
+    metrics_->RecordRouting(set.matched[chosen].blocks * options_.block_size);
     if (reservation.kv_source.has_value()) metrics_->RecordKvTransferHint();
   }
   return reservation;
@@ -94,7 +158,7 @@ absl::Status Dispatcher::Submit(PendingRequest* request) {
   {
     absl::MutexLock lock(&mu_);
     // FIFO: a new request may not overtake queued ones.
-    if (queue_.empty()) reservation = ReserveLocked(*request);
+    if (queue_.empty()) reservation = ReserveLocked(*request, PrefillPhase::kAllowed);
     if (reservation.worker == nullptr) {
       int routable = 0;
       for (const auto& w : pool_->Workers()) routable += w->routable() ? 1 : 0;
@@ -121,7 +185,7 @@ absl::Status Dispatcher::Submit(PendingRequest* request) {
 
 Reservation Dispatcher::ReserveNow(PendingRequest* request) {
   absl::MutexLock lock(&mu_);
-  return ReserveLocked(*request);
+  return ReserveLocked(*request, PrefillPhase::kNever);
 }
 
 bool Dispatcher::Withdraw(PendingRequest* request) {
@@ -146,7 +210,7 @@ void Dispatcher::Pump() {
   {
     absl::MutexLock lock(&mu_);
     while (!queue_.empty()) {
-      Reservation reservation = ReserveLocked(*queue_.front());
+      Reservation reservation = ReserveLocked(*queue_.front(), PrefillPhase::kAllowed);
       if (reservation.worker == nullptr) break;
       starts.emplace_back(queue_.front(), std::move(reservation));
       queue_.pop_front();

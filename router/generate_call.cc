@@ -89,6 +89,57 @@ class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::Generate
   std::shared_ptr<Upstream> self_;
 };
 
+/// The prefill phase's call on a prefill worker: reads and discards its responses (one token
+/// nobody sees); what matters is that the worker computed, and now holds, the prompt's blocks.
+/// Keeps itself alive (self_) until OnDone, which reports the status to the GenerateCall.
+class GenerateCall::PrefillUpstream final : public grpc::ClientReadReactor<v1::GenerateResponse>,
+                                            public std::enable_shared_from_this<PrefillUpstream> {
+ public:
+  PrefillUpstream(GenerateCall* call, v1::GenerateRequest request,
+                  std::chrono::system_clock::time_point deadline)
+      : call_(call), request_(std::move(request)) {
+    if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
+  }
+
+  void Begin(v1::Inference::Stub& stub) {
+    self_ = shared_from_this();
+    stub.async()->Generate(&context_, &request_, this);
+    StartRead(&message_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&message_);  // discarded; a failed read means OnDone follows
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->OnPrefillDone(status);
+    self_.reset();  // may delete this; nothing below
+  }
+
+ private:
+  GenerateCall* const call_;
+  grpc::ClientContext context_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse message_;
+  std::shared_ptr<PrefillUpstream> self_;
+};
+
+v1::GenerateRequest PrefillRequestFor(const v1::GenerateRequest& request) {
+  v1::GenerateRequest prefill;
+  prefill.set_model(request.model());
+  *prefill.mutable_prompt_token_ids() = request.prompt_token_ids();
+  prefill.set_cache_salt(request.cache_salt());
+  prefill.set_request_id(absl::StrCat(request.request_id(), "-prefill"));
+  // One greedy token: the least the worker will run a prompt for, and the same work whatever
+  // the client's sampling (its token is discarded).
+  prefill.set_max_tokens(1);
+  prefill.mutable_sampling()->set_temperature(0);
+  prefill.set_ignore_eos(true);
+  prefill.set_n(1);
+  return prefill;
+}
+
 GenerateCall::GenerateCall(grpc::CallbackServerContext* context, v1::GenerateRequest request,
                            std::vector<BlockKey> block_keys, Dispatcher* dispatcher,
                            WorkerPool* pool, RouterMetrics* metrics)
@@ -123,40 +174,122 @@ bool GenerateCall::Excludes(WorkerId worker) const {
 }
 
 void GenerateCall::Start(Reservation reservation) {
-  std::shared_ptr<WorkerHandle> worker = std::move(reservation.worker);
+  const std::shared_ptr<WorkerHandle> worker = reservation.worker;
+  const std::shared_ptr<WorkerHandle> prefill_worker = reservation.prefill_worker;
+  const std::string kv_source =
+      reservation.kv_source.has_value() ? reservation.kv_source->worker : "";
   std::shared_ptr<Upstream> upstream;
+  std::shared_ptr<PrefillUpstream> prefill;
   {
     absl::MutexLock lock(&mu_);
     if (!cancelled_) {
-      ++attempts_;
       if (started_ == Clock::time_point{}) started_ = Clock::now();
-      worker_ = worker;
-      // request_ carries no kv_source (the service drops a client's); this attempt gets its own.
-      v1::GenerateRequest attempt = request_;
-      if (reservation.kv_source.has_value()) {
-        v1::KvSourceHint* hint = attempt.mutable_kv_source();
-        hint->set_worker(reservation.kv_source->worker);
-        hint->set_first_block(static_cast<uint32_t>(reservation.kv_source->first_block));
-        hint->set_num_blocks(static_cast<uint32_t>(reservation.kv_source->num_blocks));
+      if (prefill_worker != nullptr) {
+        prefill_started_ = Clock::now();
+        prefill = std::make_shared<PrefillUpstream>(this, PrefillRequestFor(request_),
+                                                    context_->deadline());
+        prefill_ = prefill;
+        prefill_reservation_ = std::move(reservation);
+      } else {
+        upstream = NewAttemptLocked(worker, reservation.kv_source);
       }
-      upstream = std::make_shared<Upstream>(this, std::move(attempt), context_->deadline());
-      upstream_ = upstream;
     }
   }
-  if (upstream == nullptr) {
+  if (upstream == nullptr && prefill == nullptr) {
     // Cancelled between the dispatcher's reservation and now.
     dispatcher_->Release(*worker);
+    if (prefill_worker != nullptr) dispatcher_->Release(*prefill_worker);
     RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     return;
   }
-  const std::string kv_source =
-      reservation.kv_source.has_value() ? reservation.kv_source->worker : "";
   logging::Log(logging::LogLevel::kInfo, "router", "request routed",
                {{"request_id", request_.request_id()},
                 {"worker", worker->address()},
+                {"prefill_worker", prefill_worker != nullptr ? prefill_worker->address() : ""},
                 {"prompt_tokens", request_.prompt_token_ids_size()},
                 {"kv_source", kv_source}});
-  upstream->Begin(worker->inference());
+  if (prefill != nullptr) {
+    prefill->Begin(prefill_worker->inference());
+  } else {
+    upstream->Begin(worker->inference());
+  }
+}
+
+std::shared_ptr<GenerateCall::Upstream> GenerateCall::NewAttemptLocked(
+    std::shared_ptr<WorkerHandle> worker, const std::optional<KvTransferHint>& kv_source) {
+  ++attempts_;
+  worker_ = std::move(worker);
+  // request_ carries no kv_source (the service drops a client's); this attempt gets its own.
+  v1::GenerateRequest attempt = request_;
+  if (kv_source.has_value()) {
+    v1::KvSourceHint* hint = attempt.mutable_kv_source();
+    hint->set_worker(kv_source->worker);
+    hint->set_first_block(static_cast<uint32_t>(kv_source->first_block));
+    hint->set_num_blocks(static_cast<uint32_t>(kv_source->num_blocks));
+  }
+  upstream_ = std::make_shared<Upstream>(this, std::move(attempt), context_->deadline());
+  return upstream_;
+}
+
+void GenerateCall::OnPrefillDone(const grpc::Status& status) {
+  Reservation reservation;
+  std::shared_ptr<Upstream> upstream;
+  grpc::Status end_status;  // set when the call ends here
+  bool cancelled = false;
+  double seconds = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    prefill_.reset();
+    reservation = std::move(prefill_reservation_);
+    prefill_reservation_ = Reservation{};
+    seconds = SecondsBetween(prefill_started_, Clock::now());
+    // The prefill call runs under the client's deadline: when it expired there, it has for
+    // the client too (and a cancellation past the deadline is the deadline's).
+    const auto deadline = context_->deadline();
+    const bool deadline_passed = deadline != std::chrono::system_clock::time_point::max() &&
+                                 (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                                  (cancelled_ && std::chrono::system_clock::now() >= deadline));
+    cancelled = cancelled_ || deadline_passed;
+    if (deadline_passed) {
+      end_status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                "deadline exceeded while the prompt was being computed");
+    } else if (cancelled_) {
+      end_status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client");
+    } else {
+      // A failed prefill falls back to the ordinary hint (or none): the decode worker computes
+      // what it does not pull. A hint naming the worker that just failed is not worth a try.
+      std::optional<KvTransferHint> hint =
+          status.ok() ? reservation.prefill_kv_source : reservation.kv_source;
+      if (!status.ok() && hint.has_value() &&
+          hint->worker == reservation.prefill_worker->address()) {
+        hint.reset();
+      }
+      upstream = NewAttemptLocked(reservation.worker, hint);
+    }
+  }
+  WorkerHandle& prefill_worker = *reservation.prefill_worker;
+  if (!cancelled) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !IsDrainingRefusal(status)) {
+      pool_->ReportFailure(prefill_worker);
+    }
+    if (IsDrainingRefusal(status)) pool_->MarkDraining(prefill_worker);
+    if (metrics_ != nullptr) metrics_->RecordPrefillPhase(status.ok() ? "ok" : "failed", seconds);
+    if (!status.ok()) {
+      logging::Log(logging::LogLevel::kWarning, "router",
+                   "prefill failed: the decode worker computes the prompt",
+                   {{"request_id", request_.request_id()},
+                    {"prefill_worker", prefill_worker.address()},
+                    {"worker", reservation.worker->address()},
+                    {"error", status.error_message()}});
+    }
+  }
+  dispatcher_->Release(prefill_worker);
+  if (upstream == nullptr) {
+    dispatcher_->Release(*reservation.worker);
+    RequestFinish(end_status);
+    return;
+  }
+  upstream->Begin(reservation.worker->inference());
 }
 
 void GenerateCall::Reject(absl::Status status) {
@@ -271,12 +404,15 @@ void GenerateCall::OnCancel() {
     return;
   }
   std::shared_ptr<Upstream> upstream;
+  std::shared_ptr<PrefillUpstream> prefill;
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     upstream = upstream_;
+    prefill = prefill_;
   }
   if (upstream != nullptr) upstream->Cancel();
+  if (prefill != nullptr) prefill->Cancel();
 }
 
 void GenerateCall::OnDone() { delete this; }
@@ -329,7 +465,10 @@ void GenerateCall::RequestFinish(const grpc::Status& status) {
 }
 
 bool GenerateCall::ReadyToFinishLocked() {
-  if (!finish_requested_ || finished_ || write_pending_ || upstream_ != nullptr) return false;
+  if (!finish_requested_ || finished_ || write_pending_ || upstream_ != nullptr ||
+      prefill_ != nullptr) {
+    return false;
+  }
   finished_ = true;
   return true;
 }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,11 @@ namespace kvserve {
 
 class RouterMetrics;
 
+/// The request a prefill-role worker gets for `request`'s prompt: the same prompt token ids,
+/// cache salt and model; one greedy token (ignore_eos, n = 1), no stop, logprob or constraint
+/// fields, no kv_source; request_id with "-prefill" appended.
+v1::GenerateRequest PrefillRequestFor(const v1::GenerateRequest& request);
+
 /// One Generate RPC forwarded through the router.
 ///
 /// Threading: callback reactors on both sides, so no thread blocks per stream. The server side
@@ -41,9 +47,19 @@ class RouterMetrics;
 /// refuses the request with UNAVAILABLE because it is draining is marked draining in the pool
 /// at once (no new request goes there) and the request is retried elsewhere. Each attempt
 /// carries its own reservation's transfer hint (kv_source) or none: a retry never repeats the
-/// first attempt's hint. Finish is
-/// called once, only after the upstream call has ended and no write is pending; OnDone
-/// deletes the object.
+/// first attempt's hint.
+///
+/// Disaggregated serving: when the reservation names a prefill worker, the call first sends it
+/// the prompt alone (PrefillRequestFor: one greedy token, discarded) under the client's
+/// deadline, and holds the decode worker's slot meanwhile. When that call ends OK the decode
+/// worker gets the request with a hint to pull the prompt's blocks from the prefill worker;
+/// when it fails (any status) the decode worker gets the ordinary hint or none and computes
+/// the prompt: a failed prefill costs time, never the answer. Either way the prefill worker's
+/// slot is freed first. Client cancellation (or its deadline) during the prefill cancels it and
+/// ends the call. A retry of the decode attempt runs no prefill again.
+///
+/// Finish is called once, only after the upstream calls have ended and no write is pending;
+/// OnDone deletes the object.
 class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                            public PendingRequest {
  public:
@@ -77,9 +93,18 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
  private:
   class Upstream;
+  class PrefillUpstream;
 
+  /// A new attempt on `worker` with `kv_source` (if any) as its hint; the caller begins it
+  /// after unlocking.
+  std::shared_ptr<Upstream> NewAttemptLocked(std::shared_ptr<WorkerHandle> worker,
+                                             const std::optional<KvTransferHint>& kv_source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnUpstreamRead(Upstream* upstream, v1::GenerateResponse* message);
   void OnUpstreamDone(const grpc::Status& status);
+  /// The prefill phase's call ended: frees its slot, then starts the decode attempt, or
+  /// finishes the call when the client cancelled or its deadline passed.
+  void OnPrefillDone(const grpc::Status& status);
   /// Records the final status and finishes when nothing is outstanding.
   void RequestFinish(const grpc::Status& status);
   /// Finish when requested and nothing is outstanding; called with mu_ held, returns whether
@@ -100,6 +125,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   mutable absl::Mutex mu_;
   std::shared_ptr<WorkerHandle> worker_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
+  // During a prefill phase: its call, and the reservation whose decode worker waits for it
+  // (reservation.prefill_worker is the prefill worker).
+  std::shared_ptr<PrefillUpstream> prefill_ ABSL_GUARDED_BY(mu_);
+  Reservation prefill_reservation_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point prefill_started_ ABSL_GUARDED_BY(mu_){};
   absl::flat_hash_set<WorkerId> excluded_ ABSL_GUARDED_BY(mu_);
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   bool first_received_ ABSL_GUARDED_BY(mu_) = false;

@@ -72,6 +72,22 @@ RouterMetrics::RouterMetrics(std::string policy)
                   .Help("Requests retried on another worker after failing before streaming.")
                   .Register(r)
                   .Add({});
+  auto& prefills = prometheus::BuildCounter()
+                       .Name(CounterName(kSub, "disaggregated_prefills"))
+                       .Help(
+                           "Prefill phases run on a prefill-role worker before the decode "
+                           "worker streams, by outcome: ok (the decode worker was told to "
+                           "pull the prompt's blocks) or failed (it computes them itself).")
+                       .Register(r);
+  prefills_ok_ = &prefills.Add({{"outcome", "ok"}});
+  prefills_failed_ = &prefills.Add({{"outcome", "failed"}});
+  prefill_phase_duration_ = &prometheus::BuildHistogram()
+                                 .Name(MetricName(kSub, "prefill_phase_duration", "seconds"))
+                                 .Help(
+                                     "Prefill phases on a prefill-role worker, from sending "
+                                     "the prompt to the end of that call (either outcome).")
+                                 .Register(r)
+                                 .Add({}, metrics::TimeToFirstTokenBuckets());
   rejections_family_ = &prometheus::BuildCounter()
                             .Name(CounterName(kSub, "admission_rejections"))
                             .Help("Requests refused admission, by reason: overloaded (every "
@@ -156,6 +172,11 @@ void RouterMetrics::RecordRouting(int matched_tokens) {
 void RouterMetrics::RecordKvTransferHint() { kv_transfer_hints_->Increment(); }
 
 void RouterMetrics::RecordRetry() { retries_->Increment(); }
+
+void RouterMetrics::RecordPrefillPhase(std::string_view outcome, double seconds) {
+  (outcome == "ok" ? prefills_ok_ : prefills_failed_)->Increment();
+  prefill_phase_duration_->Observe(seconds);
+}
 
 void RouterMetrics::RecordRejection(std::string_view reason) {
   rejections_family_->Add({{"reason", std::string(reason)}}).Increment();

@@ -42,6 +42,10 @@ class RouterMetrics {
   void RecordKvTransferHint();
   /// A request failed on a worker before streaming and was sent to another one.
   void RecordRetry();
+  /// A disaggregated request's prefill phase on a prefill worker ended after `seconds`:
+  /// `outcome` "ok" (the decode worker pulls its blocks) or "failed" (it computes them).
+  /// Phases the client cancelled are not recorded.
+  void RecordPrefillPhase(std::string_view outcome, double seconds);
   /// A request was refused admission: `reason` is "overloaded" (queue full) or "no_worker".
   void RecordRejection(std::string_view reason);
   /// A Generate call ended with the gRPC code named `code` ("OK", "UNAVAILABLE", ...). Phases
@@ -73,6 +77,9 @@ class RouterMetrics {
   prometheus::Histogram* matched_tokens_;
   prometheus::Counter* kv_transfer_hints_;
   prometheus::Counter* retries_;
+  prometheus::Counter* prefills_ok_;
+  prometheus::Counter* prefills_failed_;
+  prometheus::Histogram* prefill_phase_duration_;
   prometheus::Family<prometheus::Counter>* rejections_family_;
   prometheus::Family<prometheus::Counter>* requests_family_;
   prometheus::Histogram* request_duration_;

@@ -27,6 +27,8 @@ struct RouterServer::State {
   std::unique_ptr<Tokenizer> tokenizer;
   PrefixIndex index;
   std::unique_ptr<RoutingPolicy> policy;
+  /// Picks prefill workers in disaggregated serving (its own state: see SetPrefillPolicy).
+  std::unique_ptr<RoutingPolicy> prefill_policy;
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<Dispatcher> dispatcher;
   std::unique_ptr<RouterService> service;
@@ -101,6 +103,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
       RoutingPolicyRegistry::Default().Create(options.policy, options.policy_config);
   if (!policy.ok()) return policy.status();
   state->policy = *std::move(policy);
+  absl::StatusOr<std::unique_ptr<RoutingPolicy>> prefill_policy =
+      RoutingPolicyRegistry::Default().Create(options.policy, options.policy_config);
+  if (!prefill_policy.ok()) return prefill_policy.status();
+  state->prefill_policy = *std::move(prefill_policy);
   state->metrics = std::make_unique<RouterMetrics>(std::string(state->policy->name()));
 
   absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
@@ -110,6 +116,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOp
   state->dispatcher = std::make_unique<Dispatcher>(options.dispatch, state->pool.get(),
                                                    &state->index, state->policy.get());
   state->dispatcher->SetMetrics(state->metrics.get());
+  state->dispatcher->SetPrefillPolicy(state->prefill_policy.get());
   state->metrics->Attach(state->pool.get(), state->dispatcher.get());
   state->pool->SetChangeListener([d = state->dispatcher.get()] { d->Pump(); });
 

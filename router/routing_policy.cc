@@ -49,6 +49,25 @@ std::vector<std::string> RoutingPolicyRegistry::Names() const {
   return names;
 }
 
+std::string_view WorkerRoleName(WorkerRole role) {
+  switch (role) {
+    case WorkerRole::kPrefill:
+      return "prefill";
+    case WorkerRole::kDecode:
+      return "decode";
+    case WorkerRole::kBoth:
+      break;
+  }
+  return "both";
+}
+
+std::optional<WorkerRole> ParseWorkerRole(std::string_view name) {
+  if (name.empty() || name == "both") return WorkerRole::kBoth;
+  if (name == "prefill") return WorkerRole::kPrefill;
+  if (name == "decode") return WorkerRole::kDecode;
+  return std::nullopt;
+}
+
 size_t LeastLoadedIndex(std::span<const WorkerView> workers) {
   size_t best = 0;
   for (size_t i = 1; i < workers.size(); ++i) {

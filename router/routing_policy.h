@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,12 +29,31 @@ struct RoutingRequest {
   int block_size = 16;
 };
 
+/// A worker's part in disaggregated serving (its --role, LoadReport.role).
+enum class WorkerRole {
+  /// Computes prompts and streams tokens (the default, and what older workers report).
+  kBoth,
+  /// Computes prompts only: the router sends it a request's prefill, whose KV blocks the decode
+  /// worker then pulls.
+  kPrefill,
+  /// Streams tokens; its prompts' blocks usually come from a prefill worker.
+  kDecode,
+};
+
+/// "both", "prefill" or "decode".
+std::string_view WorkerRoleName(WorkerRole role);
+/// The role a LoadReport names: "prefill", "decode", "both", or empty (an older worker: both).
+/// Nullopt for any other text.
+std::optional<WorkerRole> ParseWorkerRole(std::string_view name);
+
 /// A worker's load as its last GetLoad reported it (zeros until the first report).
 struct WorkerLoad {
   int running_requests = 0;
   int waiting_requests = 0;
   int total_blocks = 0;
   int free_blocks = 0;
+  /// The role the worker reports (kBoth until the first report).
+  WorkerRole role = WorkerRole::kBoth;
 };
 
 /// What a routing policy knows about one candidate worker: only healthy, non-draining workers

@@ -67,6 +67,8 @@ WorkerLoad ToWorkerLoad(const v1::LoadReport& report) {
   load.waiting_requests = static_cast<int>(report.waiting_requests());
   load.total_blocks = static_cast<int>(report.total_blocks());
   load.free_blocks = static_cast<int>(report.free_blocks());
+  // An unknown role (a newer worker's) is served as "both"; ProbeNow logs it.
+  load.role = ParseWorkerRole(report.role()).value_or(WorkerRole::kBoth);
   return load;
 }
 
@@ -187,6 +189,11 @@ bool WorkerHandle::draining() const {
 WorkerLoad WorkerHandle::load() const {
   absl::MutexLock lock(&mu_);
   return load_;
+}
+
+WorkerRole WorkerHandle::role() const {
+  absl::MutexLock lock(&mu_);
+  return load_.role;
 }
 
 std::optional<v1::ModelInfo> WorkerHandle::model_info() const {
@@ -391,6 +398,8 @@ void WorkerPool::ProbeNow() {
                              (probe->health_status.ok() && IsServing(probe->health_response));
       const bool ok = health_ok && probe->load_status.ok();
       std::string change;
+      std::string role_change;
+      bool role_unknown = false;
       {
         absl::MutexLock lock(&worker.mu_);
         if (ok) {
@@ -398,6 +407,16 @@ void WorkerPool::ProbeNow() {
           worker.healthy_ = true;
           worker.consecutive_failures_ = 0;
           worker.load_ = ToWorkerLoad(probe->load_response);
+          // Logged when it changes, not on every probe.
+          const std::string& role = probe->load_response.role();
+          if (role != worker.reported_role_) {
+            worker.reported_role_ = role;
+            role_unknown = !ParseWorkerRole(role).has_value();
+            role_change =
+                role_unknown
+                    ? absl::StrCat("reports unknown role '", role, "': served as 'both'")
+                    : absl::StrCat("role ", std::string(WorkerRoleName(worker.load_.role)));
+          }
           if (probe->load_response.draining() && !worker.draining_) change = "draining";
           worker.draining_ = probe->load_response.draining();
           if (probe->want_info && probe->info_status.ok())
@@ -417,6 +436,10 @@ void WorkerPool::ProbeNow() {
         }
       }
       if (!change.empty()) Log(absl::StrCat("worker ", worker.address(), " ", change));
+      if (!role_change.empty()) {
+        logging::Log(role_unknown ? logging::LogLevel::kWarning : logging::LogLevel::kInfo,
+                     "router", absl::StrCat("worker ", worker.address(), " ", role_change));
+      }
     }
   }
   NotifyChange();

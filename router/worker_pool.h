@@ -87,6 +87,8 @@ class WorkerHandle {
   bool draining() const;
   /// The last successful GetLoad report.
   WorkerLoad load() const;
+  /// The role of the last GetLoad report (kBoth until the first one).
+  WorkerRole role() const;
   /// The worker's GetModelInfo answer, once fetched.
   std::optional<v1::ModelInfo> model_info() const;
 
@@ -110,6 +112,8 @@ class WorkerHandle {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
   WorkerLoad load_ ABSL_GUARDED_BY(mu_);
+  /// LoadReport.role as last reported (empty until then), to log changes only.
+  std::string reported_role_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::ModelInfo> model_info_ ABSL_GUARDED_BY(mu_);
 
   // The KV event stream thread and what stops it.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
 #include "common/logging/logging.h"
+#include "router/dispatcher.h"
 #include "router/http/http_server.h"
 #include "router/router_server.h"
 #include "router/routing_policy.h"
@@ -31,6 +32,7 @@ struct RouterFlags {
   double load_weight = KvAwareConfig{}.load_weight;
   double kv_transfer_weight = KvAwareConfig{}.transfer_weight;
   int balance_threshold = KvAwareConfig{}.balance_threshold;
+  std::string disaggregation = "auto";
   int probe_interval_ms = 1000;
   int probe_timeout_ms = 500;
   int failure_threshold = 2;
@@ -59,6 +61,9 @@ absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
   options.dispatch.block_size = flags.block_size;
   options.dispatch.max_inflight_per_worker = flags.max_inflight_per_worker;
   options.dispatch.max_queue = flags.max_queue;
+  absl::StatusOr<DisaggregationMode> disaggregation = ParseDisaggregationMode(flags.disaggregation);
+  if (!disaggregation.ok()) return disaggregation.status();
+  options.dispatch.disaggregation = *disaggregation;
   if (!flags.workers.empty()) {
     absl::StatusOr<std::vector<std::string>> workers = ParseWorkerList(flags.workers, "workers");
     if (!workers.ok()) return workers.status();
@@ -191,6 +196,12 @@ Command AddRouterCommand(CLI::App& app) {
   sub->add_option("--balance-threshold", flags->balance_threshold,
                   "kv_aware: load gap (requests) above which the least loaded worker is used; "
                   "negative disables")
+      ->capture_default_str();
+  sub->add_option("--disaggregation", flags->disaggregation,
+                  "auto: workers started with --role prefill compute prompts, whose KV blocks "
+                  "the decode worker serving the request pulls; off: every worker serves whole "
+                  "requests, whatever its role")
+      ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
   sub->add_option("--probe-interval-ms", flags->probe_interval_ms, "Health and load probe period")
       ->capture_default_str();

@@ -239,6 +239,7 @@ class FakeWorker::WorkerImpl final : public v1::Worker::CallbackService {
     {
       absl::MutexLock lock(&owner_->mu_);
       *response = owner_->load_;
+      response->set_role(owner_->role_);
     }
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -321,6 +322,11 @@ void FakeWorker::set_texts(std::vector<std::string> texts, v1::FinishReason fini
 void FakeWorker::set_load(const v1::LoadReport& load) {
   absl::MutexLock lock(&mu_);
   load_ = load;
+}
+
+void FakeWorker::set_role(std::string role) {
+  absl::MutexLock lock(&mu_);
+  role_ = std::move(role);
 }
 
 void FakeWorker::SetServing(bool serving) {

@@ -19,7 +19,7 @@ namespace kvserve::testing {
 /// A test-only worker: kvserve.v1.Inference + kvserve.v1.Worker + grpc.health.v1 on loopback.
 /// Generate streams canned tokens (kTokens, one per message) and can fail before or after the
 /// first message, or hold after it until released or cancelled. Load, health and the cached
-/// block keys (streamed as KV events) are set by the test.
+/// block keys (streamed as KV events) are set by the test, and so is the role it reports.
 class FakeWorker {
  public:
   enum class Mode {
@@ -44,6 +44,9 @@ class FakeWorker {
   /// the last with `finish` and completion_tokens = texts.size(). Empty: the default "t" x 3.
   void set_texts(std::vector<std::string> texts, v1::FinishReason finish = v1::FINISH_REASON_STOP);
   void set_load(const v1::LoadReport& load);
+  /// The role GetLoad reports ("prefill", "decode", "both"; empty as an older worker), kept
+  /// across set_load.
+  void set_role(std::string role);
   void SetServing(bool serving);
   /// Adds keys to one tier of the cache (STORED events to connected streams; new streams get a
   /// snapshot of every tier).
@@ -82,6 +85,7 @@ class FakeWorker {
   Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kNormal;
   grpc::StatusCode fail_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
   v1::LoadReport load_ ABSL_GUARDED_BY(mu_);
+  std::string role_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> texts_ ABSL_GUARDED_BY(mu_) = {"t", "t", "t"};
   v1::FinishReason finish_ ABSL_GUARDED_BY(mu_) = v1::FINISH_REASON_LENGTH;
   std::vector<v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
