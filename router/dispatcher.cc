@@ -71,13 +71,15 @@ struct RoutableSet {
 // The prefill phase: reserves a prefill worker (picked by `policy` among the prefill
 // candidates) when the chosen decode worker would otherwise compute some of the prompt's usable
 // blocks: full ones, but not one holding the prompt's last token, which the decode worker
-// computes anyway for its logits. When another worker already holds every usable block the
-// ordinary hint covers them and no prefill is needed.
+// computes anyway for its logits, and only when the blocks it lacks hold at least `min_tokens`
+// tokens. When another worker already holds every usable block the ordinary hint covers them and
+// no prefill is needed.
 void PlanPrefill(const RoutingRequest& routing, const RoutableSet& set, size_t chosen,
-                 RoutingPolicy& policy, Reservation* reservation) {
+                 int min_tokens, RoutingPolicy& policy, Reservation* reservation) {
   const int usable_blocks = std::max(0, (routing.prompt_tokens - 1) / routing.block_size);
   const int own_blocks = set.matched[chosen].blocks;
   if (own_blocks >= usable_blocks) return;
+  if ((usable_blocks - own_blocks) * routing.block_size < min_tokens) return;
   if (reservation->kv_source.has_value() && reservation->kv_source->num_blocks >= usable_blocks) {
     return;
   }
@@ -143,8 +145,8 @@ Reservation Dispatcher::ReserveLocked(const PendingRequest& request, PrefillPhas
                                            .num_blocks = held.blocks};
   }
   if (phase == PrefillPhase::kAllowed && !set.prefill_candidates.empty()) {
-    PlanPrefill(routing, set, chosen, prefill_policy_ != nullptr ? *prefill_policy_ : *policy_,
-                &reservation);
+    PlanPrefill(routing, set, chosen, options_.disaggregation_min_tokens,
+                prefill_policy_ != nullptr ? *prefill_policy_ : *policy_, &reservation);
   }
   if (metrics_ != nullptr) {
     metrics_->RecordRouting(set.matched[chosen].blocks * options_.block_size);

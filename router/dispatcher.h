@@ -103,6 +103,11 @@ struct DispatcherOptions {
   absl::Duration retry_after = absl::Milliseconds(500);
   /// Whether workers' roles are honoured (prefill phases on prefill-role workers).
   DisaggregationMode disaggregation = DisaggregationMode::kAuto;
+  /// Disaggregation: a prompt whose part the decode worker lacks is shorter than this many
+  /// tokens is computed by the decode worker itself (no prefill phase): a short prefill costs
+  /// the decode worker little, and the prefill pool's queue of long prompts would cost the
+  /// request more (--disaggregation-min-tokens).
+  int disaggregation_min_tokens = 256;
 };
 
 /// Admission control and worker choice: reserves a slot on the worker the policy picks among

@@ -33,6 +33,7 @@ struct RouterFlags {
   double kv_transfer_weight = KvAwareConfig{}.transfer_weight;
   int balance_threshold = KvAwareConfig{}.balance_threshold;
   std::string disaggregation = "auto";
+  int disaggregation_min_tokens = DispatcherOptions{}.disaggregation_min_tokens;
   int probe_interval_ms = 1000;
   int probe_timeout_ms = 500;
   int failure_threshold = 2;
@@ -64,6 +65,10 @@ absl::StatusOr<RouterOptions> ToOptions(const RouterFlags& flags) {
   absl::StatusOr<DisaggregationMode> disaggregation = ParseDisaggregationMode(flags.disaggregation);
   if (!disaggregation.ok()) return disaggregation.status();
   options.dispatch.disaggregation = *disaggregation;
+  if (flags.disaggregation_min_tokens < 0) {
+    return absl::InvalidArgumentError("--disaggregation-min-tokens must be >= 0");
+  }
+  options.dispatch.disaggregation_min_tokens = flags.disaggregation_min_tokens;
   if (!flags.workers.empty()) {
     absl::StatusOr<std::vector<std::string>> workers = ParseWorkerList(flags.workers, "workers");
     if (!workers.ok()) return workers.status();
@@ -202,6 +207,10 @@ Command AddRouterCommand(CLI::App& app) {
                   "the decode worker serving the request pulls; off: every worker serves whole "
                   "requests, whatever its role")
       ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  sub->add_option("--disaggregation-min-tokens", flags->disaggregation_min_tokens,
+                  "Prompts whose part the decode worker lacks is shorter than this are computed "
+                  "by the decode worker (no prefill phase)")
       ->capture_default_str();
   sub->add_option("--probe-interval-ms", flags->probe_interval_ms, "Health and load probe period")
       ->capture_default_str();

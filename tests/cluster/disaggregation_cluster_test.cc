@@ -56,6 +56,7 @@ TEST(DisaggregationClusterTest, PrefillAndDecodeWorkersGiveTheTokensOfOneWorker)
   options.listen = "127.0.0.1:0";
   options.model_path = testing::kTestModel;
   options.pool.static_workers = {prefill->address, decode->address};
+  options.dispatch.disaggregation_min_tokens = 0;  // every prompt's blocks go through a prefill
   options.pool.probe_interval = absl::Milliseconds(100);
   options.pool.probe_timeout = absl::Milliseconds(500);
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(options);

@@ -75,6 +75,7 @@ class DisaggregationTest : public ::testing::Test {
     options.dispatch.max_inflight_per_worker = max_inflight;
     options.dispatch.max_queue = 8;
     options.dispatch.disaggregation = disaggregation_;
+    options.dispatch.disaggregation_min_tokens = min_tokens_;
     for (const auto& w : workers_) options.pool.static_workers.push_back(w->address());
     options.pool.background_probes = false;  // the first probe round (in Start) reads the roles
     options.pool.failure_threshold = 1;
@@ -130,6 +131,8 @@ class DisaggregationTest : public ::testing::Test {
   }
 
   DisaggregationMode disaggregation_ = DisaggregationMode::kAuto;
+  // DispatcherOptions::disaggregation_min_tokens; 0 here, so that any usable block counts.
+  int min_tokens_ = 0;
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   std::unique_ptr<RouterServer> router_;
   std::unique_ptr<v1::Inference::Stub> stub_;
@@ -379,6 +382,22 @@ TEST_F(DisaggregationTest, PromptsWithoutAUsableBlockSkipThePrefillPhase) {
   ASSERT_TRUE(Generate(Prompt(Range(10, kBlockSize + 1))).status.ok());
   ASSERT_EQ(workers_[0]->generate_count(), 1);
   EXPECT_EQ(workers_[1]->requests().at(3).kv_source().num_blocks(), 1u);
+}
+
+// --disaggregation-min-tokens: prompts whose blocks the decode worker lacks hold fewer tokens
+// are computed by the decode worker.
+TEST_F(DisaggregationTest, ShortPromptsArePrefilledByTheDecodeWorker) {
+  StartWorkers({"prefill", "decode"});
+  min_tokens_ = 4 * kBlockSize;
+  StartRouter();
+  // 3 usable blocks (48 tokens): below the threshold.
+  ASSERT_TRUE(Generate(Prompt(Range(10, 3 * kBlockSize + 1))).status.ok());
+  EXPECT_EQ(workers_[0]->generate_count(), 0);
+  EXPECT_FALSE(workers_[1]->requests().at(0).has_kv_source());
+  // 4 usable blocks: a prefill phase.
+  ASSERT_TRUE(Generate(Prompt(Range(100, 4 * kBlockSize + 1))).status.ok());
+  ASSERT_EQ(workers_[0]->generate_count(), 1);
+  EXPECT_EQ(workers_[1]->requests().at(1).kv_source().num_blocks(), 4u);
 }
 
 // Client cancellation during the prefill phase cancels the prefill call and ends the request;
