@@ -21,29 +21,19 @@ namespace kvserve {
 namespace {
 
 using testing::FakeWorker;
+using testing::GenerateVia;
+using testing::Outcome;
+using testing::Prompt;
 
 constexpr char kModel[] = KVSERVE_SHARED_DIR "/models/stories260K/stories260K.gguf";
 constexpr int kBlockSize = 16;
 constexpr char kPrefills[] = "kvserve_router_disaggregated_prefills_total";
 constexpr char kPrefillDuration[] = "kvserve_router_prefill_phase_duration_seconds";
 
-struct Outcome {
-  grpc::Status status;
-  std::vector<v1::GenerateResponse> responses;
-  std::string worker() const { return responses.empty() ? "" : responses[0].worker(); }
-};
-
 std::vector<uint32_t> Range(uint32_t first, int count) {
   std::vector<uint32_t> ids;
   for (int i = 0; i < count; ++i) ids.push_back(first + i);
   return ids;
-}
-
-v1::GenerateRequest Prompt(const std::vector<uint32_t>& ids, std::string salt = "") {
-  v1::GenerateRequest request;
-  for (uint32_t id : ids) request.add_prompt_token_ids(id);
-  request.set_cache_salt(std::move(salt));
-  return request;
 }
 
 bool IsPrefill(const v1::GenerateRequest& request) {
@@ -89,14 +79,7 @@ class DisaggregationTest : public ::testing::Test {
   }
 
   Outcome Generate(const v1::GenerateRequest& request, absl::Duration timeout = absl::Seconds(20)) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    auto reader = stub_->Generate(&context, request);
-    Outcome outcome;
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) outcome.responses.push_back(response);
-    outcome.status = reader->Finish();
-    return outcome;
+    return GenerateVia(*stub_, request, timeout);
   }
 
   const std::string& Addr(int i) const { return workers_[i]->address(); }

@@ -104,6 +104,35 @@ class FakeWorker {
   std::string address_;
 };
 
+/// What a client got from one Generate call.
+struct Outcome {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> responses;
+  /// The worker field of the first response (empty when none).
+  std::string worker() const { return responses.empty() ? "" : responses[0].worker(); }
+};
+
+/// A Generate request for these prompt ids.
+inline v1::GenerateRequest Prompt(const std::vector<uint32_t>& ids, std::string salt = "") {
+  v1::GenerateRequest request;
+  for (uint32_t id : ids) request.add_prompt_token_ids(id);
+  request.set_cache_salt(std::move(salt));
+  return request;
+}
+
+/// Runs one Generate through `stub` to its end (or `timeout`).
+inline Outcome GenerateVia(v1::Inference::Stub& stub, const v1::GenerateRequest& request,
+                           absl::Duration timeout = absl::Seconds(20)) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  auto reader = stub.Generate(&context, request);
+  Outcome outcome;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) outcome.responses.push_back(response);
+  outcome.status = reader->Finish();
+  return outcome;
+}
+
 }  // namespace kvserve::testing
 
 #endif  // KVSERVE_TESTS_ROUTER_FAKE_WORKER_H_

@@ -21,22 +21,11 @@ namespace kvserve {
 namespace {
 
 using testing::FakeWorker;
+using testing::GenerateVia;
+using testing::Outcome;
+using testing::Prompt;
 
 constexpr char kModel[] = KVSERVE_SHARED_DIR "/models/stories260K/stories260K.gguf";
-
-struct Outcome {
-  grpc::Status status;
-  std::vector<v1::GenerateResponse> responses;
-  /// The worker field of the first response (empty when none).
-  std::string worker() const { return responses.empty() ? "" : responses[0].worker(); }
-};
-
-v1::GenerateRequest Prompt(std::vector<uint32_t> ids, std::string salt = "") {
-  v1::GenerateRequest request;
-  for (uint32_t id : ids) request.add_prompt_token_ids(id);
-  request.set_cache_salt(std::move(salt));
-  return request;
-}
 
 std::vector<uint32_t> Range(uint32_t first, int count) {
   std::vector<uint32_t> ids;
@@ -77,14 +66,7 @@ class RouterLoopbackTest : public ::testing::Test {
   }
 
   Outcome Generate(const v1::GenerateRequest& request, absl::Duration timeout = absl::Seconds(20)) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    auto reader = stub_->Generate(&context, request);
-    Outcome outcome;
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) outcome.responses.push_back(response);
-    outcome.status = reader->Finish();
-    return outcome;
+    return GenerateVia(*stub_, request, timeout);
   }
 
   const std::string& Addr(int i) const { return workers_[i]->address(); }
