@@ -307,7 +307,21 @@ void Engine::DescribeKvPool() {
     access.host_memory = cache->rank(0).backend();
     layout = describe(cache->rank(0), cache->tp_size());
   }
-  kv_identity_ = KvTierIdentity{ModelWeightsFingerprint(*model_->weights), layout};
+  kv_layout_ = std::move(layout);
+}
+
+const KvTierIdentity& Engine::kv_identity() const {
+  std::call_once(kv_identity_once_, [this] {
+    // Blocks moving between workers must also have been computed by the same kernels, or the
+    // receiver's tokens could differ from its own computation's in the last bits.
+    kv_identity_ = KvTierIdentity{
+        ModelWeightsFingerprint(*model_->weights),
+        absl::StrCat(kv_layout_, " compute=", device_name_,
+                     device_name_ == "cpu"
+                         ? absl::StrCat("/", std::string(cpu::CpuIsaName(cpu::ActiveCpuIsa())))
+                         : std::string())};
+  });
+  return kv_identity_;
 }
 
 absl::Status Engine::CreateOffloader() {
@@ -315,17 +329,12 @@ absl::Status Engine::CreateOffloader() {
   if (options_.kv_offload.enabled()) {
     // The disk tier's identity leaves the compute path out: a restart on the same machine
     // computes the same bytes.
+    const KvTierIdentity disk_identity{ModelWeightsFingerprint(*model_->weights), kv_layout_};
     absl::StatusOr<std::unique_ptr<KvOffloader>> offloader =
-        KvOffloader::Create(options_.kv_offload, block_access_, kv_identity_);
+        KvOffloader::Create(options_.kv_offload, block_access_, disk_identity);
     if (!offloader.ok()) return offloader.status();
     offloader_ = std::move(*offloader);
   }
-  // Blocks moving between workers must also have been computed by the same kernels, or the
-  // receiver's tokens could differ from its own computation's in the last bits.
-  kv_identity_.layout += absl::StrCat(
-      " compute=", device_name_,
-      device_name_ == "cpu" ? absl::StrCat("/", std::string(cpu::CpuIsaName(cpu::ActiveCpuIsa())))
-                            : std::string());
   transfer_ = std::make_unique<KvTransferSource>(block_access_, offloader_.get());
   kv_->SetBlockSource(transfer_.get(), /*record_stored=*/offloader_ != nullptr);
   return absl::OkStatus();
@@ -384,12 +393,10 @@ Engine::~Engine() {
   for (RequestState* state : live) AbortRequest(state, absl::CancelledError("engine shut down"));
 }
 
-void Engine::ExportKvBlocks(std::vector<TokenId> tokens, std::string cache_salt,
-                            int32_t first_block, int32_t max_blocks, int64_t max_bytes,
+void Engine::ExportKvBlocks(std::vector<BlockKey> keys, int32_t first_block, int64_t max_bytes,
                             std::function<void(std::vector<KvBlockPayload>)> done) {
-  auto task = [this, tokens = std::move(tokens), salt = std::move(cache_salt), first_block,
-               max_blocks, max_bytes, done = std::move(done)] {
-    done(transfer_->Export(*kv_, tokens, salt, first_block, max_blocks, max_bytes));
+  auto task = [this, keys = std::move(keys), first_block, max_bytes, done = std::move(done)] {
+    done(transfer_->Export(kv_->pool(), keys, first_block, max_bytes));
   };
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -152,16 +152,17 @@ class Engine {
   /// True when no request is queued or running.
   bool idle() const;
 
-  /// Reads the cached K/V of `tokens`' full blocks [first_block, first_block + max_blocks)
-  /// (max_blocks 0: to the last full block) for another worker, on the loop thread between two
+  /// Reads the cached K/V of the blocks with chain hashes `keys` (a prompt's full blocks from
+  /// index `first_block` on, HashFullBlocks) for another worker, on the loop thread between two
   /// steps, stopping at the first block held in no tier and after `max_bytes`. `done` gets the
   /// blocks on the loop thread (an empty list when the engine stops first); it must not block.
-  void ExportKvBlocks(std::vector<TokenId> tokens, std::string cache_salt, int32_t first_block,
-                      int32_t max_blocks, int64_t max_bytes,
+  void ExportKvBlocks(std::vector<BlockKey> keys, int32_t first_block, int64_t max_bytes,
                       std::function<void(std::vector<KvBlockPayload>)> done);
   /// What this engine's KV blocks depend on: the model's fingerprint and the layout, with the
-  /// compute path appended (blocks move only between engines with equal identities).
-  const KvTierIdentity& kv_identity() const { return kv_identity_; }
+  /// compute path appended (blocks move only between engines with equal identities). The
+  /// fingerprint reads every tensor's ends, so it is computed on the first call, not at start-up.
+  /// Thread-safe.
+  const KvTierIdentity& kv_identity() const;
   /// Bytes of one KV block (every layer and rank).
   int64_t kv_block_bytes() const { return block_access_.block_bytes; }
 
@@ -188,7 +189,7 @@ class Engine {
   Engine(const LoadedModel* model, const EngineOptions& options);
   /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
   absl::Status CreateModel();
-  /// Sets block_access_ and kv_identity_ for the model's KV pool.
+  /// Sets block_access_ and kv_layout_ for the model's KV pool.
   void DescribeKvPool();
   /// Creates the host / disk tiers of options_.kv_offload over the model's KV pool, and the
   /// block source the prefix lookup restores from.
@@ -253,7 +254,11 @@ class Engine {
   /// Blocks pulled from other workers, then offloader_: what kv_ restores from.
   std::unique_ptr<KvTransferSource> transfer_;
   KvBlockAccess block_access_;
-  KvTierIdentity kv_identity_;
+  /// KvTierIdentity::layout of the pool (without the compute path), and the identity that
+  /// kv_identity() builds once.
+  std::string kv_layout_;
+  mutable std::once_flag kv_identity_once_;
+  mutable KvTierIdentity kv_identity_;
   // Prompt tokens computed and the forward time of the steps that computed them.
   int64_t prefill_tokens_ = 0;
   double prefill_seconds_ = 0.0;

@@ -46,40 +46,30 @@ void KvTransferSource::Release(int64_t owner) {
   owners_.erase(it);
 }
 
-std::vector<KvBlockPayload> KvTransferSource::Export(const KvManager& kv,
-                                                     std::span<const TokenId> tokens,
-                                                     std::string_view cache_salt, int32_t first,
-                                                     int32_t max_blocks, int64_t max_bytes) {
+std::vector<KvBlockPayload> KvTransferSource::Export(const BlockPool& pool,
+                                                     std::span<const BlockKey> keys, int32_t first,
+                                                     int64_t max_bytes) {
   std::vector<KvBlockPayload> out;
-  const int32_t bs = kv.options().block_size;
-  if (first < 0 || bs <= 0) return out;
-  const int64_t full = static_cast<int64_t>(tokens.size()) / bs;
-  int64_t end = max_blocks > 0 ? std::min<int64_t>(full, int64_t{first} + max_blocks) : full;
-  const int64_t by_bytes =
-      std::max<int64_t>(1, max_bytes / std::max<int64_t>(1, access_.block_bytes));
-  end = std::min(end, first + by_bytes);
-  BlockKey parent = kRootBlockKey;
+  const size_t by_bytes = static_cast<size_t>(
+      std::max<int64_t>(1, max_bytes / std::max<int64_t>(1, access_.block_bytes)));
   bool device_reads = false;
-  for (int64_t i = 0; i < end; ++i) {
-    const BlockKey key =
-        HashBlock(parent, tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs)),
-                  i == 0 ? cache_salt : std::string_view());
-    parent = key;
-    if (i < first) continue;
+  for (size_t i = 0; i < std::min(keys.size(), by_bytes); ++i) {
     KvBlockPayload p;
-    p.index = static_cast<int32_t>(i);
-    p.key = key;
-    p.bytes.resize(static_cast<size_t>(access_.block_bytes));
-    auto* dst = reinterpret_cast<uint8_t*>(p.bytes.data());
+    p.index = first + static_cast<int32_t>(i);
+    p.key = keys[i];
     bool found = false;
-    if (std::optional<BlockId> block = kv.pool().Lookup(key)) {
-      found = access_.read(*block, dst).ok();
-      device_reads = device_reads || found;
-    } else if (auto s = staged_.find(key); s != staged_.end()) {
+    if (auto s = staged_.find(p.key); s != staged_.end()) {
       p.bytes = s->second.bytes;
       found = true;
-    } else if (tiers_ != nullptr) {
-      found = tiers_->ReadCached(key, dst);
+    } else {
+      p.bytes.resize(static_cast<size_t>(access_.block_bytes));
+      auto* dst = reinterpret_cast<uint8_t*>(p.bytes.data());
+      if (std::optional<BlockId> block = pool.Lookup(p.key)) {
+        found = access_.read(*block, dst).ok();
+        device_reads = device_reads || found;
+      } else if (tiers_ != nullptr) {
+        found = tiers_->ReadCached(p.key, dst);
+      }
     }
     if (!found) break;
     out.push_back(std::move(p));

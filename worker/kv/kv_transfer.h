@@ -53,13 +53,12 @@ class KvTransferSource final : public KvBlockSource {
   /// Forgets what `owner` staged (blocks another owner staged too stay).
   void Release(int64_t owner);
 
-  /// Reads the prompt's full blocks [first, first + max_blocks) (every full block from `first`
-  /// when max_blocks is 0), stopping at the first one held nowhere and after `max_bytes` of
-  /// blocks (at least one block). Looks in `kv`'s device pool, then the staged blocks, then the
-  /// tiers. Must run between steps.
-  std::vector<KvBlockPayload> Export(const KvManager& kv, std::span<const TokenId> tokens,
-                                     std::string_view cache_salt, int32_t first, int32_t max_blocks,
-                                     int64_t max_bytes);
+  /// Reads the blocks with chain hashes `keys`, which are a prompt's blocks from index `first`
+  /// on, stopping at the first one held nowhere and after `max_bytes` of blocks (at least one
+  /// block). Looks in the staged blocks, the device pool `pool`, then the tiers. Must run
+  /// between steps.
+  std::vector<KvBlockPayload> Export(const BlockPool& pool, std::span<const BlockKey> keys,
+                                     int32_t first, int64_t max_bytes);
 
   struct Stats {
     /// Blocks staged now.

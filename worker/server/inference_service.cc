@@ -65,72 +65,71 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     engine_request = ToEngineRequest(*request, *model_);
     status = engine_request.status();
   }
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = absl::UnknownError("unset");
-  std::string request_id;
-  int32_t num_samples = 1;
-  std::pair<int32_t, int32_t> pull{0, 0};
-  if (status.ok()) {
-    if (engine_request->request_id.empty()) engine_request->request_id = NewRequestId();
-    request_id = engine_request->request_id;
-    num_samples = engine_request->n;
-    pull = BlocksToPull(*request, *engine_request);
-    if (pull.first >= pull.second) {
-      stream = engine_->Submit(std::move(*engine_request));
-      status = stream.status();
-    }
-  }
   if (!status.ok()) {
-    counters_->generate_rejected.fetch_add(1);
-    logging::Log(logging::LogLevel::kWarning, "worker", "generate rejected",
-                 {{"request_id", request_id.empty() ? request->request_id() : request_id},
-                  {"code", absl::StatusCodeToString(status.code())},
-                  {"error", std::string(status.message())}});
+    LogRejected(request->request_id(), status);
     return new RejectedGenerate(status);
   }
+  if (engine_request->request_id.empty()) engine_request->request_id = NewRequestId();
   GenerateReactorParams params;
   params.engine = engine_;
-  params.request_id = request_id;
-  params.num_samples = num_samples;
+  params.request_id = engine_request->request_id;
+  params.num_samples = engine_request->n;
   params.worker = worker_name();
   params.counters = counters_;
-  if (pull.first < pull.second) {
-    // Pull the prefix's blocks first; the request is submitted when the pull ends, however
-    // it ends (what did not arrive is computed).
-    auto* reactor = new GenerateReactor(std::move(params));
-    struct PullState {
-      std::mutex mu;
-      std::shared_ptr<KvFetchHandle> handle;
-      bool cancelled = false;
-    };
-    auto state = std::make_shared<PullState>();
-    reactor->SetOnCancelPending([state] {
-      std::lock_guard<std::mutex> lock(state->mu);
-      state->cancelled = true;
-      if (state->handle != nullptr) state->handle->Cancel();
-    });
-    counters_->kv_pulls.fetch_add(1);
-    logging::Log(logging::LogLevel::kInfo, "worker", "pulling KV blocks",
-                 {{"request_id", request_id},
-                  {"from", request->kv_source().worker()},
-                  {"first_block", pull.first},
-                  {"blocks", pull.second - pull.first}});
-    auto shared_request = std::make_shared<EngineRequest>(std::move(*engine_request));
-    std::shared_ptr<KvFetchHandle> handle = fetcher_->Fetch(
-        request->kv_source().worker(), shared_request->prompt_ids, shared_request->cache_salt,
-        pull.first, pull.second, [this, reactor, shared_request](KvFetchResult result) {
-          shared_request->kv_blocks = std::move(result.blocks);
-          SubmitPulled(reactor, std::move(*shared_request));
-        });
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->handle = std::move(handle);
-    if (state->cancelled) state->handle->Cancel();
-    return reactor;
+  const std::pair<int32_t, int32_t> pull = BlocksToPull(*request, *engine_request);
+  if (pull.first >= pull.second) {
+    absl::StatusOr<std::shared_ptr<RequestStream>> stream =
+        SubmitToEngine(std::move(*engine_request));
+    if (!stream.ok()) return new RejectedGenerate(stream.status());
+    params.stream = *std::move(stream);
+    return new GenerateReactor(std::move(params));
+  }
+  // Pull the prefix's blocks first; the request is submitted when the pull ends, however it
+  // ends (what did not arrive is computed).
+  auto* reactor = new GenerateReactor(std::move(params));
+  auto handle = std::make_shared<KvFetchHandle>();
+  reactor->SetOnCancelPending([handle] { handle->Cancel(); });
+  counters_->kv_pulls.fetch_add(1);
+  logging::Log(logging::LogLevel::kInfo, "worker", "pulling KV blocks",
+               {{"request_id", engine_request->request_id},
+                {"from", request->kv_source().worker()},
+                {"first_block", pull.first},
+                {"blocks", pull.second - pull.first}});
+  auto pending = std::make_shared<EngineRequest>(std::move(*engine_request));
+  fetcher_->Fetch(request->kv_source().worker(), pending->prompt_ids, pending->cache_salt,
+                  pull.first, pull.second, std::move(handle),
+                  [this, reactor, pending](KvFetchResult result) {
+                    if (reactor->cancelled()) {
+                      reactor->Attach(absl::CancelledError("generate call cancelled"));
+                      return;
+                    }
+                    pending->kv_blocks = std::move(result.blocks);
+                    reactor->Attach(SubmitToEngine(std::move(*pending)));
+                  });
+  return reactor;
+}
+
+void InferenceService::LogRejected(const std::string& request_id, const absl::Status& status) {
+  counters_->generate_rejected.fetch_add(1);
+  logging::Log(logging::LogLevel::kWarning, "worker", "generate rejected",
+               {{"request_id", request_id},
+                {"code", absl::StatusCodeToString(status.code())},
+                {"error", std::string(status.message())}});
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> InferenceService::SubmitToEngine(
+    EngineRequest request) {
+  const std::string request_id = request.request_id;
+  const int32_t n = request.n;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine_->Submit(std::move(request));
+  if (!stream.ok()) {
+    LogRejected(request_id, stream.status());
+    return stream;
   }
   counters_->generate_requests.fetch_add(1);
   logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
-               {{"request_id", request_id}, {"n", num_samples}});
-  params.stream = std::move(*stream);
-  return new GenerateReactor(std::move(params));
+               {{"request_id", request_id}, {"n", n}});
+  return stream;
 }
 
 std::pair<int32_t, int32_t> InferenceService::BlocksToPull(const v1::GenerateRequest& request,
@@ -150,27 +149,6 @@ std::pair<int32_t, int32_t> InferenceService::BlocksToPull(const v1::GenerateReq
     return {0, 0};
   }
   return {first, end};
-}
-
-void InferenceService::SubmitPulled(GenerateReactor* reactor, EngineRequest request) {
-  const std::string request_id = request.request_id;
-  if (reactor->cancelled()) {
-    reactor->Attach(absl::CancelledError("generate call cancelled"));
-    return;
-  }
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine_->Submit(std::move(request));
-  if (!stream.ok()) {
-    counters_->generate_rejected.fetch_add(1);
-    logging::Log(logging::LogLevel::kWarning, "worker", "generate rejected",
-                 {{"request_id", request_id},
-                  {"code", absl::StatusCodeToString(stream.status().code())},
-                  {"error", std::string(stream.status().message())}});
-  } else {
-    counters_->generate_requests.fetch_add(1);
-    logging::Log(logging::LogLevel::kInfo, "worker", "generate accepted",
-                 {{"request_id", request_id}});
-  }
-  reactor->Attach(std::move(stream));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* context,

@@ -10,7 +10,6 @@
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
-#include "worker/server/generate_reactor.h"
 #include "worker/server/kv_fetch.h"
 #include "worker/server/serving_stats.h"
 
@@ -53,8 +52,10 @@ class InferenceService final : public v1::Inference::CallbackService {
   /// an empty range when the hint is absent or unusable, or the cost model declines.
   std::pair<int32_t, int32_t> BlocksToPull(const v1::GenerateRequest& request,
                                            const EngineRequest& engine_request);
-  /// Submits `request` and starts streaming it through `reactor` (deferred start).
-  void SubmitPulled(GenerateReactor* reactor, EngineRequest request);
+  /// Counts and logs a Generate refused before or by the engine.
+  void LogRejected(const std::string& request_id, const absl::Status& status);
+  /// Submits to the engine, counting and logging the request as accepted or rejected.
+  absl::StatusOr<std::shared_ptr<RequestStream>> SubmitToEngine(EngineRequest request);
 
   const LoadedModel* model_;
   Engine* engine_;

@@ -38,7 +38,7 @@ class KvFetchCall final : public grpc::ClientReadReactor<v1::KvBlockData> {
  public:
   KvFetchCall(KvFetcher* fetcher, std::string peer, v1::FetchKvBlocksRequest request,
               std::vector<BlockKey> expected, int32_t first_block, int64_t block_bytes,
-              std::function<void(KvFetchResult)> done)
+              std::shared_ptr<KvFetchHandle> handle, std::function<void(KvFetchResult)> done)
       : fetcher_(fetcher),
         peer_(std::move(peer)),
         request_(std::move(request)),
@@ -46,13 +46,16 @@ class KvFetchCall final : public grpc::ClientReadReactor<v1::KvBlockData> {
         first_block_(first_block),
         block_bytes_(block_bytes),
         done_(std::move(done)),
-        handle_(std::make_shared<KvFetchHandle>()) {}
-
-  std::shared_ptr<KvFetchHandle> handle() const { return handle_; }
+        handle_(std::move(handle)) {}
 
   void Start(v1::Worker::Stub* stub, std::chrono::milliseconds timeout) {
     context_.set_deadline(std::chrono::system_clock::now() + timeout);
-    handle_->context_ = &context_;
+    {
+      // A cancel before the call starts takes effect when it does.
+      std::lock_guard<std::mutex> lock(handle_->mu_);
+      handle_->context_ = &context_;
+      if (handle_->cancelled_) context_.TryCancel();
+    }
     start_ = Clock::now();
     stub->async()->FetchKvBlocks(&context_, &request_, this);
     StartRead(&message_);
@@ -178,18 +181,16 @@ void KvFetcher::Record(const std::string& peer, const KvFetchResult& result) {
   if (on_pull_) on_pull_(result);
 }
 
-std::shared_ptr<KvFetchHandle> KvFetcher::Fetch(const std::string& peer,
-                                                std::span<const TokenId> tokens,
-                                                const std::string& cache_salt, int32_t first_block,
-                                                int32_t end_block,
-                                                std::function<void(KvFetchResult)> done) {
+void KvFetcher::Fetch(const std::string& peer, std::span<const TokenId> tokens,
+                      const std::string& cache_salt, int32_t first_block, int32_t end_block,
+                      std::shared_ptr<KvFetchHandle> handle,
+                      std::function<void(KvFetchResult)> done) {
   const int32_t bs = engine_->options().block_size;
   std::vector<BlockKey> keys = HashFullBlocks(tokens, bs, cache_salt);
   end_block = std::min<int32_t>(end_block, static_cast<int32_t>(keys.size()));
   if (first_block < 0 || first_block >= end_block) {
-    KvFetchResult empty;
-    done(std::move(empty));
-    return std::make_shared<KvFetchHandle>();
+    done(KvFetchResult());
+    return;
   }
   std::vector<BlockKey> expected(keys.begin() + first_block, keys.begin() + end_block);
   v1::FetchKvBlocksRequest request;
@@ -206,10 +207,8 @@ std::shared_ptr<KvFetchHandle> KvFetcher::Fetch(const std::string& peer,
   request.mutable_identity()->set_layout(identity.layout);
   std::shared_ptr<v1::Worker::Stub> stub = StubFor(peer);
   auto* call = new KvFetchCall(this, peer, std::move(request), std::move(expected), first_block,
-                               engine_->kv_block_bytes(), std::move(done));
-  std::shared_ptr<KvFetchHandle> handle = call->handle();
+                               engine_->kv_block_bytes(), std::move(handle), std::move(done));
   call->Start(stub.get(), options_.timeout);
-  return handle;
 }
 
 }  // namespace kvserve

@@ -63,7 +63,7 @@ struct KvFetchResult {
   double seconds = 0.0;
 };
 
-/// Cancels a pull in flight; safe to call at any time, also after it ended.
+/// Cancels a pull; safe to call at any time, before it started or after it ended.
 class KvFetchHandle {
  public:
   void Cancel();
@@ -89,10 +89,12 @@ class KvFetcher {
   bool ShouldPull(const std::string& peer, int64_t num_blocks) const;
 
   /// Pulls full blocks [first_block, end_block) of `tokens` (salted with `cache_salt`) from
-  /// `peer` and calls `done` once with what arrived, on a gRPC thread. `done` must not block.
-  std::shared_ptr<KvFetchHandle> Fetch(const std::string& peer, std::span<const TokenId> tokens,
-                                       const std::string& cache_salt, int32_t first_block,
-                                       int32_t end_block, std::function<void(KvFetchResult)> done);
+  /// `peer` and calls `done` once with what arrived, on a gRPC thread (or on this one when
+  /// there is nothing to pull). `done` must not block. `handle` cancels the pull, also when
+  /// cancelled before this call.
+  void Fetch(const std::string& peer, std::span<const TokenId> tokens,
+             const std::string& cache_salt, int32_t first_block, int32_t end_block,
+             std::shared_ptr<KvFetchHandle> handle, std::function<void(KvFetchResult)> done);
 
   /// The bandwidth the cost model uses for `peer`, bytes per second.
   double Bandwidth(const std::string& peer) const;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_hash/block_hash.h"
 #include "kernels/kv_dtype.h"
 #include "worker/server/grpc_status.h"
 #include "worker/server/proto_convert.h"
@@ -196,14 +197,10 @@ class RejectedFetch final : public grpc::ServerWriteReactor<v1::KvBlockData> {
 /// the reactor. Deletes itself in OnDone.
 class FetchKvBlocksReactor final : public grpc::ServerWriteReactor<v1::KvBlockData> {
  public:
-  FetchKvBlocksReactor(Engine* engine, ServingCounters* counters, std::vector<TokenId> tokens,
-                       std::string cache_salt, int32_t first, int32_t end)
-      : engine_(engine),
-        counters_(counters),
-        tokens_(std::move(tokens)),
-        salt_(std::move(cache_salt)),
-        next_(first),
-        end_(end) {
+  /// `keys`: the chain hashes of the prompt's full blocks; the blocks [first, end) are sent.
+  FetchKvBlocksReactor(Engine* engine, ServingCounters* counters, std::vector<BlockKey> keys,
+                       int32_t first, int32_t end)
+      : engine_(engine), counters_(counters), keys_(std::move(keys)), next_(first), end_(end) {
     Pump();
   }
 
@@ -280,7 +277,8 @@ class FetchKvBlocksReactor final : public grpc::ServerWriteReactor<v1::KvBlockDa
         break;
       case Action::kExport:
         engine_->ExportKvBlocks(
-            tokens_, salt_, next_, end_ - next_, kExportBatchBytes,
+            std::vector<BlockKey>(keys_.begin() + next_, keys_.begin() + end_), next_,
+            kExportBatchBytes,
             [this](std::vector<KvBlockPayload> blocks) { OnBatch(std::move(blocks)); });
         break;
       case Action::kFinish:
@@ -291,8 +289,7 @@ class FetchKvBlocksReactor final : public grpc::ServerWriteReactor<v1::KvBlockDa
 
   Engine* const engine_;
   ServingCounters* const counters_;
-  const std::vector<TokenId> tokens_;
-  const std::string salt_;
+  const std::vector<BlockKey> keys_;
   std::mutex mu_;
   int32_t next_;
   const int32_t end_;
@@ -341,9 +338,10 @@ grpc::ServerWriteReactor<v1::KvBlockData>* WorkerService::FetchKvBlocks(
       request->max_blocks() == 0
           ? full
           : static_cast<int32_t>(std::min<int64_t>(full, int64_t{first} + request->max_blocks()));
-  std::vector<TokenId> tokens(request->token_ids().begin(), request->token_ids().end());
-  return new FetchKvBlocksReactor(engine_, counters_, std::move(tokens), request->cache_salt(),
-                                  first, end);
+  const std::vector<TokenId> tokens(request->token_ids().begin(), request->token_ids().end());
+  // Hashed here, once, with the caller's salt: the caller gets blocks of that salt only.
+  return new FetchKvBlocksReactor(engine_, counters_,
+                                  HashFullBlocks(tokens, bs, request->cache_salt()), first, end);
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContext* context,

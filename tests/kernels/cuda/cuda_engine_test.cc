@@ -240,7 +240,7 @@ TEST_F(CudaEngineTest, KvBlocksMoveBetweenEngines) {
       EngineRequest r = requests[i];
       std::promise<std::vector<KvBlockPayload>> promise;
       holder->ExportKvBlocks(
-          r.prompt_ids, r.cache_salt, 0, 0, int64_t{1} << 30,
+          HashFullBlocks(r.prompt_ids, 16, r.cache_salt), 0, int64_t{1} << 30,
           [&promise](std::vector<KvBlockPayload> blocks) { promise.set_value(std::move(blocks)); });
       r.kv_blocks = promise.get_future().get();
       EXPECT_EQ(r.kv_blocks.size(), r.prompt_ids.size() / 16) << i;
