@@ -96,6 +96,8 @@ fetch_validator() {  # prints a directory with validate.mjs and its node_modules
     rm -rf "$dir" && mv "$dir.tmp.$$" "$dir"
   fi
   cp tools/helm-check/validate.mjs "$dir/validate.mjs"
+  # The schemas of custom resources (LeaderWorkerSet), read from beside validate.mjs.
+  rm -rf "$dir/schemas" && cp -r tools/helm-check/schemas "$dir/schemas"
   echo "$dir"
 }
 
@@ -110,9 +112,10 @@ passed=0
 failed=0
 tally() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi; }
 
-# check_chart CHART_DIR LABEL [all|default]: helm lint, helm template and validate.mjs for the
-# default values and (all) each file in deploy/helm-values/. LABEL "chart" counts each values set as
-# one check and runs yamllint on the output. Returns 1 when any set failed.
+# check_chart CHART_DIR LABEL [all|default|VALUES_FILE]: helm lint, helm template and validate.mjs
+# for the default values and (all) each file in deploy/helm-values/, or for one values file. LABEL
+# "chart" counts each values set as one check and runs yamllint on the output. Returns 1 when any
+# set failed.
 check_chart() {
   local dir=$1 label=$2 which=${3:-all} ok=0 name values out set_ok
   local sets=("default:")
@@ -120,6 +123,8 @@ check_chart() {
     for values in "$values_dir"/*.yaml; do
       [ -e "$values" ] && sets+=("$(basename "$values" .yaml):$root/$values")
     done
+  elif [ "$which" != default ]; then
+    sets=("$(basename "$which" .yaml):$which")
   fi
   for entry in "${sets[@]}"; do
     name=${entry%%:*}
@@ -163,36 +168,84 @@ if [ $run_checks = 1 ]; then
 fi
 
 # --- self-test: each broken copy of the chart must be rejected ----------------------------------
-# break_chart NAME FILE SED_EXPR: copy the chart, apply one edit to FILE, expect check_chart to fail.
+# break_chart NAME FILE SED_EXPR [VALUES_FILE [EXPECT]]: copy the chart, apply one edit to FILE,
+# expect check_chart to fail with the default values (or VALUES_FILE), with a message containing
+# EXPECT when given.
 break_chart() {
-  local name=$1 file=$2 expr=$3 copy="$work/broken-$1/kvserve" reason
+  local name=$1 file=$2 expr=$3 which=${4:-default} expect=${5:-} copy="$work/broken-$1/kvserve"
+  local reason
   mkdir -p "$(dirname "$copy")" && cp -r "$chart" "$copy"
   sed -i "$expr" "$copy/$file"
   if cmp -s "$chart/$file" "$copy/$file"; then
     say "self-test $name: FAILED: the edit did not apply to $file"; tally 1
-  elif check_chart "$copy" "broken-$name" default >"$work/self-$name.log" 2>&1; then
+  elif check_chart "$copy" "broken-$name" "$which" >"$work/self-$name.log" 2>&1; then
     say "self-test $name: FAILED: the broken chart passed every check"; tally 1
+  elif [ -n "$expect" ] && ! grep -q -F -- "$expect" "$work/self-$name.log"; then
+    say "self-test $name: FAILED: rejected, but not for '$expect':"
+    sed 's/^/    /' "$work/self-$name.log"; tally 1
   else
     reason=$(grep '^    ' "$work/self-$name.log" | grep -v -e '==> Linting' -e '\[INFO\]' -e '^ *$' |
-      head -n 1 | sed -e 's/^ *//' -e "s#$work/##g" -e 's/^rendered-[^:]*: //' | cut -c1-110)
+      grep -F -- "$expect" | head -n 1 | sed -e 's/^ *//' -e "s#$work/##g" -e 's/^rendered-[^:]*: //' |
+      cut -c1-110)
     say "self-test $name: rejected as expected: $reason"; tally 0
+  fi
+}
+# refuse NAME MESSAGE HELM_ARGS...: helm template with HELM_ARGS must fail with MESSAGE.
+refuse() {
+  local name=$1 message=$2
+  shift 2
+  if "$helm_bin" template kvserve "$chart" "$@" >/dev/null 2>"$work/refuse-$name.log"; then
+    say "self-test refuse-$name: FAILED: rendered"; tally 1
+  elif ! grep -q -F -- "$message" "$work/refuse-$name.log"; then
+    say "self-test refuse-$name: FAILED: not refused for '$message':"
+    sed 's/^/    /' "$work/refuse-$name.log"; tally 1
+  else
+    say "self-test refuse-$name: refused as expected: $(grep -F -- "$message" "$work/refuse-$name.log" |
+      head -n 1 | sed -e 's/^Error: //' -e 's/^.*): //' -e 's/^ *- //' | cut -c1-110)"; tally 0
   fi
 }
 if [ $run_self_test = 1 ]; then
   # A value of the wrong type: values.schema.json rejects it (lint and template).
   break_chart value-type values.yaml 's/^  tensorParallelSize: 1$/  tensorParallelSize: "one"/'
   # A template emitting a string where Kubernetes wants an integer: the schema check rejects it.
-  break_chart field-type templates/worker-statefulset.yaml \
+  break_chart field-type templates/_worker.tpl \
     's/containerPort: {{ .Values.ports.metrics }}/containerPort: {{ .Values.ports.metrics | quote }}/'
   # A field Kubernetes requires (a Service port's number), dropped: the schema check rejects it.
   break_chart missing-field templates/router-service.yaml '/^      port: {{ .Values.ports.grpc }}$/d'
   # GPUs no longer following --tp: the cross-document check rejects it.
   # shellcheck disable=SC2016  # the $ names are template variables, not shell ones
-  break_chart gpu-count templates/worker-statefulset.yaml \
+  break_chart gpu-count templates/_worker.tpl \
     's/\$w.gpu.resourceName \$tp/$w.gpu.resourceName 2/g'
   # The router looking for workers under another name: the cross-document check rejects it.
   break_chart workers-dns templates/_helpers.tpl \
     's/"kvserve.workerHeadlessName" .) .Release.Namespace/"kvserve.workerName" .) .Release.Namespace/'
+  # Pipeline groups (deploy/helm-values/pipeline-2x8.yaml), a LeaderWorkerSet:
+  pipeline="$root/$values_dir/pipeline-2x8.yaml"
+  # a string for an integer field: the LeaderWorkerSet schema (tools/helm-check/schemas) rejects it;
+  # shellcheck disable=SC2016  # template variables, not shell ones
+  break_chart lws-field-type templates/worker-leaderworkerset.yaml \
+    's/^    size: {{ $stages }}$/    size: {{ $stages | quote }}/' "$pipeline" "size must be integer"
+  # stage pods labelled like leaders: the router would discover them;
+  break_chart pp-stage-discovered templates/worker-leaderworkerset.yaml \
+    's/"component" "worker-stage"/"component" "worker"/' "$pipeline" "selects the pipeline stage pods"
+  # stages dialling a port the leader does not listen on;
+  # shellcheck disable=SC2016  # $(LWS_LEADER_ADDRESS) and $grpc are not shell ones
+  break_chart pp-leader-port templates/_worker.tpl \
+    's/--pp-leader=$(LWS_LEADER_ADDRESS):{{ $grpc }}/--pp-leader=$(LWS_LEADER_ADDRESS):{{ .Values.ports.metrics }}/' \
+    "$pipeline" "is not the leader's --listen port"
+  # stages created only once the leader is ready, which it is only once they joined.
+  break_chart pp-startup-deadlock templates/worker-leaderworkerset.yaml \
+    's/^  startupPolicy: LeaderCreated$/  startupPolicy: LeaderReady/' "$pipeline" "startupPolicy LeaderReady"
+
+  # Values the chart must refuse at render time: helm template fails, saying why.
+  refuse pp-disaggregation "worker.pipeline and worker.disaggregation cannot be combined" \
+    -f "$pipeline" --set worker.disaggregation.enabled=true
+  # (values.schema.json refuses it first; its message differs between helm versions)
+  refuse pp-one-stage "stages" -f "$pipeline" --set worker.pipeline.stages=1
+  refuse pp-layers 'layers "60,60,6" lists 3 stages, worker.pipeline.stages is 2' \
+    -f "$pipeline" --set worker.pipeline.layers=60\\,60\\,6
+  refuse pp-kv-tiers "worker.kvTiers are not available to pipeline groups" \
+    -f "$pipeline" --set worker.kvTiers.hostMemory=64GiB
 fi
 
 # The closing line CI reads as a test count.

@@ -1,9 +1,14 @@
 // `kvserve worker`: load a model and serve it over gRPC (kvserve.v1.Inference and
 // kvserve.v1.Worker, grpc.health.v1, reflection) and Prometheus /metrics until SIGINT or
 // SIGTERM, which drain it: no new requests, running ones finish within --drain-timeout.
+//
+// Pipeline groups (--pp P > 1): without --pp-leader the process is the group's leader, stage 0,
+// which serves as above and accepts the other stages on its port; with --pp-leader it is one of
+// those stages: it joins the leader, runs its layers for it and serves only grpc.health.v1.
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +16,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,7 +26,11 @@
 #include "client/cli/engine_flags.h"
 #include "common/logging/logging.h"
 #include "worker/engine/engine.h"
+#include "worker/kv/kv_offload.h"
 #include "worker/model/loaded_model.h"
+#include "worker/planner/pipeline_layout.h"
+#include "worker/pp/pipeline_group.h"
+#include "worker/pp/stage_runner.h"
 #include "worker/server/worker_server.h"
 
 namespace kvserve::cli {
@@ -39,8 +50,75 @@ struct WorkerOptions {
   std::string kv_transfer;
   double kv_transfer_bandwidth = KvTransferOptions{}.assumed_bandwidth;
   double kv_transfer_timeout_s = 10.0;
+  // Pipeline parallelism.
+  int pp = 1;
+  int pp_rank = -1;
+  std::string pp_leader;
+  std::string pp_layers;
+  double pp_step_timeout_s = 60.0;
   EngineOptions engine;
 };
+
+/// A stage other than the leader: joins --pp-leader and runs its layers until SIGINT/SIGTERM,
+/// serving grpc.health.v1 on --listen (SERVING while part of a formed group's stage).
+int RunStage(const WorkerOptions& o, const LoadedModel& model, const sigset_t& stop_signals) {
+  if (o.engine.device != DeviceChoice::kCpu) {
+    return ReportError(
+        "worker",
+        absl::InvalidArgumentError("pipeline stages run on the CPU backend so far (--device cpu)"));
+  }
+  PipelineStageOptions options;
+  options.leader = o.pp_leader;
+  options.pp_size = o.pp;
+  options.requested_rank = o.pp_rank;
+  options.tensor_parallel.tp_size = o.engine.tensor_parallel_size;
+  options.tensor_parallel.num_threads = o.engine.num_threads;
+  if (o.tls.enabled()) {
+    auth::ChannelTlsFiles leader;
+    leader.ca_path = o.tls.client_ca_path;
+    leader.cert_path = o.tls.cert_path;
+    leader.key_path = o.tls.key_path;
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        auth::MakeChannelCredentials(leader, "--tls-client-ca,--tls-cert,--tls-key");
+    if (!credentials.ok()) return ReportError("worker", credentials.status());
+    options.credentials = *credentials;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      auth::MakeServerCredentials(o.tls);
+  if (!server_credentials.ok()) return ReportError("worker", server_credentials.status());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o.listen, *server_credentials, &port);
+  std::unique_ptr<grpc::Server> health_server = builder.BuildAndStart();
+  if (health_server == nullptr || port == 0) {
+    return ReportError("worker", absl::UnavailableError(absl::StrCat("cannot listen on '", o.listen,
+                                                                     "' (address in use?)")));
+  }
+  grpc::HealthCheckServiceInterface* health = health_server->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  PipelineStageRunner runner(model.weights.get(), options);
+  runner.SetReadyCallback([health](bool ready) { health->SetServingStatus("", ready); });
+  const size_t colon = o.listen.rfind(':');
+  std::printf("kvserve pipeline stage listening on %s:%d (gRPC health only), joining %s\n",
+              o.listen.substr(0, colon).c_str(), port, o.pp_leader.c_str());
+  std::fflush(stdout);
+  std::thread stopper([&] {
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    runner.Stop();
+  });
+  const absl::Status status = runner.Run();
+  // Wakes the stopper if no signal came (the leader refused this stage).
+  kill(getpid(), SIGTERM);
+  stopper.join();
+  health->Shutdown();
+  health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (!status.ok()) return ReportError("worker", status);
+  logging::Log(logging::LogLevel::kInfo, "worker", "pipeline stage stopped",
+               {{"steps", runner.stats().steps}, {"joins", runner.stats().joins}});
+  return 0;
+}
 
 int RunWorker(const WorkerOptions& o) {
   // Block the stop signals before any thread exists, so every thread inherits the mask and the
@@ -58,9 +136,55 @@ int RunWorker(const WorkerOptions& o) {
   absl::StatusOr<logging::LogFormat> log_format = logging::ParseLogFormat(o.log_format);
   if (!log_format.ok()) return ReportError("worker", log_format.status());
   logging::SetLogFormat(*log_format);
+  if (o.pp < 1 || o.pp > 256) {
+    return ReportError(
+        "worker", absl::InvalidArgumentError(absl::StrCat("--pp must be in [1, 256], got ", o.pp)));
+  }
+  if (o.pp == 1 && (!o.pp_leader.empty() || o.pp_rank != -1 || !o.pp_layers.empty())) {
+    return ReportError("worker", absl::InvalidArgumentError(
+                                     "--pp-leader, --pp-rank and --pp-layers need --pp > 1"));
+  }
+  if (o.pp_leader.empty() && o.pp_rank > 0) {
+    return ReportError("worker", absl::InvalidArgumentError(absl::StrCat(
+                                     "--pp-rank ", o.pp_rank,
+                                     " is a stage other than the leader: it needs --pp-leader")));
+  }
+  if (!(o.pp_step_timeout_s > 0) || o.pp_step_timeout_s > 86400) {
+    return ReportError(
+        "worker", absl::InvalidArgumentError("--pp-step-timeout must be in (0, 86400] seconds"));
+  }
   absl::StatusOr<LoadedModel> model = LoadModel(o.model);
   if (!model.ok()) return ReportError("worker", model.status());
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&*model, o.engine);
+  if (!o.pp_leader.empty()) return RunStage(o, *model, stop_signals);
+  std::unique_ptr<PipelineGroup> group;
+  EngineOptions engine_options = o.engine;
+  if (o.pp > 1) {
+    if (o.engine.device != DeviceChoice::kCpu) {
+      return ReportError("worker",
+                         absl::InvalidArgumentError(
+                             "pipeline groups run on the CPU backend so far (--device cpu)"));
+    }
+    absl::StatusOr<std::vector<int>> counts = ParseStageLayerCounts(o.pp_layers);
+    if (!counts.ok()) return ReportError("worker", counts.status());
+    absl::StatusOr<std::vector<StageLayers>> stages =
+        SplitLayers(model->config().num_layers, o.pp, *counts);
+    if (!stages.ok()) return ReportError("worker", stages.status());
+    PipelineGroupOptions group_options;
+    group_options.stages = *stages;
+    group_options.model_fingerprint = ModelWeightsFingerprint(*model->weights);
+    group_options.hidden_size = model->config().hidden_size;
+    group_options.vocab_size = model->config().vocab_size;
+    group_options.step_timeout =
+        absl::Milliseconds(static_cast<int64_t>(o.pp_step_timeout_s * 1000));
+    absl::StatusOr<std::unique_ptr<PipelineGroup>> created =
+        PipelineGroup::Create(std::move(group_options));
+    if (!created.ok()) return ReportError("worker", created.status());
+    group = std::move(*created);
+    engine_options.pipeline = group.get();
+    logging::Log(logging::LogLevel::kInfo, "worker", "pipeline leader: waiting for stages",
+                 {{"stages", o.pp}, {"layers", DescribeStageLayers(*stages)}});
+  }
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&*model, engine_options);
   if (!engine.ok()) return ReportError("worker", engine.status());
 
   WorkerServerOptions server_options;
@@ -70,8 +194,16 @@ int RunWorker(const WorkerOptions& o) {
   server_options.metrics_listen = o.metrics_listen;
   server_options.tls = o.tls;
   server_options.role = o.role;
+  server_options.pipeline = group.get();
+  if (group != nullptr &&
+      (o.role != "both" || (!o.kv_transfer.empty() && o.kv_transfer != "never"))) {
+    return ReportError(
+        "worker", absl::InvalidArgumentError("a pipeline group cannot take part in KV transfer or "
+                                             "disaggregated serving yet (--role, --kv-transfer)"));
+  }
   absl::StatusOr<KvTransferMode> transfer_mode =
       ParseKvTransferMode(!o.kv_transfer.empty() ? o.kv_transfer
+                          : group != nullptr     ? "never"
                           : o.role == "decode"   ? "always"
                                                  : "auto");
   if (!transfer_mode.ok()) return ReportError("worker", transfer_mode.status());
@@ -176,6 +308,22 @@ Command AddWorkerCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--kv-transfer-timeout", o->kv_transfer_timeout_s,
                   "Seconds a pull may take; blocks not received by then are computed")
+      ->capture_default_str();
+  sub->add_option("--pp", o->pp,
+                  "Pipeline stages of the model group: each stage is a worker process holding a "
+                  "contiguous slice of the layers (the leader, without --pp-leader, is stage 0)")
+      ->capture_default_str();
+  sub->add_option("--pp-leader", o->pp_leader,
+                  "HOST:PORT of the group's leader: this process is a stage other than the "
+                  "leader, joins it and serves only gRPC health on --listen");
+  sub->add_option("--pp-rank", o->pp_rank,
+                  "The stage this process wants (1..pp-1); default: any free one");
+  sub->add_option("--pp-layers", o->pp_layers,
+                  "Leader: layers per stage, e.g. 31,30 (default: as even as possible, earlier "
+                  "stages taking the extra ones)");
+  sub->add_option("--pp-step-timeout", o->pp_step_timeout_s,
+                  "Leader: seconds a stage may take to answer a step before it is dropped and "
+                  "the group's requests fail with UNAVAILABLE")
       ->capture_default_str();
   sub->add_option("--log-format", o->log_format, "Log lines as 'text' or 'json'")
       ->check(CLI::IsMember({"text", "json"}))

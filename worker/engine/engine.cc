@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_isa.h"
 #include "worker/planner/capacity_planner.h"
 #include "worker/tp/nccl_group.h"
+#include "worker/tp/shard.h"
 
 namespace kvserve {
 
@@ -172,6 +173,11 @@ absl::Status EngineOptions::Validate() const {
         "--kv-offload-memory and --kv-disk-dir keep prefix-cache blocks: they need prefix caching "
         "(drop --no-prefix-caching)");
   }
+  if (pipeline != nullptr && kv_offload.enabled()) {
+    return absl::InvalidArgumentError(
+        "--kv-offload-memory and --kv-disk-dir are not available to pipeline groups yet (each "
+        "block's K/V is spread over the stages)");
+  }
   if (tensor_parallel_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("tensor_parallel_size (--tp) must be >= 1, got ",
                                                    tensor_parallel_size));
@@ -207,7 +213,17 @@ absl::Status Engine::CreateModel() {
     sizing.device_memory = memory->first;
   }
   const bool host_pool = backend_ == nullptr;  // the KV pool lives in host memory
-  if (backend_ == nullptr || options_.tensor_parallel_size > 1) {
+  const ModelWeights* own = &weights;
+  if (options_.pipeline != nullptr) {
+    // A pipeline leader runs stage 0's layers; its pool is sized for them.
+    const StageLayers& layers = options_.pipeline->stages().front();
+    absl::StatusOr<std::unique_ptr<ModelWeights>> stage =
+        StageWeights(weights, layers.first, layers.count);
+    if (!stage.ok()) return stage.status();
+    stage_weights_ = std::move(*stage);
+    own = stage_weights_.get();
+  }
+  if (backend_ == nullptr || options_.tensor_parallel_size > 1 || options_.pipeline != nullptr) {
     TensorParallelOptions tp_options;
     tp_options.tp_size = options_.tensor_parallel_size;
     tp_options.num_threads = options_.num_threads;
@@ -241,16 +257,20 @@ absl::Status Engine::CreateModel() {
       sizing.device_memory_per_rank = true;
     }
     absl::StatusOr<std::unique_ptr<TensorParallelModel>> llama =
-        TensorParallelModel::Create(&weights, tp_options);
+        TensorParallelModel::Create(own, tp_options);
     if (!llama.ok()) return llama.status();
     llama_ = std::move(*llama);
-    absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing, host_pool);
+    absl::StatusOr<int64_t> num_blocks = PoolBlocks(*own, sizing, host_pool);
     if (!num_blocks.ok()) return num_blocks.status();
     absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
         llama_->CreateKvCache(*num_blocks, options_.block_size, options_.kv_cache_dtype);
     if (!cache.ok()) return cache.status();
     cache_ = std::move(*cache);
     num_kv_blocks_ = *num_blocks;
+    if (options_.pipeline != nullptr) {
+      options_.pipeline->SetKvPool(*num_blocks, options_.block_size, options_.kv_cache_dtype);
+      pipeline_losses_seen_ = options_.pipeline->losses();
+    }
     return absl::OkStatus();
   }
   device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
@@ -306,6 +326,16 @@ void Engine::DescribeKvPool() {
     access.finish = [cache] { return cache->FinishCopies(); };
     access.host_memory = cache->rank(0).backend();
     layout = describe(cache->rank(0), cache->tp_size());
+    if (options_.pipeline != nullptr) {
+      // This process holds stage 0's part of each block only: no block leaves or enters whole.
+      auto refuse = [](BlockId) {
+        return absl::FailedPreconditionError(
+            "KV blocks of a pipeline group are spread over its stages and cannot be moved");
+      };
+      access.read = [refuse](BlockId b, uint8_t*) { return refuse(b); };
+      access.write = [refuse](BlockId b, const uint8_t*) { return refuse(b); };
+      absl::StrAppend(&layout, " pp=", DescribeStageLayers(options_.pipeline->stages()));
+    }
   }
   kv_layout_ = std::move(layout);
 }
@@ -479,6 +509,9 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("engine is shutting down");
     if (draining_) return absl::UnavailableError("worker is draining: not accepting requests");
+    if (options_.pipeline != nullptr && !options_.pipeline->formed()) {
+      return absl::UnavailableError(options_.pipeline->NotFormedReason());
+    }
     if (!live_ids_.emplace(state->request.request_id, true).second) {
       return absl::AlreadyExistsError(absl::StrCat("request_id '", state->request.request_id,
                                                    "' is already running"));
@@ -573,6 +606,8 @@ void Engine::Loop() {
       if (stop_) return;
     }
     RunTasks();
+    // Before new requests join: they must not be failed for a loss they never saw.
+    if (options_.pipeline != nullptr) HandlePipelineLoss();
     DrainInbox();
     if (scheduler_->num_running() + scheduler_->num_waiting() > 0) Step();
     PublishKvEvents();
@@ -583,6 +618,7 @@ void Engine::Loop() {
 bool Engine::StepOnce() {
   const Clock::time_point start = Clock::now();
   RunTasks();
+  if (options_.pipeline != nullptr) HandlePipelineLoss();
   DrainInbox();
   const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
   if (busy) Step();
@@ -628,6 +664,34 @@ void Engine::DrainInbox() {
   }
 }
 
+absl::Status Engine::ForwardPipeline(const ForwardBatch& batch) {
+  hand_over_.resize(static_cast<size_t>(
+      StageIoFloats(static_cast<int64_t>(batch.tokens.size()), model_->config().hidden_size)));
+  absl::Status s = llama_->Forward(batch, *cache_, nullptr, StageIo{nullptr, hand_over_.data()});
+  if (s.ok())
+    s = options_.pipeline->RunStages(batch, pipeline_copies_, &hand_over_, logits_.data());
+  // Sent with this step, or lost with the stage that should have applied them.
+  pipeline_copies_.clear();
+  return s;
+}
+
+void Engine::HandlePipelineLoss() {
+  const uint64_t losses = options_.pipeline->losses();
+  if (losses == pipeline_losses_seen_) return;
+  pipeline_losses_seen_ = losses;
+  std::vector<RequestState*> live;
+  for (auto& [id, state] : requests_) live.push_back(state.get());
+  for (RequestState* state : live) {
+    AbortRequest(state, absl::UnavailableError(
+                            "a pipeline stage of this worker's group was lost; retry the request"));
+  }
+  pipeline_copies_.clear();
+  const int32_t forgotten = kv_->ResetPrefixCache();
+  logging::Log(logging::LogLevel::kWarning, "engine",
+               "pipeline stage lost: requests failed, prefix cache forgotten",
+               {{"requests", static_cast<int64_t>(live.size())}, {"cached_blocks", forgotten}});
+}
+
 void Engine::Step() {
   SchedulerOutput out = scheduler_->Schedule();
   for (const BlockCopy& copy : kv_->TakeCopies()) {
@@ -635,6 +699,7 @@ void Engine::Step() {
       device_cache_->CopyBlock(copy.src, copy.dst);
     } else {
       cache_->CopyBlock(copy.src, copy.dst);
+      if (options_.pipeline != nullptr) pipeline_copies_.push_back(copy);
     }
   }
   if (out.scheduled.empty()) {
@@ -685,7 +750,8 @@ void Engine::RunModel(const SchedulerOutput& out) {
   absl::Status status =
       device_model_ != nullptr
           ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
-          : llama_->Forward(builder_.Build(), *cache_, logits_.data());
+      : options_.pipeline != nullptr ? ForwardPipeline(builder_.Build())
+                                     : llama_->Forward(builder_.Build(), *cache_, logits_.data());
   const double forward = SecondsBetween(forward_start, Clock::now());
   forward_seconds_ += forward;
   // Steps that computed a few prompt tokens among decodes say little about prefill speed
@@ -708,9 +774,13 @@ void Engine::RunModel(const SchedulerOutput& out) {
       auto* state = s.seq->request;
       if (std::find(failed.begin(), failed.end(), state) == failed.end()) failed.push_back(state);
     }
-    for (RequestState* state : failed) {
-      AbortRequest(state, absl::InternalError(absl::StrCat("forward pass failed: ", status.message())));
-    }
+    // A lost pipeline stage is the group's outage, not a bug: UNAVAILABLE, so the router
+    // retries elsewhere (HandlePipelineLoss fails the rest before the next step).
+    const absl::Status reason =
+        absl::IsUnavailable(status)
+            ? absl::UnavailableError(std::string(status.message()))
+            : absl::InternalError(absl::StrCat("forward pass failed: ", status.message()));
+    for (RequestState* state : failed) AbortRequest(state, reason);
     return;
   }
   scheduler_->OnStepDone(out);

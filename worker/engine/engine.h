@@ -30,6 +30,7 @@
 #include "worker/model/batch_builder.h"
 #include "worker/model/llama_model.h"
 #include "worker/model/loaded_model.h"
+#include "worker/tp/pipeline_link.h"
 #include "worker/tp/tp_model.h"
 
 namespace kvserve {
@@ -71,6 +72,11 @@ struct EngineOptions {
   /// when a usable GPU is present, else the CPU, saying why once on stderr). With CUDA and
   /// tensor_parallel_size N > 1, rank r runs on device r and the ranks all-reduce over NCCL.
   DeviceChoice device = DeviceChoice::kCpu;
+  /// Pipeline parallelism (--pp > 1 on the leader): the group of stage processes
+  /// (worker/pp/pipeline_group.h; must outlive the engine). The engine runs stage 0's layers
+  /// (sharded over tensor_parallel_size ranks) and hands each step on through it; its KV pool
+  /// sizes every stage's. Null: the whole model runs here.
+  PipelineLink* pipeline = nullptr;
   /// CUDA: replay decode steps of up to min(max_num_seqs, 512) sequences from CUDA graphs
   /// (LlamaModel::EnableDecodeGraphs); false (`--enforce-eager`) launches every op each step.
   bool cuda_graphs = true;
@@ -206,6 +212,11 @@ class Engine {
   void DrainInbox();
   void Step();
   void RunModel(const SchedulerOutput& out);
+  /// A pipeline leader's forward pass: stage 0 here, the rest through options_.pipeline.
+  absl::Status ForwardPipeline(const ForwardBatch& batch);
+  /// A pipeline leader after a stage was lost: fails every request (UNAVAILABLE) and forgets
+  /// the prefix cache, whose K/V the lost stage held in part.
+  void HandlePipelineLoss();
   /// One sequence's sampling in a step: its logits row and, after SampleAll, its draw.
   struct PendingSample {
     Sequence* seq = nullptr;
@@ -242,6 +253,8 @@ class Engine {
   // on backend_ (declared first: destroyed last).
   std::unique_ptr<Backend> backend_;
   std::string device_name_ = "cpu";
+  /// A pipeline leader's own layers (views of the model's weights).
+  std::unique_ptr<ModelWeights> stage_weights_;
   std::unique_ptr<TensorParallelModel> llama_;  // owns the ranks' thread pools
   std::unique_ptr<ShardedKvCache> cache_;
   std::unique_ptr<LlamaModel> device_model_;
@@ -279,6 +292,11 @@ class Engine {
   SeqId next_seq_id_ = 1;
   BatchBuilder builder_;
   std::vector<float> logits_;
+  // Pipeline leader: stage 0's hand-over, the block copies the stages have not applied yet, and
+  // the stage losses already dealt with.
+  std::vector<float> hand_over_;
+  std::vector<BlockCopy> pipeline_copies_;
+  uint64_t pipeline_losses_seen_ = 0;
   int64_t num_steps_ = 0;
   int64_t num_finished_ = 0;
   int64_t invariant_violations_ = 0;

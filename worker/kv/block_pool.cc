@@ -118,6 +118,19 @@ std::optional<BlockId> BlockPool::Lookup(const BlockKey& key) const {
   return it->second;
 }
 
+int32_t BlockPool::ForgetAllKeys() {
+  const int32_t dropped = static_cast<int32_t>(cached_.size());
+  for (const auto& [key, id] : cached_) {
+    Block& b = blocks_[id];
+    if (b.in_free_queue) --num_cached_free_;
+    b.has_key = false;
+    b.key = BlockKey{};
+    events_.push_back(KvEvent{KvEvent::Type::kEvicted, key});
+  }
+  cached_.clear();
+  return dropped;
+}
+
 int32_t BlockPool::ref_count(BlockId block) const {
   CheckUsable(block, "ref_count");
   return blocks_[block].ref_count;

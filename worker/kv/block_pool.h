@@ -73,6 +73,10 @@ class BlockPool {
   bool CacheBlock(BlockId block, const BlockKey& key);
   /// The block cached under `key` (referenced or cached-free), if any.
   std::optional<BlockId> Lookup(const BlockKey& key) const;
+  /// Forgets every key (each with a kEvicted event): the bytes the keys describe are gone (a
+  /// pipeline stage holding part of every block was lost). Referenced blocks keep their
+  /// references; returns how many keys were dropped.
+  int32_t ForgetAllKeys();
 
   /// References of `block` (0 for a free block).
   int32_t ref_count(BlockId block) const;

@@ -163,6 +163,9 @@ class KvManager {
   std::vector<BlockCopy> TakeCopies();
   /// Prefix-cache events (stored / evicted keys) since the last call, oldest first.
   std::vector<KvEvent> TakeEvents() { return pool_.TakeEvents(); }
+  /// Forgets every prefix-cache key (kEvicted events go out): their K/V is no longer whole (a
+  /// pipeline stage was lost). Call with no sequence live. Returns the keys dropped.
+  int32_t ResetPrefixCache() { return pool_.ForgetAllKeys(); }
 
   /// Blocks needed to hold `num_tokens` tokens (ceil division).
   int32_t NumBlocksNeeded(int32_t num_tokens) const;

@@ -257,8 +257,18 @@ absl::Status LlamaModel::PrepareWeights() {
     *out = std::move(*v);
     return absl::OkStatus();
   };
-  if (absl::Status s = matrix(weights_->token_embedding, &embedding_); !s.ok()) return s;
-  if (weights_->output.data == weights_->token_embedding.data && !b.host_memory()) {
+  const ModelConfig& c = weights_->config;
+  // A pipeline stage holds the embedding only when it embeds tokens or computes logits with it.
+  if (weights_->token_embedding.present()) {
+    if (absl::Status s = matrix(weights_->token_embedding, &embedding_); !s.ok()) return s;
+  } else if (c.first_stage()) {
+    return absl::InvalidArgumentError("LlamaModel: no token embedding");
+  }
+  if (!c.last_stage()) {
+    // No output layer: the stage hands its stream on.
+  } else if (!weights_->output.present()) {
+    return absl::InvalidArgumentError("LlamaModel: no output layer");
+  } else if (weights_->output.data == weights_->token_embedding.data && !b.host_memory()) {
     // Tied embedding: one device copy serves the gather and the vocabulary projection.
     output_.data = embedding_.data;
     output_.dtype = embedding_.dtype;
@@ -576,8 +586,16 @@ AttentionPlan LlamaModel::Plan(int64_t seqs, int64_t max_q_len, int64_t max_cont
   return backend_->PlanAttention(shape);
 }
 
-absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, float* logits) {
+absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, float* logits,
+                                 const StageIo& io) {
   if (absl::Status s = CheckBatch(batch, cache); !s.ok()) return s;
+  const ModelConfig& config = weights_->config;
+  if (!config.first_stage() && io.input == nullptr) {
+    return absl::InvalidArgumentError("pipeline stage: no hand-over from the previous stage");
+  }
+  if (!config.last_stage() && logits != nullptr) {
+    return absl::InvalidArgumentError("pipeline stage: only the last stage computes logits");
+  }
   const bool decode = std::all_of(batch.q_len.begin(), batch.q_len.end(),
                                   [](int32_t n) { return n == 1; });
   if (graphs_enabled_ && logits != nullptr && decode) {
@@ -610,24 +628,36 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   step.plan = Plan(step.seqs, max_q_len, max_context_len, cache);
 
   if (step.logits_rows == 0) {
-    if (absl::Status s = Enqueue(step, cache, nullptr); !s.ok()) return s;
-    return backend_->Synchronize();
+    if (absl::Status s = Enqueue(step, cache, nullptr, io); !s.ok()) return s;
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    if (config.last_stage() || io.output == nullptr) return absl::OkStatus();
+    const size_t rows = static_cast<size_t>(t * c.hidden_size) * sizeof(float);
+    if (absl::Status s = backend_->CopyToHost(io.output, hidden_, rows); !s.ok()) return s;
+    return backend_->CopyToHost(io.output + t * c.hidden_size, delta_, rows);
   }
   if (backend_->host_memory()) {
-    if (absl::Status s = Enqueue(step, cache, logits); !s.ok()) return s;
+    if (absl::Status s = Enqueue(step, cache, logits, io); !s.ok()) return s;
     return backend_->Synchronize();
   }
   const int64_t bytes = step.logits_rows * c.vocab_size * int64_t{sizeof(float)};
   if (absl::Status s = GrowTracked(&device_logits_, bytes); !s.ok()) return s;
-  if (absl::Status s = Enqueue(step, cache, device_logits_.as<float>()); !s.ok()) return s;
+  if (absl::Status s = Enqueue(step, cache, device_logits_.as<float>(), io); !s.ok()) return s;
   return backend_->CopyToHost(logits, device_logits_.get(), static_cast<size_t>(bytes));
 }
 
-absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device_logits) {
+absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device_logits,
+                                 const StageIo& io) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   const int64_t t = step.tokens;
-  backend_->Embedding({embedding_.data, embedding_.dtype, h, step.staged.tokens, t, hidden_});
+  if (c.first_stage()) {
+    backend_->Embedding({embedding_.data, embedding_.dtype, h, step.staged.tokens, t, hidden_});
+  } else {
+    // The previous stage's stream and pending block output; the first layer adds them.
+    const size_t rows = static_cast<size_t>(t * h) * sizeof(float);
+    if (absl::Status s = backend_->CopyToDevice(hidden_, io.input, rows); !s.ok()) return s;
+    if (absl::Status s = backend_->CopyToDevice(delta_, io.input + t * h, rows); !s.ok()) return s;
+  }
   for (int layer = 0; layer < c.num_layers; ++layer) {
     if (absl::Status s = RunLayer(layer, step, cache); !s.ok()) return s;
   }
@@ -757,6 +787,11 @@ absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
         "decode graphs are not available to tensor-parallel ranks (their all-reduce "
         "synchronizes on the host between layers)");
   }
+  if (!c.first_stage() || !c.last_stage()) {
+    return absl::FailedPreconditionError(
+        "decode graphs are not available to pipeline stages (their hand-over goes through the "
+        "host)");
+  }
   if (options.max_batch < 1 || options.max_batch > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode graph max_batch must be in [1, 4096], got ", options.max_batch));
@@ -800,7 +835,7 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   const int64_t h = c.hidden_size;
 
   // Pre-attention norm; from layer 1 on it first adds the previous MLP output to the stream.
-  Norm(hidden_, layer == 0 ? nullptr : delta_, w.attn_norm, normed_, t);
+  Norm(hidden_, layer == 0 && c.first_stage() ? nullptr : delta_, w.attn_norm, normed_, t);
 
   if (c.is_mla()) {
     MlaAttention(layer, step, cache);

@@ -38,6 +38,21 @@ struct ForwardBatch {
   std::span<const int32_t> logits_rows;
 };
 
+/// A pipeline stage's hand-over (worker/pp): the residual stream after the stage's last layer
+/// and that layer's MLP output not yet added to it, as [2, tokens, hidden] f32 host memory (the
+/// stream's rows, then the pending rows). Handing both over keeps every addition where a
+/// whole model does it, so a split model computes the same bits.
+struct StageIo {
+  /// Every stage but the first: the previous stage's hand-over, read instead of embedding.
+  const float* input = nullptr;
+  /// Every stage but the last: receives this stage's hand-over (null: not wanted, e.g. a
+  /// tensor-parallel rank other than 0).
+  float* output = nullptr;
+};
+
+/// Floats of a hand-over of `tokens` rows of a model `hidden` wide.
+inline int64_t StageIoFloats(int64_t tokens, int64_t hidden) { return 2 * tokens * hidden; }
+
 /// Decode steps replayed from graphs (LlamaModel::EnableDecodeGraphs).
 struct DecodeGraphOptions {
   /// Largest decode batch replayed from a graph (the scheduler's max_num_seqs); larger ones run
@@ -94,7 +109,12 @@ class LlamaModel {
   /// `batch.logits_rows.size()` rows of vocab_size logits into the host buffer `logits`. A null
   /// `logits` skips the final norm and vocabulary projection (tensor-parallel ranks other
   /// than 0). The batch's arrays are host memory; a device backend copies them over.
-  absl::Status Forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+  ///
+  /// Pipeline stages (weights from StageWeights): a stage after the first reads io.input instead
+  /// of embedding the tokens; a stage before the last computes no logits (`logits` must be null)
+  /// and writes its hand-over to io.output.
+  absl::Status Forward(const ForwardBatch& batch, KvCache& cache, float* logits,
+                       const StageIo& io = {});
 
   /// The backend the ops run on.
   Backend& backend() { return *backend_; }
@@ -106,7 +126,8 @@ class LlamaModel {
   /// real tokens. A graph is captured again when a buffer it points into moved (the activation
   /// workspace grew for a larger prefill, the backend's scratch grew) or for another KV cache.
   /// FAILED_PRECONDITION when the backend cannot capture graphs or the model is a
-  /// tensor-parallel rank (its all-reduce synchronizes on the host between layers).
+  /// tensor-parallel rank (its all-reduce synchronizes on the host between layers) or a pipeline
+  /// stage.
   absl::Status EnableDecodeGraphs(const DecodeGraphOptions& options);
   /// Whether decode graphs are on (EnableDecodeGraphs succeeded and no capture failed since).
   bool decode_graphs_enabled() const { return graphs_enabled_; }
@@ -187,7 +208,8 @@ class LlamaModel {
                      const KvCache& cache) const;
   /// Queues the whole forward pass of `step`; `device_logits` (backend memory, or null to skip
   /// the final norm and projection) receives step.logits_rows rows.
-  absl::Status Enqueue(const Step& step, KvCache& cache, float* device_logits);
+  absl::Status Enqueue(const Step& step, KvCache& cache, float* device_logits,
+                       const StageIo& io = {});
   absl::Status RunLayer(int layer, const Step& step, KvCache& cache);
   /// Whether `batch` is a decode step a graph can replay.
   bool GraphableDecode(const ForwardBatch& batch) const;

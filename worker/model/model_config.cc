@@ -86,6 +86,11 @@ absl::Status ModelConfig::Validate() const {
                          std::pair{"max_position_embeddings", max_position_embeddings}}) {
     if (absl::Status s = positive(name, v); !s.ok()) return s;
   }
+  if (layer_offset < 0 || (total_layers != 0 && layer_offset + num_layers > total_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline stage layers [", layer_offset, ", ",
+                                                   layer_offset + num_layers,
+                                                   ") fall outside the model's ", total_layers));
+  }
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_heads ", num_heads,
                                                    " is not a multiple of num_kv_heads ",

@@ -118,6 +118,13 @@ struct ModelConfig {
   /// moe_layer_freq, keep a dense MLP of width intermediate_size.
   int first_k_dense_replace = 0;
   int moe_layer_freq = 1;
+  /// A pipeline stage's weights (worker/pp/stage_weights.h) hold decoder layers
+  /// [layer_offset, layer_offset + num_layers) of the whole model; per-layer rules
+  /// (is_moe_layer) take the absolute index. 0 for a whole model.
+  int layer_offset = 0;
+  /// The whole model's decoder layers when these weights are a pipeline stage's; 0 for a whole
+  /// model.
+  int total_layers = 0;
 
   /// Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 means standard attention.
   /// The cache holds, per token and layer, one row of kv_lora_rank latent values (the
@@ -136,10 +143,15 @@ struct ModelConfig {
   std::vector<TokenId> eos_token_ids;
 
   bool is_moe() const { return num_experts > 0; }
+  /// Whether these weights start the model (embed the tokens) and end it (compute the logits):
+  /// both for a whole model, one or neither for a pipeline stage.
+  bool first_stage() const { return layer_offset == 0; }
+  bool last_stage() const { return total_layers == 0 || layer_offset + num_layers == total_layers; }
   bool is_mla() const { return kv_lora_rank > 0; }
   /// Whether decoder layer `layer` has a mixture-of-experts MLP (else a dense one).
   bool is_moe_layer(int layer) const {
-    return is_moe() && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+    const int absolute = layer + layer_offset;
+    return is_moe() && absolute >= first_k_dense_replace && absolute % moe_layer_freq == 0;
   }
   /// Vectors the KV cache holds per token and layer (MLA: 1, the latent row), their width, and
   /// whether there is a separate V buffer (MLA: no, V is the latent part of the row).

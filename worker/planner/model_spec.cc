@@ -1,5 +1,6 @@
 #include "worker/planner/model_spec.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -156,47 +157,86 @@ absl::Status ModelSpec::Validate() const {
 //     router                   H·E (+ E score-correction bias for DeepSeek-V3)  replicated
 //     experts                  (E + s)·3·H·Ie                        split
 // DeepSeek-V3's multi-token-prediction layer is not counted: inference does not load it.
+namespace {
+
+// The parameters of decoder layer `layer` (the per-layer formulas above).
+ShardedAmounts LayerParameters(const ModelSpec& spec, int layer) {
+  const int64_t h = spec.hidden_size;
+  const int64_t nh = spec.num_heads;
+  ShardedAmounts p;
+  p.replicated += 2 * h;
+  if (spec.IsMla()) {
+    const MlaSpec& m = spec.mla;
+    const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    if (m.q_lora_rank > 0) {
+      p.replicated += h * m.q_lora_rank + m.q_lora_rank;
+      p.split += int64_t{m.q_lora_rank} * nh * qk;
+    } else {
+      p.split += h * nh * qk;
+    }
+    p.replicated += h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank;
+    p.split += int64_t{m.kv_lora_rank} * nh * (m.qk_nope_head_dim + m.v_head_dim);
+    p.split += nh * m.v_head_dim * h;
+  } else {
+    const int64_t q_width = nh * spec.head_dim;
+    const int64_t kv_width = int64_t{spec.num_kv_heads} * spec.head_dim;
+    p.split += 2 * h * q_width;
+    p.kv_heads += 2 * h * kv_width;
+    if (spec.qkv_bias) {
+      p.split += q_width;
+      p.kv_heads += 2 * kv_width;
+    }
+    if (spec.o_bias) p.replicated += h;
+    if (spec.qk_norm) p.replicated += 2 * int64_t{spec.head_dim};
+  }
+  if (spec.IsMoeLayer(layer)) {
+    const MoeSpec& moe = spec.moe;
+    p.replicated += h * moe.num_routed_experts + (moe.router_bias ? moe.num_routed_experts : 0);
+    p.split += int64_t{moe.num_routed_experts + moe.num_shared_experts} * 3 * h *
+               moe.moe_intermediate_size;
+  } else {
+    p.split += 3 * h * spec.intermediate_size;
+  }
+  return p;
+}
+
+ShardedAmounts AmountBytes(WeightDType dtype, const ShardedAmounts& params) {
+  ShardedAmounts bytes;
+  bytes.split = WeightBytesForParams(dtype, params.split);
+  bytes.replicated = WeightBytesForParams(dtype, params.replicated);
+  bytes.vocab_parallel = WeightBytesForParams(dtype, params.vocab_parallel);
+  bytes.kv_heads = WeightBytesForParams(dtype, params.kv_heads);
+  return bytes;
+}
+
+bool IsWholeModel(const ModelSpec& spec, StageLayers stage) {
+  return stage.first <= 0 && stage.end() >= spec.num_layers;
+}
+
+}  // namespace
+
+ShardedAmounts& ShardedAmounts::operator+=(const ShardedAmounts& other) {
+  split += other.split;
+  replicated += other.replicated;
+  vocab_parallel += other.vocab_parallel;
+  kv_heads += other.kv_heads;
+  return *this;
+}
+
 ShardedSizes CountParameters(const ModelSpec& spec) {
   const int64_t h = spec.hidden_size;
   const int64_t v = spec.vocab_size;
-  const int64_t nh = spec.num_heads;
   ShardedSizes p;
-  p.vocab_parallel = v * h * (spec.tie_word_embeddings ? 1 : 2);
-  p.replicated = h;
+  p.embedding.vocab_parallel = v * h;
+  p.output.replicated = h;
+  if (!spec.tie_word_embeddings) p.output.vocab_parallel = v * h;
+  ShardedAmounts& totals = p;
+  totals += p.embedding;
+  totals += p.output;
+  p.layers.reserve(static_cast<size_t>(std::max(spec.num_layers, 0)));
   for (int layer = 0; layer < spec.num_layers; ++layer) {
-    p.replicated += 2 * h;
-    if (spec.IsMla()) {
-      const MlaSpec& m = spec.mla;
-      const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-      if (m.q_lora_rank > 0) {
-        p.replicated += h * m.q_lora_rank + m.q_lora_rank;
-        p.split += int64_t{m.q_lora_rank} * nh * qk;
-      } else {
-        p.split += h * nh * qk;
-      }
-      p.replicated += h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank;
-      p.split += int64_t{m.kv_lora_rank} * nh * (m.qk_nope_head_dim + m.v_head_dim);
-      p.split += nh * m.v_head_dim * h;
-    } else {
-      const int64_t q_width = nh * spec.head_dim;
-      const int64_t kv_width = int64_t{spec.num_kv_heads} * spec.head_dim;
-      p.split += 2 * h * q_width;
-      p.kv_heads += 2 * h * kv_width;
-      if (spec.qkv_bias) {
-        p.split += q_width;
-        p.kv_heads += 2 * kv_width;
-      }
-      if (spec.o_bias) p.replicated += h;
-      if (spec.qk_norm) p.replicated += 2 * int64_t{spec.head_dim};
-    }
-    if (spec.IsMoeLayer(layer)) {
-      const MoeSpec& moe = spec.moe;
-      p.replicated += h * moe.num_routed_experts + (moe.router_bias ? moe.num_routed_experts : 0);
-      p.split += int64_t{moe.num_routed_experts + moe.num_shared_experts} * 3 * h *
-                 moe.moe_intermediate_size;
-    } else {
-      p.split += 3 * h * spec.intermediate_size;
-    }
+    p.layers.push_back(LayerParameters(spec, layer));
+    totals += p.layers.back();
   }
   return p;
 }
@@ -207,11 +247,46 @@ ShardedSizes ModelWeightBytes(const ModelSpec& spec, std::optional<WeightDType> 
       dtype_override.value_or(spec.checkpoint_dtype.value_or(WeightDType::kBF16));
   const ShardedSizes params = CountParameters(spec);
   ShardedSizes bytes;
-  bytes.split = WeightBytesForParams(dtype, params.split);
-  bytes.replicated = WeightBytesForParams(dtype, params.replicated);
-  bytes.vocab_parallel = WeightBytesForParams(dtype, params.vocab_parallel);
-  bytes.kv_heads = WeightBytesForParams(dtype, params.kv_heads);
+  static_cast<ShardedAmounts&>(bytes) = AmountBytes(dtype, params);
+  bytes.embedding = AmountBytes(dtype, params.embedding);
+  bytes.output = AmountBytes(dtype, params.output);
+  bytes.other = AmountBytes(dtype, params.other);
+  bytes.layers.reserve(params.layers.size());
+  for (const ShardedAmounts& layer : params.layers) {
+    bytes.layers.push_back(AmountBytes(dtype, layer));
+  }
   return bytes;
+}
+
+bool StageWeightBytesExact(const ModelSpec& spec, std::optional<WeightDType> dtype_override,
+                           StageLayers stage) {
+  return !dtype_override.has_value() && spec.tensor_bytes.has_value() &&
+         (IsWholeModel(spec, stage) || spec.tensor_bytes->has_placement());
+}
+
+ShardedAmounts StageWeightBytes(const ModelSpec& spec, std::optional<WeightDType> dtype_override,
+                                StageLayers stage) {
+  ShardedSizes bytes = ModelWeightBytes(spec, dtype_override);
+  if (IsWholeModel(spec, stage)) return static_cast<const ShardedAmounts&>(bytes);
+  if (!bytes.has_placement()) {
+    // Totals alone cannot be split by layer: count this stage from the parameters.
+    ModelSpec counted = spec;
+    counted.tensor_bytes.reset();
+    bytes = ModelWeightBytes(counted, dtype_override);
+  }
+  ShardedAmounts out = bytes.other;
+  const int end = std::min<int>(stage.end(), static_cast<int>(bytes.layers.size()));
+  for (int layer = std::max(stage.first, 0); layer < end; ++layer) out += bytes.layers[layer];
+  const bool first = stage.first <= 0;
+  const bool last = stage.end() >= spec.num_layers;
+  if (first) out += bytes.embedding;
+  if (last) {
+    out += bytes.output;
+    // No output head of its own: it is the tied embedding matrix, which the last stage needs
+    // too, for the logits.
+    if (bytes.output.vocab_parallel == 0) out += bytes.embedding;
+  }
+  return out;
 }
 
 }  // namespace kvserve

@@ -5,9 +5,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/planner/pipeline_layout.h"
 
 namespace kvserve {
 
@@ -30,7 +32,7 @@ inline constexpr int64_t kInt4GroupSize = 128;
 int64_t WeightBytesForParams(WeightDType dtype, int64_t params);
 
 /// An amount (parameters or bytes) split by how tensor parallelism lays it out across ranks.
-struct ShardedSizes {
+struct ShardedAmounts {
   /// Matmul weights divided evenly between ranks: q/o projections, MLP and expert matrices
   /// (column- or row-parallel), MLA's up-projections.
   int64_t split = 0;
@@ -42,6 +44,26 @@ struct ShardedSizes {
   int64_t kv_heads = 0;
 
   int64_t total() const { return split + replicated + vocab_parallel + kv_heads; }
+  /// Adds `other` kind by kind.
+  ShardedAmounts& operator+=(const ShardedAmounts& other);
+};
+
+/// A whole model's ShardedAmounts (the inherited fields are the totals), and where they sit when
+/// that is known: pipeline parallelism gives each stage the part of its own decoder layers, the
+/// token embedding to the first stage and the final norm and output head to the last (see
+/// StageWeightBytes). CountParameters fills the parts, and so does AddShardedBytes from tensor
+/// names; a spec built from totals alone has none (`layers` empty).
+struct ShardedSizes : ShardedAmounts {
+  /// layers[i]: decoder layer i.
+  std::vector<ShardedAmounts> layers;
+  /// The token embedding.
+  ShardedAmounts embedding;
+  /// The final norm and the output head (no head when it is tied to the embedding).
+  ShardedAmounts output;
+  /// Other weights outside the decoder layers, which every stage holds (GGUF rope_freqs).
+  ShardedAmounts other;
+
+  bool has_placement() const { return !layers.empty(); }
 };
 
 /// Mixture-of-experts shape. num_routed_experts == 0 means a dense model.
@@ -121,13 +143,28 @@ struct ModelSpec {
   absl::Status Validate() const;
 };
 
-/// Parameter count by sharding kind, from the architecture alone (formulas in model_spec.cc).
+/// Parameter count by sharding kind, from the architecture alone (formulas in model_spec.cc),
+/// with the part of every decoder layer, the embedding and the output end.
 ShardedSizes CountParameters(const ModelSpec& spec);
 
 /// Weight bytes by sharding kind: the exact tensor bytes when the spec has them and no dtype is
 /// forced; otherwise parameters × bytes of `dtype_override`, else of the checkpoint dtype,
-/// else bf16.
+/// else bf16 (each part converted on its own, so with int4 the parts' group rounding can add a
+/// few bytes over the totals).
 ShardedSizes ModelWeightBytes(const ModelSpec& spec, std::optional<WeightDType> dtype_override);
+
+/// Weight bytes by sharding kind that the pipeline stage holding `stage`'s decoder layers
+/// stores: those layers, plus the token embedding on the first stage (stage.first == 0), the
+/// final norm and output head on the last (stage.end() == num_layers) — a tied embedding on both
+/// the first and the last stage when they differ — and the weights every stage needs. A stage of
+/// every layer gets ModelWeightBytes' totals. When the exact tensor bytes have no placement
+/// (StageWeightBytesExact is false), a partial stage is counted from the parameters instead.
+ShardedAmounts StageWeightBytes(const ModelSpec& spec, std::optional<WeightDType> dtype_override,
+                                StageLayers stage);
+
+/// Whether StageWeightBytes measures `stage` from the tensors rather than from parameters × dtype.
+bool StageWeightBytesExact(const ModelSpec& spec, std::optional<WeightDType> dtype_override,
+                           StageLayers stage);
 
 }  // namespace kvserve
 

@@ -23,12 +23,9 @@ bool Contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
 }
 
-}  // namespace
-
-TensorSharding ClassifyHfTensor(std::string_view name, int num_layers) {
-  std::string_view rest = name;
-  const int layer = LayerIndex(name, "layers.", rest);
-  if (layer >= num_layers) return TensorSharding::kSkip;
+// The sharding of a Hugging Face tensor; `rest` is the name past its layer number, or the whole
+// name outside the layers.
+TensorSharding HfSharding(std::string_view name, std::string_view rest) {
   if (Contains(name, "rotary_emb")) return TensorSharding::kSkip;
   if (Contains(name, "embed_tokens") || name.starts_with("lm_head")) {
     return TensorSharding::kVocabParallel;
@@ -49,13 +46,8 @@ TensorSharding ClassifyHfTensor(std::string_view name, int num_layers) {
   return TensorSharding::kSplit;
 }
 
-TensorSharding ClassifyGgufTensor(std::string_view name, int num_layers) {
-  if (name == "token_embd.weight" || name == "output.weight") {
-    return TensorSharding::kVocabParallel;
-  }
-  std::string_view rest = name;
-  const int layer = LayerIndex(name, "blk.", rest);
-  if (layer >= num_layers) return TensorSharding::kSkip;
+// The sharding of a GGUF tensor other than token_embd / output; `rest` as for HfSharding.
+TensorSharding GgufSharding(std::string_view rest) {
   if (Contains(rest, "norm")) return TensorSharding::kReplicated;
   // The component is what precedes ".weight" / ".bias": "attn_k", "attn_kv_a_mqa", ...
   const std::string_view component = rest.substr(0, rest.rfind('.'));
@@ -68,7 +60,37 @@ TensorSharding ClassifyGgufTensor(std::string_view name, int num_layers) {
   return TensorSharding::kSplit;
 }
 
-void AddShardedBytes(TensorSharding sharding, int64_t bytes, ShardedSizes& sizes) {
+}  // namespace
+
+TensorClass ClassifyHfTensor(std::string_view name, int num_layers) {
+  std::string_view rest = name;
+  const int layer = LayerIndex(name, "layers.", rest);
+  const TensorSharding sharding = HfSharding(name, rest);
+  if (layer >= num_layers || sharding == TensorSharding::kSkip) return {};
+  if (layer >= 0) return {sharding, ModelPart::kLayer, layer};
+  if (Contains(name, "embed_tokens")) return {sharding, ModelPart::kEmbedding};
+  // lm_head and the final norm ("model.norm.weight").
+  if (name.starts_with("lm_head") || Contains(name, "norm")) {
+    return {sharding, ModelPart::kOutput};
+  }
+  return {sharding, ModelPart::kOther};
+}
+
+TensorClass ClassifyGgufTensor(std::string_view name, int num_layers) {
+  if (name == "token_embd.weight") {
+    return {TensorSharding::kVocabParallel, ModelPart::kEmbedding};
+  }
+  if (name == "output.weight") return {TensorSharding::kVocabParallel, ModelPart::kOutput};
+  std::string_view rest = name;
+  const int layer = LayerIndex(name, "blk.", rest);
+  if (layer >= num_layers) return {};
+  const TensorSharding sharding = GgufSharding(rest);
+  if (layer >= 0) return {sharding, ModelPart::kLayer, layer};
+  if (name.starts_with("output_norm")) return {sharding, ModelPart::kOutput};
+  return {sharding, ModelPart::kOther};
+}
+
+void AddShardedBytes(TensorSharding sharding, int64_t bytes, ShardedAmounts& sizes) {
   switch (sharding) {
     case TensorSharding::kSplit:
       sizes.split += bytes;
@@ -85,6 +107,29 @@ void AddShardedBytes(TensorSharding sharding, int64_t bytes, ShardedSizes& sizes
     case TensorSharding::kSkip:
       return;
   }
+}
+
+void AddShardedBytes(const TensorClass& tensor, int64_t bytes, ShardedSizes& sizes) {
+  if (tensor.sharding == TensorSharding::kSkip) return;
+  AddShardedBytes(tensor.sharding, bytes, static_cast<ShardedAmounts&>(sizes));
+  switch (tensor.part) {
+    case ModelPart::kLayer:
+      if (tensor.layer < 0) break;
+      if (sizes.layers.size() <= static_cast<size_t>(tensor.layer)) {
+        sizes.layers.resize(static_cast<size_t>(tensor.layer) + 1);
+      }
+      AddShardedBytes(tensor.sharding, bytes, sizes.layers[static_cast<size_t>(tensor.layer)]);
+      return;
+    case ModelPart::kEmbedding:
+      AddShardedBytes(tensor.sharding, bytes, sizes.embedding);
+      return;
+    case ModelPart::kOutput:
+      AddShardedBytes(tensor.sharding, bytes, sizes.output);
+      return;
+    case ModelPart::kOther:
+      break;
+  }
+  AddShardedBytes(tensor.sharding, bytes, sizes.other);
 }
 
 }  // namespace kvserve

@@ -105,6 +105,11 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
   builder.AddListeningPort(listen_address, *credentials, &port);
   builder.RegisterService(inference_.get());
   builder.RegisterService(worker_.get());
+  if (options_.pipeline != nullptr) {
+    builder.RegisterService(options_.pipeline->service());
+    builder.SetMaxReceiveMessageSize(1 << 30);
+    builder.SetMaxSendMessageSize(1 << 30);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", listen_address,
@@ -124,7 +129,7 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
     server_ = std::move(server);
   }
   SetServing(false);
-  if (options_.warmup) {
+  if (options_.warmup && options_.pipeline == nullptr) {
     if (absl::Status s = Warmup(); !s.ok()) {
       Shutdown();
       return absl::Status(s.code(), absl::StrCat("warm-up request failed: ", s.message()));
@@ -139,6 +144,12 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
       return metrics_server.status();
     }
     metrics_server_ = *std::move(metrics_server);
+  }
+  if (options_.pipeline != nullptr) {
+    PipelineGroup* group = options_.pipeline;
+    group->SetFormedCallback([this](bool formed) { SetServing(formed && !engine_->draining()); });
+    if (!engine_->draining() && group->formed()) SetServing(true);
+    return port;
   }
   if (!engine_->draining()) SetServing(true);
   return port;
@@ -214,6 +225,11 @@ void WorkerServer::Shutdown(std::chrono::milliseconds grace) {
     }
   }
   worker_->Shutdown();
+  // Ends the stages' Join calls, which would otherwise hold the server open.
+  if (options_.pipeline != nullptr) {
+    options_.pipeline->SetFormedCallback(nullptr);
+    options_.pipeline->Shutdown();
+  }
   server->Shutdown(std::chrono::system_clock::now() + grace);
   server->Wait();
 }

@@ -11,6 +11,7 @@
 #include "common/auth/tls_credentials.h"
 #include "worker/engine/engine.h"
 #include "worker/model/loaded_model.h"
+#include "worker/pp/pipeline_group.h"
 #include "worker/server/kv_fetch.h"
 #include "worker/server/serving_stats.h"
 
@@ -52,10 +53,14 @@ struct WorkerServerOptions {
   /// The worker's part in disaggregated serving, reported in LoadReport.role (--role):
   /// "prefill", "decode" or "both".
   std::string role = "both";
+  /// A pipeline leader's group (--pp > 1; must outlive the server): its kvserve.v1.Pipeline
+  /// service is served on the same port (messages up to 1 GiB: hand-overs), health is SERVING
+  /// only while every stage is there, and no warm-up runs (the stages may join later).
+  PipelineGroup* pipeline = nullptr;
 };
 
 /// One worker's gRPC endpoint: kvserve.v1.Inference and kvserve.v1.Worker over one engine, plus
-/// grpc.health.v1 and server reflection.
+/// grpc.health.v1 and server reflection (and kvserve.v1.Pipeline on a pipeline leader).
 ///
 /// Health: the server-wide service "" and both service names report NOT_SERVING from the moment
 /// the port is bound until the warm-up request has run, then SERVING; NOT_SERVING again once the

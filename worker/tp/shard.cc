@@ -363,4 +363,39 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& w
   return shard;
 }
 
+absl::StatusOr<std::unique_ptr<ModelWeights>> StageWeights(const ModelWeights& weights, int first,
+                                                           int count) {
+  const ModelConfig& c = weights.config;
+  if (c.total_layers != 0) {
+    return absl::InvalidArgumentError("StageWeights: the weights are already a pipeline stage");
+  }
+  if (static_cast<int>(weights.layers.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("StageWeights: ", weights.layers.size(),
+                                                   " layers loaded, config says ", c.num_layers));
+  }
+  if (first < 0 || count < 1 || first + count > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline stage layers [", first, ", ",
+                                                   first + count, ") fall outside the model's ",
+                                                   c.num_layers, " layers"));
+  }
+  auto stage = std::make_unique<ModelWeights>();
+  stage->config = c;
+  stage->config.num_layers = count;
+  stage->config.layer_offset = first;
+  stage->config.total_layers = c.num_layers;
+  stage->format = weights.format;
+  stage->source_path = weights.source_path;
+  stage->layers.assign(weights.layers.begin() + first, weights.layers.begin() + first + count);
+  stage->rope_freqs = weights.rope_freqs;
+  const bool tied = weights.output.data == weights.token_embedding.data;
+  if (stage->config.first_stage() || (stage->config.last_stage() && tied)) {
+    stage->token_embedding = weights.token_embedding;
+  }
+  if (stage->config.last_stage()) {
+    stage->final_norm = weights.final_norm;
+    stage->output = weights.output;
+  }
+  return stage;
+}
+
 }  // namespace kvserve

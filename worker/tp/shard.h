@@ -57,6 +57,15 @@ absl::StatusOr<ShardPlan> PlanShard(const ModelWeights& weights, int rank, int t
 absl::StatusOr<std::unique_ptr<ModelWeights>> ShardWeights(const ModelWeights& weights, int rank,
                                                            int tp);
 
+/// Pipeline stage weights: decoder layers [first, first + count) of `weights` as views (no
+/// copies), with config.layer_offset = first and config.total_layers = the whole model's layer
+/// count. The first stage keeps the token embedding, the last the final norm and the output
+/// layer (and the embedding when the output is tied to it); other stages hold neither. The result
+/// points into `weights`' storage: `weights` must outlive it. INVALID_ARGUMENT for a range outside
+/// the model. Shard the result (ShardWeights) for tensor parallelism inside the stage.
+absl::StatusOr<std::unique_ptr<ModelWeights>> StageWeights(const ModelWeights& weights, int first,
+                                                           int count);
+
 }  // namespace kvserve
 
 #endif  // KVSERVE_WORKER_TP_SHARD_H_

@@ -147,13 +147,13 @@ int64_t TensorParallelModel::KvBytesPerToken(KvCacheDType dtype) const {
 }
 
 absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCache& cache,
-                                          float* logits) {
+                                          float* logits, const StageIo& io) {
   const int tp = tp_size();
   if (cache.tp_size() != tp) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache has ", cache.tp_size(), " ranks, the model ", tp));
   }
-  if (tp == 1) return ranks_[0]->model->Forward(batch, cache.rank(0), logits);
+  if (tp == 1) return ranks_[0]->model->Forward(batch, cache.rank(0), logits, io);
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the tensor-parallel group is down after an earlier failure: ", broken_.ToString()));
@@ -162,11 +162,12 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
     std::lock_guard<std::mutex> lock(mu_);
     batch_ = &batch;
     cache_ = &cache;
+    io_ = io;
     pending_ = tp - 1;
     ++step_;
   }
   start_cv_.notify_all();
-  RunRank(0, logits);
+  RunRank(0, logits, io.output);
   {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return pending_ == 0; });
@@ -189,9 +190,10 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
   return result;
 }
 
-void TensorParallelModel::RunRank(int r, float* logits) {
+void TensorParallelModel::RunRank(int r, float* logits, float* stage_output) {
   Rank& rank = *ranks_[r];
-  rank.status = rank.model->Forward(*batch_, cache_->rank(r), logits);
+  rank.status =
+      rank.model->Forward(*batch_, cache_->rank(r), logits, StageIo{io_.input, stage_output});
   // Every rank checks the same batch the same way, so a refused batch (INVALID_ARGUMENT) stops
   // all of them before their first collective; anything else may leave the others waiting.
   if (!rank.status.ok() && !absl::IsInvalidArgument(rank.status)) rank.comm->Abort();
@@ -206,7 +208,7 @@ void TensorParallelModel::RankLoop(int r) {
       if (stop_) return;
       seen = step_;
     }
-    RunRank(r, nullptr);
+    RunRank(r, nullptr, nullptr);
     bool last = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -116,8 +116,11 @@ class TensorParallelModel {
   /// `batch.logits_rows.size()` rows of vocab_size logits into `logits` (rank 0's). Errors are
   /// those of LlamaModel::Forward (the failing rank's, not the others' ABORTED). A CPU group is
   /// re-armed after a failed step; a device group (NCCL) is not, so every later step fails
-  /// with FAILED_PRECONDITION naming the first error.
-  absl::Status Forward(const ForwardBatch& batch, ShardedKvCache& cache, float* logits);
+  /// with FAILED_PRECONDITION naming the first error. A pipeline stage's model (weights from
+  /// StageWeights) takes and gives its hand-over through `io` (LlamaModel::Forward): every rank
+  /// reads io.input, rank 0 writes io.output.
+  absl::Status Forward(const ForwardBatch& batch, ShardedKvCache& cache, float* logits,
+                       const StageIo& io = {});
 
  private:
   struct Rank {
@@ -136,7 +139,7 @@ class TensorParallelModel {
   /// Rank r's thread: runs each posted step.
   void RankLoop(int r);
   /// Runs rank r's part of the current step; on failure aborts the group so no rank waits.
-  void RunRank(int r, float* logits);
+  void RunRank(int r, float* logits, float* stage_output);
 
   const ModelWeights* weights_;
   std::unique_ptr<CpuCommGroup> group_;  // CPU ranks, tp > 1
@@ -153,6 +156,7 @@ class TensorParallelModel {
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
   ShardedKvCache* cache_ = nullptr;
+  StageIo io_;
 };
 
 }  // namespace kvserve

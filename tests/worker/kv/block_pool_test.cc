@@ -165,5 +165,32 @@ TEST(BlockPoolTest, LargePoolOperationsStayConstantTime) {
   EXPECT_EQ(*pool.Allocate(), 1);
 }
 
+TEST(BlockPoolTest, ForgetAllKeysDropsEveryKeyWithAnEventAndKeepsReferences) {
+  BlockPool pool(6);
+  const BlockId held = *pool.Allocate();
+  const BlockId freed = *pool.Allocate();
+  ASSERT_TRUE(pool.CacheBlock(held, Key(1)));
+  ASSERT_TRUE(pool.CacheBlock(freed, Key(2)));
+  pool.Unref(freed);  // free but still cached
+  pool.TakeEvents();
+  ASSERT_EQ(pool.num_cached_free(), 1);
+
+  EXPECT_EQ(pool.ForgetAllKeys(), 2);
+  EXPECT_FALSE(pool.Lookup(Key(1)).has_value());
+  EXPECT_FALSE(pool.Lookup(Key(2)).has_value());
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.num_cached_free(), 0);
+  EXPECT_EQ(pool.ref_count(held), 1);
+  EXPECT_EQ(pool.num_free(), 4);
+  std::vector<KvEvent> events = pool.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  for (const KvEvent& e : events) EXPECT_EQ(e.type, KvEvent::Type::kEvicted);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  // The block can be cached again under its old key.
+  EXPECT_TRUE(pool.CacheBlock(held, Key(1)));
+  EXPECT_EQ(pool.ForgetAllKeys(), 1);
+  EXPECT_EQ(pool.ForgetAllKeys(), 0);
+}
+
 }  // namespace
 }  // namespace kvserve

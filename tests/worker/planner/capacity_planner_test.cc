@@ -287,5 +287,206 @@ TEST(PlanCapacityTest, RejectsBadOptions) {
   EXPECT_TRUE(PlanCapacity(no_len, with_len).ok());
 }
 
+// Llama-3-8B over pp 2 × tp 1 on 80 GiB GPUs, with the default options, by hand:
+//   weights: one layer 2H + 2·H·32·128 + 2·H·8·128 + 3·H·I = 218112000 parameters; stage 0 holds
+//     16 layers and the embedding V·H, stage 1 16 layers, the final norm H and the head V·H; × 2.
+//   activations: 47104 elements per token × 8192 × 4 as with pp 1 (both stages are dense);
+//     stage 0 adds the hidden-state buffers 2 × 8192 × H × 4, stage 1 the logits 256 × V × 4.
+//   KV: 16 layers × 2 × 8 heads × 128 × 2 = 65536 bytes per token, 1048576 per 16-token block.
+TEST(PipelinePlanTest, DenseTwoStages) {
+  const int64_t h = 4096, v = 128256;
+  const int64_t layer = 2 * h + 2 * h * 32 * 128 + 2 * h * 8 * 128 + 3 * h * 14336;
+  const int64_t usable = 77309411328;  // floor(80 GiB × 0.9), see Llama3_8BOnOneH100
+  const int64_t buffers = int64_t{47104} * 8192 * 4;
+  const int64_t workspace = int64_t{256} << 20;
+  const int64_t weights[2] = {2 * (16 * layer + v * h), 2 * (16 * layer + v * h + h)};
+  const int64_t activations[2] = {buffers + 2 * 8192 * h * 4 + workspace,
+                                  buffers + 256 * v * 4 + workspace};
+  const int64_t block = 16 * 2 * 8 * 128 * 2 * 16;
+
+  PlanOptions options;
+  options.pp = 2;
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->pp, 2);
+  ASSERT_EQ(plan->stages.size(), 2u);
+  int64_t blocks[2];
+  for (int s = 0; s < 2; ++s) {
+    const StagePlan& stage = plan->stages[s];
+    EXPECT_EQ(stage.layers.first, 16 * s);
+    EXPECT_EQ(stage.layers.count, 16);
+    EXPECT_EQ(stage.weight_bytes, weights[s]) << s;
+    EXPECT_EQ(stage.activations.total(), activations[s]) << s;
+    EXPECT_EQ(stage.kv_budget_bytes, usable - weights[s] - activations[s]) << s;
+    const KvDTypePlan& kv = plan->chosen(stage);
+    EXPECT_EQ(kv.kv_bytes_per_token, 65536);
+    EXPECT_EQ(kv.bytes_per_block, block);
+    blocks[s] = (usable - weights[s] - activations[s]) / block;
+    EXPECT_EQ(kv.num_kv_blocks, blocks[s]) << s;
+  }
+  EXPECT_EQ(plan->stages[0].activations.pipeline_bytes, 268435456);
+  EXPECT_EQ(plan->stages[0].activations.logits_bytes, 0);
+  EXPECT_EQ(plan->stages[1].activations.pipeline_bytes, 0);
+  EXPECT_EQ(plan->stages[1].activations.logits_bytes, 131334144);
+  // 67198779392 / 1048576 = 64085.9 and 67335872512 / 1048576 = 64216.4: the first stage, with the
+  // larger send/receive buffers, limits the group.
+  EXPECT_EQ(blocks[0], 64085);
+  EXPECT_EQ(blocks[1], 64216);
+  const KvDTypePlan& group = plan->chosen();
+  EXPECT_EQ(group.num_kv_blocks, 64085);
+  EXPECT_EQ(group.limiting_stage, 0);
+  EXPECT_EQ(group.kv_tokens, 64085 * 16);
+  EXPECT_EQ(group.kv_bytes_per_token, 65536);
+  EXPECT_EQ(group.max_concurrent_seqs, 64085 / 512);
+  // The per-GPU figures outside the stages are the worst of them.
+  EXPECT_EQ(plan->weight_bytes, weights[1]);
+  EXPECT_EQ(plan->activations.total(), activations[0]);
+  EXPECT_EQ(plan->kv_budget_bytes, usable - weights[0] - activations[0]);
+}
+
+TEST(PipelinePlanTest, ExplicitPartitionMovesTheLimit) {
+  PlanOptions options;
+  options.pp = 2;
+  options.pp_layers = {15, 17};
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->stages[1].layers.first, 15);
+  EXPECT_EQ(plan->stages[1].layers.count, 17);
+  // Stage 1's 17 layers make its blocks the largest and its budget the smallest (same formulas as
+  // DenseTwoStages): 66899648512 / (17 × 4096 × 16) = 60047.
+  EXPECT_EQ(plan->chosen(plan->stages[1]).kv_bytes_per_token, 17 * 4096);
+  EXPECT_EQ(plan->chosen(plan->stages[1]).num_kv_blocks, 60047);
+  EXPECT_EQ(plan->chosen(plan->stages[0]).num_kv_blocks, 68801);
+  EXPECT_EQ(plan->chosen().num_kv_blocks, 60047);
+  EXPECT_EQ(plan->chosen().limiting_stage, 1);
+  // The stage with the most layers sets the group's KV bytes per token.
+  EXPECT_EQ(plan->chosen().kv_bytes_per_token, 17 * 4096);
+  for (const KvDTypePlan& entry : plan->by_kv_dtype) EXPECT_EQ(entry.limiting_stage, 1);
+}
+
+// DeepSeek-V3 at fp8 over pp 2 × tp 8 on 141 GB GPUs (see StageWeightBytesTest for the weights):
+//   per GPU, stage 0: 323433267200 / 8 split + 521198592 replicated + 926679040 / 8 vocab
+//     = 41066191872; stage 1: 344708874240 / 8 + 509721088 + 926679040 / 8 = 43714165248.
+//   activations: 2H + MLA 2·16·192 + 2·16·128 + 512 + 64 + 1536 + MoE 256 + 2·9·256 = 31552
+//     elements per token (the dense MLP's 2·18432/8 = 4608 is smaller) × 8192 × 4; stage 0 adds
+//     2 × 8192 × H × 4, stage 1 the logits 256 × 129280 × 4; both the 256 MiB workspace.
+//   KV: 576 × 2 bytes per layer and token (the MLA latent, on every rank).
+TEST(PipelinePlanTest, DeepSeekV3TwoStages) {
+  const int64_t h = 7168, v = 129280;
+  const int64_t usable = 126'900'000'000;  // 141e9 × 0.9
+  const int64_t weights[2] = {323433267200 / 8 + 521198592 + v * h / 8,
+                              344708874240 / 8 + 509721088 + v * h / 8};
+  const int64_t buffers = int64_t{31552} * 8192 * 4;
+  const int64_t workspace = int64_t{256} << 20;
+  const int64_t activations[2] = {buffers + 2 * 8192 * h * 4 + workspace,
+                                  buffers + 256 * v * 4 + workspace};
+  PlanOptions options;
+  options.gpu_memory_bytes = 141'000'000'000;
+  options.tp = 8;
+  options.pp = 2;
+  options.weight_dtype = WeightDType::kFp8;
+  const ModelSpec spec = Spec(cfg::kDeepSeekV3);
+  absl::StatusOr<Plan> plan = PlanCapacity(spec, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->usable_bytes, usable);
+  EXPECT_FALSE(plan->weight_bytes_exact);
+  const int counts[2] = {31, 30};
+  for (int s = 0; s < 2; ++s) {
+    const StagePlan& stage = plan->stages[s];
+    EXPECT_EQ(stage.layers.count, counts[s]);
+    EXPECT_EQ(stage.weight_bytes, weights[s]) << s;
+    EXPECT_EQ(stage.activations.elements_per_token, 31552) << s;
+    EXPECT_EQ(stage.activations.total(), activations[s]) << s;
+    EXPECT_EQ(plan->chosen(stage).kv_bytes_per_token, counts[s] * 576 * 2);
+  }
+  EXPECT_EQ(weights[0], 41'066'191'872);
+  EXPECT_EQ(weights[1], 43'714'165'248);
+  // Budgets 84061714688 and 81751120640; bf16 blocks of 31 × 1152 × 16 = 571392 and
+  // 30 × 1152 × 16 = 552960 bytes: 147117.4 and 147842.7.
+  EXPECT_EQ(plan->stages[0].kv_budget_bytes, 84'061'714'688);
+  EXPECT_EQ(plan->stages[1].kv_budget_bytes, 81'751'120'640);
+  EXPECT_EQ(plan->chosen(plan->stages[0]).num_kv_blocks, 147117);
+  EXPECT_EQ(plan->chosen(plan->stages[1]).num_kv_blocks, 147842);
+  EXPECT_EQ(plan->chosen().num_kv_blocks, 147117);
+  EXPECT_EQ(plan->chosen().limiting_stage, 0);
+  EXPECT_EQ(plan->chosen().kv_bytes_per_token, 31 * 576 * 2);
+  // 163840-token sequences need 10240 blocks each.
+  EXPECT_EQ(plan->chosen().max_concurrent_seqs, 14);
+  // fp8 KV: 576 bytes + a 4-byte scale per layer: 84061714688 / (31 × 580 × 16) = 292205.
+  EXPECT_EQ(plan->by_kv_dtype[4].num_kv_blocks, 292205);
+  EXPECT_EQ(plan->by_kv_dtype[4].max_concurrent_seqs, 28);
+
+  // With only the three dense layers in stage 0, its MLP buffers are the dense ones.
+  options.pp_layers = {3, 58};
+  plan = PlanCapacity(spec, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages[0].activations.elements_per_token, 31552 - 4864 + 4608);
+  EXPECT_EQ(plan->stages[1].activations.elements_per_token, 31552);
+}
+
+TEST(PipelinePlanTest, OneStageIsTheWholePlan) {
+  absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->pp, 1);
+  ASSERT_EQ(plan->stages.size(), 1u);
+  EXPECT_EQ(plan->stages[0].layers.count, 32);
+  EXPECT_EQ(plan->stages[0].weight_bytes, plan->weight_bytes);
+  EXPECT_EQ(plan->stages[0].kv_budget_bytes, plan->kv_budget_bytes);
+  EXPECT_EQ(plan->stages[0].activations.pipeline_bytes, 0);
+  EXPECT_EQ(plan->chosen(plan->stages[0]).num_kv_blocks, plan->chosen().num_kv_blocks);
+  EXPECT_EQ(plan->chosen().limiting_stage, 0);
+}
+
+TEST(PipelinePlanTest, Refusals) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  PlanOptions options;
+  options.pp = 33;
+  absl::StatusOr<Plan> plan = PlanCapacity(spec, options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(),
+            "--pp 33 needs at least one layer per stage; the model has 32 layers");
+  options.pp = 0;
+  EXPECT_EQ(PlanCapacity(spec, options).status().message(), "pp must be >= 1 (got 0)");
+  options.pp = 2;
+  options.pp_layers = {16, 15};
+  EXPECT_EQ(PlanCapacity(spec, options).status().message(),
+            "--pp-layers 16,15 adds up to 31 layers; the model has 32");
+  options.pp_layers = {32};
+  EXPECT_EQ(PlanCapacity(spec, options).status().message(),
+            "--pp-layers lists 1 stages; --pp is 2");
+
+  // tp must still divide the attention heads, whatever pp.
+  options = PlanOptions();
+  options.pp = 2;
+  options.tp = 8;
+  plan = PlanCapacity(Spec(cfg::kQwen2_7B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(),
+            "config.json: tp 8 does not divide num_attention_heads (28): attention heads cannot be "
+            "split evenly");
+
+  // Llama-3-70B in bf16 over 2 stages of one 40 GiB GPU: each stage needs 65.71 GiB.
+  options = PlanOptions();
+  options.pp = 2;
+  options.gpu_memory_bytes = int64_t{40} << 30;
+  plan = PlanCapacity(Spec(cfg::kLlama3_70B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("the weights need 65.71 GiB per GPU at stage 0 (layers "
+                                         "0-39) of pp 2 x tp 1"),
+            std::string::npos)
+      << plan.status();
+  // Activations that leave a stage no KV memory name that stage.
+  options.tp = 4;
+  options.gpu_memory_bytes = int64_t{80} << 30;
+  options.max_num_batched_tokens = 400000;
+  plan = PlanCapacity(Spec(cfg::kLlama3_70B), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("stage 0 (layers 0-39): no memory left for the KV cache"),
+            std::string::npos)
+      << plan.status();
+}
+
 }  // namespace
 }  // namespace kvserve

@@ -353,5 +353,169 @@ TEST(TensorShardingTest, ClassifiesNames) {
   EXPECT_EQ(ClassifyGgufTensor("output.weight", 4), TensorSharding::kVocabParallel);
 }
 
+// The classification also says where a tensor sits, which decides its pipeline stage.
+TEST(TensorShardingTest, PlacesTensorsInTheModel) {
+  auto expect = [](TensorClass c, TensorSharding sharding, ModelPart part, int layer) {
+    EXPECT_EQ(c.sharding, sharding);
+    EXPECT_EQ(c.part, part);
+    EXPECT_EQ(c.layer, layer);
+  };
+  expect(ClassifyHfTensor("model.embed_tokens.weight", 4), TensorSharding::kVocabParallel,
+         ModelPart::kEmbedding, -1);
+  expect(ClassifyHfTensor("lm_head.weight", 4), TensorSharding::kVocabParallel, ModelPart::kOutput,
+         -1);
+  expect(ClassifyHfTensor("model.norm.weight", 4), TensorSharding::kReplicated, ModelPart::kOutput,
+         -1);
+  expect(ClassifyHfTensor("model.layers.3.mlp.experts.7.down_proj.weight", 4),
+         TensorSharding::kSplit, ModelPart::kLayer, 3);
+  expect(ClassifyHfTensor("model.layers.0.input_layernorm.weight", 4), TensorSharding::kReplicated,
+         ModelPart::kLayer, 0);
+  // DeepSeek-V3's multi-token-prediction layer (layer 61 of 61) is not loaded.
+  EXPECT_EQ(ClassifyHfTensor("model.layers.61.embed_tokens.weight", 61).sharding,
+            TensorSharding::kSkip);
+  expect(ClassifyGgufTensor("token_embd.weight", 4), TensorSharding::kVocabParallel,
+         ModelPart::kEmbedding, -1);
+  expect(ClassifyGgufTensor("output.weight", 4), TensorSharding::kVocabParallel, ModelPart::kOutput,
+         -1);
+  expect(ClassifyGgufTensor("output_norm.weight", 4), TensorSharding::kReplicated,
+         ModelPart::kOutput, -1);
+  expect(ClassifyGgufTensor("rope_freqs.weight", 4), TensorSharding::kReplicated, ModelPart::kOther,
+         -1);
+  expect(ClassifyGgufTensor("blk.2.ffn_down_exps.weight", 4), TensorSharding::kSplit,
+         ModelPart::kLayer, 2);
+}
+
+TEST(TensorShardingTest, AddShardedBytesKeepsTotalsAndParts) {
+  ShardedSizes sizes;
+  AddShardedBytes(ClassifyGgufTensor("token_embd.weight", 2), 100, sizes);
+  AddShardedBytes(ClassifyGgufTensor("blk.1.attn_k.weight", 2), 10, sizes);
+  AddShardedBytes(ClassifyGgufTensor("blk.1.ffn_norm.weight", 2), 1, sizes);
+  AddShardedBytes(ClassifyGgufTensor("output_norm.weight", 2), 2, sizes);
+  AddShardedBytes(ClassifyGgufTensor("rope_freqs.weight", 2), 4, sizes);
+  AddShardedBytes(ClassifyGgufTensor("blk.2.attn_k.weight", 2), 1000, sizes);  // skipped
+  EXPECT_EQ(sizes.total(), 117);
+  EXPECT_EQ(sizes.kv_heads, 10);
+  EXPECT_EQ(sizes.replicated, 7);
+  ASSERT_EQ(sizes.layers.size(), 2u);
+  EXPECT_EQ(sizes.layers[0].total(), 0);
+  EXPECT_EQ(sizes.layers[1].kv_heads, 10);
+  EXPECT_EQ(sizes.layers[1].replicated, 1);
+  EXPECT_EQ(sizes.embedding.vocab_parallel, 100);
+  EXPECT_EQ(sizes.output.replicated, 2);
+  EXPECT_EQ(sizes.other.replicated, 4);
+}
+
+// Llama-3-8B, bf16 from the parameter count. One layer: norms 2H, q and o 2·H·32·128, k and v
+// 2·H·8·128, MLP 3·H·I; the embedding and the (untied) head V·H each; the final norm H.
+TEST(StageWeightBytesTest, DenseStagesAddUpToTheWholeModel) {
+  const ModelSpec spec = Spec(cfg::kLlama3_8B);
+  const int64_t h = 4096;
+  const int64_t layer = 2 * h + 2 * h * 32 * 128 + 2 * h * 8 * 128 + 3 * h * 14336;
+  const int64_t vocab = int64_t{128256} * h;
+  const ShardedAmounts first = StageWeightBytes(spec, std::nullopt, {0, 16});
+  const ShardedAmounts last = StageWeightBytes(spec, std::nullopt, {16, 16});
+  EXPECT_EQ(first.total(), 2 * (16 * layer + vocab));
+  EXPECT_EQ(last.total(), 2 * (16 * layer + vocab + h));
+  EXPECT_EQ(first.vocab_parallel, 2 * vocab);
+  EXPECT_EQ(last.replicated, 2 * (16 * 2 * h + h));
+  EXPECT_EQ(first.total() + last.total(), ModelWeightBytes(spec, std::nullopt).total());
+  EXPECT_EQ(first.total() + last.total(), 2 * 8'030'261'248);
+  // A middle stage holds only its layers.
+  EXPECT_EQ(StageWeightBytes(spec, std::nullopt, {10, 12}).total(), 2 * 12 * layer);
+  // The whole model as one stage is the totals.
+  EXPECT_EQ(StageWeightBytes(spec, std::nullopt, {0, 32}).total(), 2 * 8'030'261'248);
+  EXPECT_FALSE(StageWeightBytesExact(spec, std::nullopt, {0, 16}));
+}
+
+TEST(StageWeightBytesTest, TiedEmbeddingCountsOnTheFirstAndLastStage) {
+  ModelSpec spec = Spec(cfg::kLlama3_8B);
+  spec.tie_word_embeddings = true;
+  const int64_t embedding = 2 * int64_t{128256} * 4096;
+  const int64_t whole = ModelWeightBytes(spec, std::nullopt).total();
+  EXPECT_EQ(whole, 2 * 8'030'261'248 - embedding);
+  const int64_t first = StageWeightBytes(spec, std::nullopt, {0, 16}).total();
+  const int64_t last = StageWeightBytes(spec, std::nullopt, {16, 16}).total();
+  EXPECT_EQ(first + last, whole + embedding);
+  EXPECT_EQ(StageWeightBytes(spec, std::nullopt, {16, 16}).vocab_parallel, embedding);
+  // Three stages: the middle one holds no embedding.
+  const int64_t middle = StageWeightBytes(spec, std::nullopt, {11, 11}).total();
+  EXPECT_EQ(StageWeightBytes(spec, std::nullopt, {0, 11}).total() + middle +
+                StageWeightBytes(spec, std::nullopt, {22, 10}).total(),
+            whole + embedding);
+  EXPECT_EQ(StageWeightBytes(spec, std::nullopt, {11, 11}).vocab_parallel, 0);
+}
+
+// DeepSeek-V3 at fp8 (one byte per parameter) over 31 + 30 layers. Layers 0-2 have a dense MLP,
+// the rest 256 routed + 1 shared experts, so the stages differ beyond their layer counts.
+TEST(StageWeightBytesTest, DeepSeekV3StagesDifferByLayerKind) {
+  const ModelSpec spec = Spec(cfg::kDeepSeekV3);
+  const int64_t h = 7168;
+  // MLA: q_b, kv_b, o split; norms, q_a (+ its norm), kv_a (+ its norm) replicated.
+  const int64_t attn_split = 1536 * 128 * (128 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * h;
+  const int64_t attn_replicated = 2 * h + h * 1536 + 1536 + h * (512 + 64) + 512;
+  const int64_t dense_mlp = 3 * h * 18432;
+  const int64_t experts = int64_t{256 + 1} * 3 * h * 2048;
+  const int64_t router = h * 256 + 256;  // with the score-correction bias
+  const int64_t vocab = int64_t{129280} * h;
+
+  const ShardedAmounts first = StageWeightBytes(spec, WeightDType::kFp8, {0, 31});
+  EXPECT_EQ(first.split, 31 * attn_split + 3 * dense_mlp + 28 * experts);
+  EXPECT_EQ(first.replicated, 31 * attn_replicated + 28 * router);
+  EXPECT_EQ(first.vocab_parallel, vocab);
+  EXPECT_EQ(first.kv_heads, 0);
+  const ShardedAmounts last = StageWeightBytes(spec, WeightDType::kFp8, {31, 30});
+  EXPECT_EQ(last.split, 30 * attn_split + 30 * experts);
+  EXPECT_EQ(last.replicated, 30 * attn_replicated + 30 * router + h);
+  EXPECT_EQ(last.vocab_parallel, vocab);
+  // Fewer layers, yet more weights: the last stage has no dense layers.
+  EXPECT_GT(last.total(), first.total());
+  EXPECT_EQ(first.total() + last.total(), ModelWeightBytes(spec, WeightDType::kFp8).total());
+
+  // Per GPU at tp 8: split and vocab-parallel weights / 8, replicated whole (MLA has no k/v
+  // projections split by head).
+  EXPECT_EQ(*StageWeightBytesPerGpu(spec, WeightDType::kFp8, 8, {0, 31}),
+            first.split / 8 + first.replicated + vocab / 8);
+  EXPECT_EQ(*StageWeightBytesPerGpu(spec, WeightDType::kFp8, 8, {31, 30}),
+            last.split / 8 + last.replicated + vocab / 8);
+}
+
+TEST(StageWeightBytesTest, TensorBytesSplitByStage) {
+  // stories260K (see above) is tied; one f32 layer is norms 2·64, q and o 2·64·64, k and v
+  // 2·64·32, MLP 3·64·172.
+  absl::StatusOr<ModelSpec> spec = LoadModelSpec(planner_testing::Stories260KDir());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->tensor_bytes->has_placement());
+  const int64_t layer = 4 * (2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172);
+  const int64_t embedding = 4 * 512 * 64;
+  EXPECT_TRUE(StageWeightBytesExact(*spec, std::nullopt, {0, 3}));
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 3}).total(), 3 * layer + embedding);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {3, 2}).total(), 2 * layer + 4 * 64 + embedding);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 5}).total(), 1040128);
+
+  // The GGUF has its own output.weight: the last stage holds that, not a second embedding.
+  spec = LoadModelSpec(planner_testing::Stories260KGguf());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 1}).total(), layer + embedding);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {1, 1}).total(), layer);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {2, 3}).total(), 3 * layer + 4 * 64 + embedding);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 1}).total() + layer +
+                StageWeightBytes(*spec, std::nullopt, {2, 3}).total(),
+            spec->tensor_bytes->total());
+}
+
+TEST(StageWeightBytesTest, TotalsWithoutPlacementFallBackToParameters) {
+  absl::StatusOr<ModelSpec> spec = LoadModelSpec(planner_testing::Stories260KDir());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ShardedSizes totals;
+  totals.replicated = 999;  // e.g. a spec built from a loaded model's byte count alone
+  spec->tensor_bytes = totals;
+  EXPECT_TRUE(StageWeightBytesExact(*spec, std::nullopt, {0, 5}));
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 5}).total(), 999);
+  EXPECT_FALSE(StageWeightBytesExact(*spec, std::nullopt, {0, 3}));
+  // f32 (the config's dtype) × the stage's parameters.
+  const int64_t layer = 4 * (2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172);
+  EXPECT_EQ(StageWeightBytes(*spec, std::nullopt, {0, 3}).total(), 3 * layer + 4 * 512 * 64);
+}
+
 }  // namespace
 }  // namespace kvserve

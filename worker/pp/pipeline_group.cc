@@ -1,0 +1,391 @@
+#include "worker/pp/pipeline_group.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/logging.h"
+#include "worker/pp/step_codec.h"
+#include "worker/server/grpc_status.h"
+
+namespace kvserve {
+namespace {
+
+std::string DescribeStage(int rank, const StageLayers& layers) {
+  return absl::StrCat("stage ", rank, " (layers ", layers.first, "..", layers.end() - 1, ")");
+}
+
+}  // namespace
+
+/// The kvserve.v1.Pipeline service: one Join call per stage, held by a thread of the server's
+/// pool for the stage's lifetime (a group has a handful of stages).
+class PipelineGroup::Service final : public v1::Pipeline::Service {
+ public:
+  explicit Service(PipelineGroup* group) : group_(group) {}
+
+  grpc::Status Join(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::LeaderMessage, v1::StageMessage>* stream) override {
+    v1::StageMessage in;
+    if (!stream->Read(&in)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the stage left before joining");
+    }
+    if (!in.has_join()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "the first message of Pipeline/Join must be a join");
+    }
+    auto conn = std::make_shared<Connection>();
+    conn->context = context;
+    conn->stream = stream;
+    absl::StatusOr<v1::StageAssignment> assignment = group_->Admit(conn, in.join());
+    if (!assignment.ok()) return ToGrpcStatus(assignment.status());
+    v1::LeaderMessage out;
+    *out.mutable_assignment() = *assignment;
+    if (!stream->Write(out)) {
+      group_->Drop(conn, "its connection closed before it got its assignment");
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection lost");
+    }
+    if (!stream->Read(&in) || !in.has_ready()) {
+      group_->Drop(conn, "it left before it was ready");
+      group_->AwaitNoWriter(*conn);
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no ready message");
+    }
+    group_->MarkReady(conn);
+    while (stream->Read(&in)) {
+      if (!in.has_result()) {
+        group_->Drop(conn, "it sent a message other than a step result");
+        group_->AwaitNoWriter(*conn);
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "only step results are expected after ready");
+      }
+      group_->Deliver(conn, std::move(*in.mutable_result()));
+    }
+    group_->Drop(conn, "its connection closed");
+    group_->AwaitNoWriter(*conn);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the leader dropped this stage");
+  }
+
+ private:
+  PipelineGroup* group_;
+};
+
+absl::StatusOr<std::unique_ptr<PipelineGroup>> PipelineGroup::Create(PipelineGroupOptions options) {
+  if (options.stages.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a pipeline group needs at least 2 stages, got ", options.stages.size()));
+  }
+  if (options.hidden_size <= 0 || options.vocab_size <= 0) {
+    return absl::InvalidArgumentError("PipelineGroup: hidden_size and vocab_size must be positive");
+  }
+  if (options.step_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--pp-step-timeout must be positive");
+  }
+  return std::unique_ptr<PipelineGroup>(new PipelineGroup(std::move(options)));
+}
+
+PipelineGroup::PipelineGroup(PipelineGroupOptions options)
+    : options_(std::move(options)), service_(std::make_unique<Service>(this)) {
+  members_.resize(options_.stages.size());
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+PipelineGroup::~PipelineGroup() {
+  Shutdown();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+grpc::Service* PipelineGroup::service() { return service_.get(); }
+
+void PipelineGroup::SetFormedCallback(std::function<void(bool)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  formed_callback_ = std::move(callback);
+}
+
+void PipelineGroup::Shutdown() {
+  std::vector<std::shared_ptr<Connection>> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    members = members_;
+  }
+  cv_.notify_all();
+  for (const auto& conn : members) {
+    if (conn != nullptr) Drop(conn, "the leader is shutting down");
+  }
+}
+
+PipelineGroupStats PipelineGroup::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void PipelineGroup::SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_set_ = true;
+  num_blocks_ = num_blocks;
+  block_size_ = block_size;
+  kv_dtype_ = dtype;
+}
+
+bool PipelineGroup::FormedLocked() const {
+  if (shut_down_) return false;
+  for (size_t r = 1; r < members_.size(); ++r) {
+    if (members_[r] == nullptr || !members_[r]->ready) return false;
+  }
+  return true;
+}
+
+bool PipelineGroup::formed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FormedLocked();
+}
+
+std::string PipelineGroup::NotFormedReason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return "the pipeline group is shutting down";
+  std::string waiting;
+  for (size_t r = 1; r < members_.size(); ++r) {
+    if (members_[r] != nullptr && members_[r]->ready) continue;
+    absl::StrAppend(&waiting, waiting.empty() ? "" : ", ",
+                    DescribeStage(static_cast<int>(r), options_.stages[r]),
+                    members_[r] != nullptr ? " (joined, loading)" : "");
+  }
+  if (waiting.empty()) return "";
+  return absl::StrCat("the pipeline group is waiting for ", waiting);
+}
+
+uint64_t PipelineGroup::losses() const { return losses_.load(); }
+
+void PipelineGroup::NotifyFormed(bool was_formed) {
+  std::function<void(bool)> callback;
+  bool now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    now = FormedLocked();
+    callback = formed_callback_;
+  }
+  if (now != was_formed && callback) callback(now);
+}
+
+absl::StatusOr<v1::StageAssignment> PipelineGroup::Admit(const std::shared_ptr<Connection>& conn,
+                                                         const v1::StageJoin& join) {
+  const int pp = static_cast<int>(options_.stages.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return absl::UnavailableError("the leader is shutting down");
+  if (!pool_set_) return absl::UnavailableError("the leader is still starting; join again");
+  if (join.pp_size() != pp) {
+    return absl::InvalidArgumentError(absl::StrCat("the stage runs with --pp ", join.pp_size(),
+                                                   "; the leader's group has ", pp, " stages"));
+  }
+  if (join.model_fingerprint_hi() != options_.model_fingerprint.hi ||
+      join.model_fingerprint_lo() != options_.model_fingerprint.lo) {
+    return absl::FailedPreconditionError(
+        "the stage loaded another model than the leader (model fingerprints differ)");
+  }
+  int rank = join.requested_rank();
+  if (rank == -1) {
+    for (int r = 1; r < pp && rank == -1; ++r) {
+      if (members_[r] == nullptr) rank = r;
+    }
+    if (rank == -1) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("every stage of the group (1..", pp - 1, ") is taken"));
+    }
+  } else if (rank < 1 || rank >= pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pp-rank ", rank, " is outside 1..", pp - 1, " (rank 0 is the leader)"));
+  } else if (members_[rank] != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("stage ", rank, " is already held by ", members_[rank]->name));
+  }
+  conn->rank = rank;
+  conn->name = join.name().empty() ? conn->context->peer() : join.name();
+  members_[rank] = conn;
+  ++stats_.joins;
+  const StageLayers& layers = options_.stages[rank];
+  logging::Log(logging::LogLevel::kInfo, "pipeline", "stage joined",
+               {{"stage", rank},
+                {"name", conn->name},
+                {"first_layer", layers.first},
+                {"layers", layers.count}});
+  v1::StageAssignment a;
+  a.set_rank(rank);
+  a.set_pp_size(pp);
+  a.set_first_layer(layers.first);
+  a.set_num_layers(layers.count);
+  a.set_num_blocks(num_blocks_);
+  a.set_block_size(block_size_);
+  a.set_kv_cache_dtype(std::string(KvCacheDTypeName(kv_dtype_)));
+  return a;
+}
+
+void PipelineGroup::MarkReady(const std::shared_ptr<Connection>& conn) {
+  bool was_formed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    was_formed = FormedLocked();
+    if (conn->lost || members_[conn->rank] != conn) return;
+    conn->ready = true;
+  }
+  logging::Log(logging::LogLevel::kInfo, "pipeline", "stage ready",
+               {{"stage", conn->rank}, {"name", conn->name}});
+  NotifyFormed(was_formed);
+}
+
+void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->lost || conn->awaited_step == 0 || result.step() != conn->awaited_step) return;
+    conn->result = std::move(result);
+    conn->has_result = true;
+  }
+  cv_.notify_all();
+}
+
+void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
+  bool was_formed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->lost) return;
+    was_formed = FormedLocked();
+    conn->lost = true;
+    conn->lost_reason = reason;
+    if (conn->rank >= 0 && members_[conn->rank] == conn) {
+      members_[conn->rank] = nullptr;
+      ++stats_.losses;
+      losses_.fetch_add(1);
+    }
+    // Unblocks the call's reads and writes. Under the lock: the call's handler cannot return
+    // (and free the context) before this Drop is done, since its own Drop takes the lock.
+    conn->context->TryCancel();
+  }
+  cv_.notify_all();
+  if (conn->rank >= 0) {
+    logging::Log(logging::LogLevel::kWarning, "pipeline", "stage lost",
+                 {{"stage", conn->rank}, {"name", conn->name}, {"reason", reason}});
+  }
+  NotifyFormed(was_formed);
+}
+
+void PipelineGroup::AwaitNoWriter(const Connection& conn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !conn.writing; });
+}
+
+void PipelineGroup::Watchdog() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shut_down_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<Connection>> late;
+    for (const auto& conn : members_) {
+      if (conn != nullptr && conn->awaited_step != 0 && !conn->has_result && now > conn->deadline) {
+        late.push_back(conn);
+      }
+    }
+    if (late.empty()) continue;
+    lock.unlock();
+    for (const auto& conn : late) {
+      Drop(conn, absl::StrCat("it did not answer a step within ",
+                              absl::FormatDuration(options_.step_timeout), " (--pp-step-timeout)"));
+    }
+    lock.lock();
+  }
+}
+
+absl::StatusOr<v1::StepResult> PipelineGroup::Exchange(int rank, const v1::LeaderMessage& msg,
+                                                       uint64_t step) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = members_[rank];
+    if (conn == nullptr || !conn->ready) {
+      return absl::UnavailableError(absl::StrCat(DescribeStage(rank, options_.stages[rank]),
+                                                 " of the pipeline group is not connected"));
+    }
+    conn->awaited_step = step;
+    conn->has_result = false;
+    conn->deadline = absl::Now() + options_.step_timeout;
+  }
+  // Only this thread writes once the stage is ready; the Join handler only reads, and waits
+  // for this write to return before it ends the call (AwaitNoWriter).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn->writing = !conn->lost;
+  }
+  const bool sent = conn->writing && conn->stream->Write(msg);
+  std::unique_lock<std::mutex> lock(mu_);
+  conn->writing = false;
+  cv_.notify_all();
+  if (sent) cv_.wait(lock, [&] { return conn->has_result || conn->lost; });
+  conn->awaited_step = 0;
+  if (conn->has_result) {
+    conn->has_result = false;
+    return std::move(conn->result);
+  }
+  const std::string reason = conn->lost ? conn->lost_reason : "its connection closed";
+  lock.unlock();
+  Drop(conn, reason);
+  return absl::UnavailableError(absl::StrCat(DescribeStage(rank, options_.stages[rank]),
+                                             " of the pipeline group was lost: ", reason));
+}
+
+absl::Status PipelineGroup::RunStages(const ForwardBatch& batch, std::span<const BlockCopy> copies,
+                                      std::vector<float>* hand_over, float* logits) {
+  const int pp = static_cast<int>(options_.stages.size());
+  const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
+  const int64_t hand_over_floats = StageIoFloats(tokens, options_.hidden_size);
+  const int64_t logits_floats =
+      static_cast<int64_t>(batch.logits_rows.size()) * options_.vocab_size;
+  if (static_cast<int64_t>(hand_over->size()) != hand_over_floats) {
+    return absl::InternalError(absl::StrCat("pipeline hand-over of ", hand_over->size(),
+                                            " floats, expected ", hand_over_floats));
+  }
+  const absl::Time start = absl::Now();
+  v1::LeaderMessage msg;
+  v1::PipelineStep* step = msg.mutable_step();
+  EncodeStep(batch, copies, step);
+  int64_t sent = 0;
+  int64_t received = 0;
+  for (int r = 1; r < pp; ++r) {
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id = ++next_step_;
+    }
+    step->set_step(id);
+    FloatsToBytes(*hand_over, step->mutable_hand_over());
+    sent += static_cast<int64_t>(step->hand_over().size());
+    absl::StatusOr<v1::StepResult> result = Exchange(r, msg, id);
+    if (!result.ok()) return result.status();
+    received += static_cast<int64_t>(result->output().size());
+    if (result->code() != 0) {
+      // The stage's K/V may be half written: drop it so it rejoins clean.
+      const std::string what = absl::StrCat(DescribeStage(r, options_.stages[r]),
+                                            " failed the step: ", result->message());
+      std::shared_ptr<Connection> conn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        conn = members_[r];
+      }
+      if (conn != nullptr) Drop(conn, what);
+      return absl::UnavailableError(what);
+    }
+    const bool last = r == pp - 1;
+    absl::Status decoded =
+        last ? BytesToFloats(result->output(), logits_floats, "pipeline logits", logits)
+             : BytesToFloats(result->output(), hand_over_floats, "pipeline hand-over",
+                             hand_over->data());
+    if (!decoded.ok()) return decoded;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.block_copies += static_cast<int64_t>(copies.size());
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += received;
+  stats_.remote_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve

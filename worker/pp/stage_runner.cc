@@ -1,0 +1,193 @@
+#include "worker/pp/stage_runner.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/logging.h"
+#include "kvserve/v1/pipeline.grpc.pb.h"
+#include "worker/kv/kv_offload.h"
+#include "worker/pp/step_codec.h"
+#include "worker/tp/shard.h"
+
+namespace kvserve {
+namespace {
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "stage";
+  return name;
+}
+
+}  // namespace
+
+PipelineStageRunner::PipelineStageRunner(const ModelWeights* weights, PipelineStageOptions options)
+    : weights_(weights), options_(std::move(options)) {}
+
+PipelineStageRunner::~PipelineStageRunner() { Stop(); }
+
+void PipelineStageRunner::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+PipelineStageStats PipelineStageRunner::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::Status PipelineStageRunner::Run() {
+  if (options_.pp_size < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pp-leader needs --pp of at least 2, got ", options_.pp_size));
+  }
+  if (options_.requested_rank != -1 &&
+      (options_.requested_rank < 1 || options_.requested_rank >= options_.pp_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("--pp-rank ", options_.requested_rank,
+                                                   " is outside 1..", options_.pp_size - 1,
+                                                   " (rank 0 is the leader)"));
+  }
+  while (true) {
+    grpc::ClientContext context;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return absl::OkStatus();
+      context_ = &context;
+    }
+    absl::Status s = Session(&context);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      context_ = nullptr;
+      if (stopped_) return absl::OkStatus();
+    }
+    if (ready_callback_) ready_callback_(false);
+    if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) return s;
+    logging::Log(logging::LogLevel::kWarning, "pipeline", "not part of the group; joining again",
+                 {{"leader", options_.leader}, {"reason", std::string(s.message())}});
+    absl::SleepFor(options_.retry_interval);
+  }
+}
+
+absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT_MAX);
+  args.SetMaxSendMessageSize(INT_MAX);
+  // Notice a leader that vanished without closing the connection.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options_.leader, credentials, args);
+  std::unique_ptr<v1::Pipeline::Stub> stub = v1::Pipeline::NewStub(channel);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::LeaderMessage>> stream =
+      stub->Join(context);
+  auto ended = [&](const std::string& what) {
+    stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    const std::string detail = status.ok() ? what : status.error_message();
+    return absl::Status(status.ok() ? absl::StatusCode::kUnavailable
+                                    : static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("leader ", options_.leader, ": ", detail));
+  };
+
+  v1::StageMessage out;
+  v1::StageJoin* join = out.mutable_join();
+  join->set_requested_rank(options_.requested_rank);
+  join->set_pp_size(options_.pp_size);
+  const BlockKey fingerprint = ModelWeightsFingerprint(*weights_);
+  join->set_model_fingerprint_hi(fingerprint.hi);
+  join->set_model_fingerprint_lo(fingerprint.lo);
+  join->set_name(options_.name.empty() ? HostName() : options_.name);
+  v1::LeaderMessage in;
+  if (!stream->Write(out) || !stream->Read(&in)) return ended("no assignment");
+  if (!in.has_assignment()) return ended("the leader's first message is not an assignment");
+  const v1::StageAssignment a = in.assignment();  // a copy: `in` is reused for the steps
+  const std::optional<KvCacheDType> dtype = KvCacheDTypeFromName(a.kv_cache_dtype());
+  if (!dtype.has_value() || a.num_blocks() < 2 || a.block_size() < 1 ||
+      a.pp_size() != options_.pp_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "leader ", options_.leader, " sent an unusable assignment: ", a.ShortDebugString()));
+  }
+  absl::StatusOr<std::unique_ptr<ModelWeights>> stage =
+      StageWeights(*weights_, a.first_layer(), a.num_layers());
+  if (!stage.ok()) return stage.status();
+  absl::StatusOr<std::unique_ptr<TensorParallelModel>> model =
+      TensorParallelModel::Create(stage->get(), options_.tensor_parallel);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
+      (*model)->CreateKvCache(a.num_blocks(), a.block_size(), *dtype);
+  if (!cache.ok()) return cache.status();
+  rank_.store(a.rank());
+  const bool last = a.first_layer() + a.num_layers() == weights_->config.num_layers;
+  const int64_t hidden = weights_->config.hidden_size;
+  const int64_t vocab = weights_->config.vocab_size;
+  out.Clear();
+  out.mutable_ready()->set_kv_bytes((*model)->KvBytesPerToken(*dtype) * a.num_blocks() *
+                                    a.block_size());
+  if (!stream->Write(out)) return ended("the leader closed the call before this stage was ready");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.joins;
+  }
+  logging::Log(logging::LogLevel::kInfo, "pipeline", "stage ready",
+               {{"leader", options_.leader},
+                {"stage", a.rank()},
+                {"first_layer", a.first_layer()},
+                {"layers", a.num_layers()},
+                {"kv_blocks", a.num_blocks()}});
+  if (ready_callback_) ready_callback_(true);
+
+  std::vector<float> input;
+  std::vector<float> output;
+  while (stream->Read(&in)) {
+    if (!in.has_step()) return ended("the leader sent something other than a step");
+    const v1::PipelineStep& step = in.step();
+    out.Clear();
+    v1::StepResult* result = out.mutable_result();
+    result->set_step(step.step());
+    absl::Status s;
+    absl::StatusOr<ForwardBatch> batch = DecodeStep(step);
+    if (!batch.ok()) s = batch.status();
+    const int64_t tokens = batch.ok() ? static_cast<int64_t>(batch->tokens.size()) : 0;
+    if (s.ok()) {
+      for (const v1::StageBlockCopy& c : step.copies()) {
+        if (c.src() < 1 || c.dst() < 1 || c.src() >= a.num_blocks() || c.dst() >= a.num_blocks()) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("block copy ", c.src(), " -> ", c.dst(), " outside the pool"));
+          break;
+        }
+        (*cache)->CopyBlock(c.src(), c.dst());
+      }
+    }
+    if (s.ok()) {
+      input.resize(static_cast<size_t>(StageIoFloats(tokens, hidden)));
+      s = BytesToFloats(step.hand_over(), static_cast<int64_t>(input.size()), "hand-over",
+                        input.data());
+    }
+    if (s.ok()) {
+      const size_t out_floats =
+          last ? batch->logits_rows.size() * static_cast<size_t>(vocab) : input.size();
+      output.resize(out_floats);
+      s = (*model)->Forward(*batch, **cache, last ? output.data() : nullptr,
+                            StageIo{input.data(), last ? nullptr : output.data()});
+      if (s.ok()) FloatsToBytes(output, result->mutable_output());
+    }
+    if (!s.ok()) {
+      result->set_code(static_cast<int>(s.code()));
+      result->set_message(std::string(s.message()));
+    }
+    if (!stream->Write(out)) break;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+  }
+  return ended("the leader ended the call");
+}
+
+}  // namespace kvserve

@@ -1,0 +1,46 @@
+#ifndef KVSERVE_WORKER_TP_PIPELINE_LINK_H_
+#define KVSERVE_WORKER_TP_PIPELINE_LINK_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/kv_dtype.h"
+#include "worker/kv/kv_manager.h"
+#include "worker/model/llama_model.h"
+#include "worker/planner/pipeline_layout.h"
+
+namespace kvserve {
+
+/// What the leader's engine sees of a pipeline-parallel group (worker/pp/pipeline_group.h):
+/// stages 1..P-1 in other processes, each holding a slice of the layers and the KV of every
+/// block for them. The engine runs stage 0 itself and hands each step on through this.
+class PipelineLink {
+ public:
+  virtual ~PipelineLink() = default;
+
+  /// Every stage's layers, stage 0 (the leader's) first.
+  virtual const std::vector<StageLayers>& stages() const = 0;
+  /// Called once by the engine when its KV pool is sized: every stage holds the same blocks.
+  virtual void SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDType dtype) = 0;
+  /// Whether every stage has joined and is ready.
+  virtual bool formed() const = 0;
+  /// Why the group is not formed ("waiting for stage 1 (layers 31..60)"); empty when formed.
+  virtual std::string NotFormedReason() const = 0;
+  /// How many times a stage was lost so far. When it changes, the K/V the lost stage held is
+  /// gone: the engine fails its requests and forgets its prefix cache.
+  virtual uint64_t losses() const = 0;
+  /// Runs stages 1..P-1 on `batch` after the leader's own stage: applies `copies` (copy-on-write
+  /// block copies made since the last step) on every stage first, sends `hand_over` (stage 0's
+  /// StageIo output) along and writes the last stage's logits (batch.logits_rows rows of vocab
+  /// floats) to `logits`. UNAVAILABLE when a stage is missing, lost or does not answer in time
+  /// (the stage is then dropped from the group); a stage's own error otherwise.
+  virtual absl::Status RunStages(const ForwardBatch& batch, std::span<const BlockCopy> copies,
+                                 std::vector<float>* hand_over, float* logits) = 0;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_WORKER_TP_PIPELINE_LINK_H_
