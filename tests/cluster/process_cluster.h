@@ -31,9 +31,14 @@ struct Spawned {
 };
 
 /// `kvserve worker --model <test model> --listen <listen> --threads 1 --num-kv-blocks 512`
-/// plus `extra`; waits for its address.
+/// plus `extra` (which may set --threads or --num-kv-blocks itself); waits for its address.
 absl::StatusOr<Spawned> SpawnWorker(const std::vector<std::string>& extra = {},
                                     const std::string& listen = "127.0.0.1:0");
+/// A pipeline stage: `kvserve worker --model <test model> --listen 127.0.0.1:0 --threads 1
+/// --pp-leader <leader_address>` plus `extra` (which may set --threads itself); waits for its
+/// "kvserve pipeline stage listening on" line. `address` is where it serves grpc.health.v1.
+absl::StatusOr<Spawned> SpawnStage(const std::string& leader_address,
+                                   const std::vector<std::string>& extra = {});
 /// `kvserve router --listen 127.0.0.1:0 --workers <workers> --model <test model>` plus `extra`.
 absl::StatusOr<Spawned> SpawnRouter(const std::vector<std::string>& workers,
                                     const std::vector<std::string>& extra = {});
@@ -44,8 +49,22 @@ absl::StatusOr<int> UsedBlocks(const std::string& address,
 /// Polls GetLoad until the worker runs nothing and holds no KV block, up to `limit`.
 absl::Status WaitPoolFree(const std::string& address, std::chrono::milliseconds limit,
                           std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+/// grpc.health.v1 Check of the server's overall health (service "") at `address`: true for
+/// SERVING, false for any other status, or the call's error (2 s deadline).
+absl::StatusOr<bool> HealthServing(const std::string& address);
+/// Polls HealthServing until it answers `serving`, up to `limit`; returns whether it did.
+bool WaitHealth(const std::string& address, bool serving, std::chrono::milliseconds limit);
 /// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
 bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds limit);
+
+/// How a process run to its end exited.
+struct ExitedRun {
+  /// The exit code; 124 when it was killed for outliving its limit, -1 when it could not run.
+  int exit_code = -1;
+  std::string stderr_text;
+};
+/// Runs `kvserve <args>` until it exits, killing it after `limit`; its stdout is discarded.
+ExitedRun RunKvserve(const std::vector<std::string>& args, std::chrono::seconds limit);
 
 /// Resident set size of a process in KiB (/proc/PID/status VmRSS), or -1.
 long RssKib(pid_t pid);

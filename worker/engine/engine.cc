@@ -388,7 +388,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LoadedModel* model,
   if (absl::Status s = engine->CreateOffloader(); !s.ok()) return s;
   engine->scheduler_ = std::make_unique<Scheduler>(options.scheduler, engine->kv_.get());
   engine->stop_token_ids_ = model->StopTokenIds();
-  engine->logits_.resize(static_cast<size_t>(config.vocab_size));
   engine->PublishStats();
   if (options.num_threads != 1) {
     engine->sampling_pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
@@ -656,6 +655,8 @@ void Engine::DrainInbox() {
     requests_[id] = std::move(state);
     scheduler_->AddWaiting(raw);
   }
+  // An aborted request's samples may be in a step in flight: let those steps land first.
+  if (!aborts.empty()) CompleteAll();
   for (const std::string& id : aborts) {
     auto it = requests_.find(id);
     if (it != requests_.end()) {
@@ -664,21 +665,12 @@ void Engine::DrainInbox() {
   }
 }
 
-absl::Status Engine::ForwardPipeline(const ForwardBatch& batch) {
-  hand_over_.resize(static_cast<size_t>(
-      StageIoFloats(static_cast<int64_t>(batch.tokens.size()), model_->config().hidden_size)));
-  absl::Status s = llama_->Forward(batch, *cache_, nullptr, StageIo{nullptr, hand_over_.data()});
-  if (s.ok())
-    s = options_.pipeline->RunStages(batch, pipeline_copies_, &hand_over_, logits_.data());
-  // Sent with this step, or lost with the stage that should have applied them.
-  pipeline_copies_.clear();
-  return s;
-}
-
 void Engine::HandlePipelineLoss() {
   const uint64_t losses = options_.pipeline->losses();
   if (losses == pipeline_losses_seen_) return;
   pipeline_losses_seen_ = losses;
+  // Steps in flight fail with the stage (their requests end first).
+  CompleteAll();
   std::vector<RequestState*> live;
   for (auto& [id, state] : requests_) live.push_back(state.get());
   for (RequestState* state : live) {
@@ -693,16 +685,22 @@ void Engine::HandlePipelineLoss() {
 }
 
 void Engine::Step() {
-  SchedulerOutput out = scheduler_->Schedule();
+  const bool pipelined = options_.pipeline != nullptr;
+  SchedulerOutput out = scheduler_->Schedule(pipelined ? MicroBatchLimit() : INT32_MAX);
   for (const BlockCopy& copy : kv_->TakeCopies()) {
     if (device_cache_ != nullptr) {
       device_cache_->CopyBlock(copy.src, copy.dst);
     } else {
       cache_->CopyBlock(copy.src, copy.dst);
-      if (options_.pipeline != nullptr) pipeline_copies_.push_back(copy);
+      if (pipelined) pipeline_copies_.push_back(copy);
     }
   }
   if (out.scheduled.empty()) {
+    // Everything runnable is in flight: wait for the oldest step.
+    if (!in_flight_.empty()) {
+      CompleteOldest();
+      return;
+    }
     // Nothing runs and the oldest waiting sequence does not fit in an empty pool: it grew past
     // the pool's capacity (its output is kept). End it rather than spin.
     if (scheduler_->num_running() == 0 && scheduler_->front_waiting() != nullptr) {
@@ -712,9 +710,84 @@ void Engine::Step() {
     }
     return;
   }
-  step_metrics_ = StepMetrics();
+  Launch(std::move(out));
+  // One step at a time in one process; a pipeline keeps one micro-batch per stage in flight, so
+  // the leader computes one while the stages compute the others.
+  const size_t depth = pipelined ? options_.pipeline->stages().size() : 1;
+  while (in_flight_.size() >= depth) CompleteOldest();
+}
+
+int32_t Engine::MicroBatchLimit() const {
+  // Split what can run now evenly over the micro-batch slots still free.
+  const int32_t depth = static_cast<int32_t>(options_.pipeline->stages().size());
+  const int32_t slots = std::max(1, depth - static_cast<int32_t>(in_flight_.size()));
+  const int32_t admissible =
+      std::min(scheduler_->num_waiting(),
+               std::max(0, options_.scheduler.max_num_seqs - scheduler_->num_running()));
+  const int32_t ready = scheduler_->num_schedulable() + admissible;
+  return std::max(1, (ready + slots - 1) / slots);
+}
+
+void Engine::Launch(SchedulerOutput out) {
+  const bool pipelined = options_.pipeline != nullptr;
+  Flight f;
+  f.out = std::move(out);
+  builder_.Clear();
+  const Clock::time_point step_start = Clock::now();
+  for (const ScheduledSequence& s : f.out.scheduled) {
+    Sequence* seq = s.seq;
+    f.metrics.num_tokens += s.num_tokens;
+    if (seq->num_computed < seq->num_prompt_tokens) {
+      f.prompt_tokens += std::min(s.num_tokens, seq->num_prompt_tokens - seq->num_computed);
+    }
+    if (seq->request->first_scheduled == Clock::time_point{}) {
+      seq->request->first_scheduled = step_start;
+    }
+    std::span<const TokenId> tokens(seq->tokens.data() + seq->num_computed, s.num_tokens);
+    builder_.AddSequence(tokens, seq->num_computed, kv_->BlockTable(seq->id), options_.block_size,
+                         s.wants_logits);
+    if (s.wants_logits) f.sampled.push_back(seq);
+    seq->in_flight = pipelined;
+  }
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  f.logits.resize(f.sampled.size() * vocab);
+  const Clock::time_point forward_start = Clock::now();
+  const ForwardBatch batch = builder_.Build();
+  if (device_model_ != nullptr) {
+    f.status = device_model_->Forward(batch, *device_cache_, f.logits.data());
+  } else if (pipelined) {
+    // Stage 0 here; the hand-over and the block copies go on to the other stages.
+    hand_over_.resize(static_cast<size_t>(
+        StageIoFloats(static_cast<int64_t>(batch.tokens.size()), model_->config().hidden_size)));
+    f.status = llama_->Forward(batch, *cache_, nullptr, StageIo{nullptr, hand_over_.data()});
+    if (f.status.ok())
+      f.remote = options_.pipeline->SubmitStages(batch, pipeline_copies_, hand_over_);
+    // Sent with this step, or lost with the stage that should have applied them.
+    pipeline_copies_.clear();
+  } else {
+    f.status = llama_->Forward(batch, *cache_, f.logits.data());
+  }
+  f.forward_seconds = SecondsBetween(forward_start, Clock::now());
+  in_flight_.push_back(std::move(f));
+}
+
+void Engine::CompleteAll() {
+  while (!in_flight_.empty()) CompleteOldest();
+}
+
+void Engine::CompleteOldest() {
+  Flight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  step_metrics_ = std::move(f.metrics);
   in_step_ = true;
-  RunModel(out);
+  absl::Status status = f.status;
+  if (status.ok() && f.remote != nullptr) {
+    const Clock::time_point wait_start = Clock::now();
+    status = options_.pipeline->AwaitStages(*f.remote, f.logits.data());
+    f.forward_seconds += SecondsBetween(wait_start, Clock::now());
+  }
+  for (const ScheduledSequence& s : f.out.scheduled) s.seq->in_flight = false;
+  FinishStep(f, status);
   ++num_steps_;
   if (observer_ != nullptr) observer_->OnStep(step_metrics_);
   // The step's final outputs go out only now, so that a reader who sees its request finish also
@@ -725,39 +798,14 @@ void Engine::Step() {
   if (options_.check_invariants) CheckInvariants();
 }
 
-void Engine::RunModel(const SchedulerOutput& out) {
-  builder_.Clear();
-  std::vector<Sequence*> sampled;
-  const Clock::time_point step_start = Clock::now();
-  int64_t prompt_tokens = 0;
-  for (const ScheduledSequence& s : out.scheduled) {
-    Sequence* seq = s.seq;
-    step_metrics_.num_tokens += s.num_tokens;
-    if (seq->num_computed < seq->num_prompt_tokens) {
-      prompt_tokens += std::min(s.num_tokens, seq->num_prompt_tokens - seq->num_computed);
-    }
-    if (seq->request->first_scheduled == Clock::time_point{}) {
-      seq->request->first_scheduled = step_start;
-    }
-    std::span<const TokenId> tokens(seq->tokens.data() + seq->num_computed, s.num_tokens);
-    builder_.AddSequence(tokens, seq->num_computed, kv_->BlockTable(seq->id), options_.block_size,
-                         s.wants_logits);
-    if (s.wants_logits) sampled.push_back(seq);
-  }
-  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  if (logits_.size() < sampled.size() * vocab) logits_.resize(sampled.size() * vocab);
-  const Clock::time_point forward_start = Clock::now();
-  absl::Status status =
-      device_model_ != nullptr
-          ? device_model_->Forward(builder_.Build(), *device_cache_, logits_.data())
-      : options_.pipeline != nullptr ? ForwardPipeline(builder_.Build())
-                                     : llama_->Forward(builder_.Build(), *cache_, logits_.data());
-  const double forward = SecondsBetween(forward_start, Clock::now());
+void Engine::FinishStep(Flight& f, const absl::Status& status) {
+  const SchedulerOutput& out = f.out;
+  const double forward = f.forward_seconds;
   forward_seconds_ += forward;
   // Steps that computed a few prompt tokens among decodes say little about prefill speed
   // (they would understate it): only those with at least four blocks' worth count.
-  if (prompt_tokens >= 4 * options_.block_size) {
-    prefill_tokens_ += prompt_tokens;
+  if (f.prompt_tokens >= 4 * options_.block_size) {
+    prefill_tokens_ += f.prompt_tokens;
     prefill_seconds_ += forward;
   }
   if (device_model_ != nullptr && !graph_failure_logged_ &&
@@ -768,11 +816,25 @@ void Engine::RunModel(const SchedulerOutput& out) {
                               device_model_->decode_graph_error()));
   }
   if (!status.ok()) {
-    // A failed forward pass is a bug (inputs were validated); fail the requests involved.
+    // A failed forward pass is a bug (inputs were validated); fail the requests involved. In a
+    // pipeline the steps behind it fail with it (a lost stage fails them all), and a request
+    // may have samples in several of them: end them all first.
     std::vector<RequestState*> failed;
-    for (const ScheduledSequence& s : out.scheduled) {
-      auto* state = s.seq->request;
-      if (std::find(failed.begin(), failed.end(), state) == failed.end()) failed.push_back(state);
+    auto add = [&failed](const SchedulerOutput& o) {
+      for (const ScheduledSequence& s : o.scheduled) {
+        auto* state = s.seq->request;
+        if (std::find(failed.begin(), failed.end(), state) == failed.end()) failed.push_back(state);
+      }
+    };
+    add(out);
+    while (!in_flight_.empty()) {
+      Flight g = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      if (g.status.ok() && g.remote != nullptr) {
+        (void)options_.pipeline->AwaitStages(*g.remote, g.logits.data());
+      }
+      for (const ScheduledSequence& s : g.out.scheduled) s.seq->in_flight = false;
+      add(g.out);
     }
     // A lost pipeline stage is the group's outage, not a bug: UNAVAILABLE, so the router
     // retries elsewhere (HandlePipelineLoss fails the rest before the next step).
@@ -789,10 +851,11 @@ void Engine::RunModel(const SchedulerOutput& out) {
   // Every token of the step is out at the same moment.
   step_time_ = Clock::now();
   // Which sequence samples from which logits row (forks share the prompt's row).
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   std::vector<PendingSample> pending;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Sequence* seq = sampled[i];
-    std::span<const float> logits(logits_.data() + i * vocab, vocab);
+  for (size_t i = 0; i < f.sampled.size(); ++i) {
+    Sequence* seq = f.sampled[i];
+    std::span<const float> logits(f.logits.data() + i * vocab, vocab);
     auto* state = seq->request;
     if (!state->forked && state->request.n > 1) ForkSamples(seq);
     if (state->forked && seq->sample_index == 0 && seq->num_output_tokens() == 0) {
@@ -1063,6 +1126,7 @@ void Engine::CheckInvariants() {
   };
   if (absl::Status s = kv_->CheckInvariants(); !s.ok()) record(std::string(s.message()));
   for (const Sequence* seq : scheduler_->running()) {
+    if (seq->in_flight) continue;  // its slots are being written
     const int32_t unused = kv_->NumSlots(seq->id) - seq->num_computed;
     if (unused < 0 || unused > options_.block_size - 1) {
       record(absl::StrCat("sequence ", seq->id, " has ", unused, " allocated but unused slots"));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -211,9 +212,30 @@ class Engine {
   /// Moves submitted and aborted requests from the inbox into the scheduler.
   void DrainInbox();
   void Step();
-  void RunModel(const SchedulerOutput& out);
-  /// A pipeline leader's forward pass: stage 0 here, the rest through options_.pipeline.
-  absl::Status ForwardPipeline(const ForwardBatch& batch);
+  /// A step on its way: launched (stage 0 computed, the rest submitted to the pipeline's
+  /// stages, or the whole forward pass done in one process) and not yet sampled.
+  struct Flight {
+    SchedulerOutput out;
+    std::vector<Sequence*> sampled;  // sequences whose logits rows the step yields, in order
+    std::vector<float> logits;
+    StepMetrics metrics;
+    int64_t prompt_tokens = 0;
+    double forward_seconds = 0.0;  // this process's forward pass plus the wait for the stages
+    absl::Status status;           // of the forward pass here
+    std::shared_ptr<PipelineFlight> remote;  // pipeline: the stages' part
+  };
+  /// Builds the step's batch and runs its forward pass (a pipeline leader: its stage, then
+  /// submits the rest), marking its sequences in flight; queues it in in_flight_.
+  void Launch(SchedulerOutput out);
+  /// Waits for the oldest step in flight, then samples and emits its tokens (or fails its
+  /// requests) as one engine step.
+  void CompleteOldest();
+  void CompleteAll();
+  /// CompleteOldest's work after the wait.
+  void FinishStep(Flight& f, const absl::Status& status);
+  /// A pipeline leader's most sequences for the next micro-batch: what can run now, split over
+  /// the free micro-batch slots (one per stage).
+  int32_t MicroBatchLimit() const;
   /// A pipeline leader after a stage was lost: fails every request (UNAVAILABLE) and forgets
   /// the prefix cache, whose K/V the lost stage held in part.
   void HandlePipelineLoss();
@@ -291,10 +313,10 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;
   SeqId next_seq_id_ = 1;
   BatchBuilder builder_;
-  std::vector<float> logits_;
   // Pipeline leader: stage 0's hand-over, the block copies the stages have not applied yet, and
   // the stage losses already dealt with.
   std::vector<float> hand_over_;
+  std::deque<Flight> in_flight_;
   std::vector<BlockCopy> pipeline_copies_;
   uint64_t pipeline_losses_seen_ = 0;
   int64_t num_steps_ = 0;

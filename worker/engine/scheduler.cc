@@ -41,9 +41,17 @@ void Scheduler::Remove(Sequence* seq) {
   seq->status = Sequence::Status::kFinished;
 }
 
-Sequence* Scheduler::PreemptNewest() {
-  Sequence* victim = running_.back();
-  running_.pop_back();
+int32_t Scheduler::num_schedulable() const {
+  return static_cast<int32_t>(
+      std::count_if(running_.begin(), running_.end(), [](Sequence* s) { return !s->in_flight; }));
+}
+
+Sequence* Scheduler::PreemptNewest(size_t first) {
+  auto it = std::find_if(running_.rbegin(), running_.rend() - static_cast<std::ptrdiff_t>(first),
+                         [](Sequence* s) { return !s->in_flight; });
+  if (it == running_.rend() - static_cast<std::ptrdiff_t>(first)) return nullptr;
+  Sequence* victim = *it;
+  running_.erase(std::next(it).base());
   kv_->Free(victim->id);
   victim->num_computed = 0;
   victim->status = Sequence::Status::kWaiting;
@@ -52,39 +60,42 @@ Sequence* Scheduler::PreemptNewest() {
   return victim;
 }
 
-SchedulerOutput Scheduler::Schedule() {
+SchedulerOutput Scheduler::Schedule(int32_t max_seqs) {
   SchedulerOutput out;
   int32_t budget = options_.max_num_batched_tokens;
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  for (size_t i = 0; i < running_.size() && budget > 0 &&
+                     static_cast<int32_t>(out.scheduled.size()) < max_seqs;) {
     Sequence* seq = running_[i];
     const int32_t n = std::min(seq->num_pending(), budget);
-    if (n <= 0) {
+    if (n <= 0 || seq->in_flight) {
       ++i;
       continue;
     }
-    bool preempted_self = false;
+    bool stop = false;
     while (!kv_->Append(seq->id, n)) {
-      Sequence* victim = PreemptNewest();
-      out.preempted.push_back(victim);
-      if (victim == seq) {
-        preempted_self = true;
+      Sequence* victim = PreemptNewest(i);
+      // Nothing preemptible (the rest is in flight), or this sequence itself went.
+      if (victim != nullptr) out.preempted.push_back(victim);
+      if (victim == nullptr || victim == seq) {
+        stop = true;
         break;
       }
     }
-    if (preempted_self) break;
+    if (stop) break;
     out.scheduled.push_back({seq, n, seq->num_computed + n == static_cast<int32_t>(seq->tokens.size())});
     budget -= n;
     ++i;
   }
   // Admitting new work while evicting running work would only thrash.
-  if (out.preempted.empty()) AdmitWaiting(out, budget);
+  if (out.preempted.empty()) AdmitWaiting(out, budget, max_seqs);
   out.num_batched_tokens = options_.max_num_batched_tokens - budget;
   return out;
 }
 
-void Scheduler::AdmitWaiting(SchedulerOutput& out, int32_t& budget) {
+void Scheduler::AdmitWaiting(SchedulerOutput& out, int32_t& budget, int32_t max_seqs) {
   while (!waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < options_.max_num_seqs) {
+         static_cast<int32_t>(running_.size()) < options_.max_num_seqs &&
+         static_cast<int32_t>(out.scheduled.size()) < max_seqs) {
     Sequence* seq = waiting_.front();
     PrefixMatch match;
     if (options_.enable_prefix_caching) match = kv_->FindCachedPrefix(seq->tokens, seq->cache_salt);

@@ -1,6 +1,7 @@
 #ifndef KVSERVE_WORKER_ENGINE_SCHEDULER_H_
 #define KVSERVE_WORKER_ENGINE_SCHEDULER_H_
 
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -64,8 +65,12 @@ class Scheduler {
   /// Takes a sequence out of the scheduler (finished or aborted) and frees its blocks.
   void Remove(Sequence* seq);
 
-  /// Plans the next step and reserves the KV slots it writes.
-  SchedulerOutput Schedule();
+  /// Plans the next step and reserves the KV slots it writes, for at most `max_seqs` sequences
+  /// (pipeline micro-batches). Sequences in flight (Sequence::in_flight) are neither scheduled
+  /// nor preempted; when only they could make room, the step stops where the pool runs dry.
+  SchedulerOutput Schedule(int32_t max_seqs = INT32_MAX);
+  /// Running sequences not in flight.
+  int32_t num_schedulable() const;
   /// Records that the scheduled tokens were computed: advances num_computed, registers newly
   /// full blocks in the prefix cache and drops blocks a sliding window no longer needs.
   void OnStepDone(const SchedulerOutput& output);
@@ -78,10 +83,11 @@ class Scheduler {
   Sequence* front_waiting() const { return waiting_.empty() ? nullptr : waiting_.front(); }
 
  private:
-  /// Preempts the newest running sequence; returns it.
-  Sequence* PreemptNewest();
-  /// Admits waiting sequences into the remaining budget.
-  void AdmitWaiting(SchedulerOutput& out, int32_t& budget);
+  /// Preempts the newest running sequence not in flight at index `first` or later (those before
+  /// it are already in this step); returns it, or null when there is none.
+  Sequence* PreemptNewest(size_t first);
+  /// Admits waiting sequences into the remaining budget, up to `max_seqs` scheduled.
+  void AdmitWaiting(SchedulerOutput& out, int32_t& budget, int32_t max_seqs);
 
   SchedulerOptions options_;
   KvManager* kv_;

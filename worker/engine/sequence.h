@@ -47,6 +47,10 @@ struct Sequence {
   /// True once admitted to the pool at least once (prefix matches are counted on first admission).
   bool admitted_before = false;
   int32_t peak_kv_blocks = 0;
+  /// Pipeline groups: a step computing this sequence's pending tokens is on its way through the
+  /// stages; the scheduler leaves the sequence alone (no new tokens, no preemption) until the
+  /// step completes.
+  bool in_flight = false;
   /// When the sample's latest token was sampled (epoch: none yet), for inter-token latency.
   std::chrono::steady_clock::time_point last_token_time{};
 

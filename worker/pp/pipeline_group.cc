@@ -1,5 +1,6 @@
 #include "worker/pp/pipeline_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -234,13 +235,42 @@ void PipelineGroup::MarkReady(const std::shared_ptr<Connection>& conn) {
 }
 
 void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result) {
+  const int pp = static_cast<int>(options_.stages.size());
+  std::shared_ptr<Flight> next;
+  std::string failure;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (conn->lost || conn->awaited_step == 0 || result.step() != conn->awaited_step) return;
-    conn->result = std::move(result);
-    conn->has_result = true;
+    if (conn->lost) return;
+    auto it = flights_.find(result.step());
+    if (it == flights_.end() || it->second->stage != conn->rank) {
+      failure = absl::StrCat("it answered step ", result.step(), ", which it was not computing");
+    } else if (result.code() != 0) {
+      // Its K/V may be half written: drop it so it rejoins clean.
+      failure = absl::StrCat("it failed a step: ", result.message());
+    } else if (conn->rank < pp - 1) {
+      next = it->second;
+      next->stage = conn->rank + 1;
+      next->deadline = absl::Now() + options_.step_timeout;
+      stats_.bytes_received += static_cast<int64_t>(result.output().size());
+      stats_.bytes_sent += static_cast<int64_t>(result.output().size());
+      next->msg.mutable_step()->set_hand_over(std::move(*result.mutable_output()));
+    } else {
+      std::shared_ptr<Flight> flight = it->second;
+      flights_.erase(it);
+      stats_.bytes_received += static_cast<int64_t>(result.output().size());
+      flight->logits = std::move(*result.mutable_output());
+      flight->done = true;
+      ++stats_.steps;
+      stats_.remote_seconds += absl::ToDoubleSeconds(absl::Now() - flight->start);
+    }
   }
-  cv_.notify_all();
+  if (!failure.empty()) {
+    Drop(conn, failure);
+  } else if (next != nullptr) {
+    Send(next);
+  } else {
+    cv_.notify_all();
+  }
 }
 
 void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
@@ -255,6 +285,15 @@ void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::str
       members_[conn->rank] = nullptr;
       ++stats_.losses;
       losses_.fetch_add(1);
+      // Every step in flight needs this stage (or its K/V): they all fail.
+      const absl::Status failed = absl::UnavailableError(
+          absl::StrCat(DescribeStage(conn->rank, options_.stages[conn->rank]),
+                       " of the pipeline group was lost: ", reason));
+      for (auto& [id, flight] : flights_) {
+        flight->done = true;
+        flight->status = failed;
+      }
+      flights_.clear();
     }
     // Unblocks the call's reads and writes. Under the lock: the call's handler cannot return
     // (and free the context) before this Drop is done, since its own Drop takes the lock.
@@ -270,7 +309,7 @@ void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::str
 
 void PipelineGroup::AwaitNoWriter(const Connection& conn) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !conn.writing; });
+  cv_.wait(lock, [&] { return conn.writers == 0; });
 }
 
 void PipelineGroup::Watchdog() {
@@ -279,8 +318,10 @@ void PipelineGroup::Watchdog() {
     cv_.wait_for(lock, std::chrono::milliseconds(50));
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Connection>> late;
-    for (const auto& conn : members_) {
-      if (conn != nullptr && conn->awaited_step != 0 && !conn->has_result && now > conn->deadline) {
+    for (const auto& [id, flight] : flights_) {
+      const std::shared_ptr<Connection>& conn = members_[flight->stage];
+      if (now > flight->deadline && conn != nullptr &&
+          std::find(late.begin(), late.end(), conn) == late.end()) {
         late.push_back(conn);
       }
     }
@@ -294,98 +335,75 @@ void PipelineGroup::Watchdog() {
   }
 }
 
-absl::StatusOr<v1::StepResult> PipelineGroup::Exchange(int rank, const v1::LeaderMessage& msg,
-                                                       uint64_t step) {
+void PipelineGroup::Send(const std::shared_ptr<Flight>& flight) {
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    conn = members_[rank];
-    if (conn == nullptr || !conn->ready) {
-      return absl::UnavailableError(absl::StrCat(DescribeStage(rank, options_.stages[rank]),
-                                                 " of the pipeline group is not connected"));
+    if (flight->done) return;
+    conn = members_[flight->stage];
+    if (conn == nullptr || !conn->ready || conn->lost) {
+      flights_.erase(flight->id);
+      flight->done = true;
+      flight->status = absl::UnavailableError(
+          absl::StrCat(DescribeStage(flight->stage, options_.stages[flight->stage]),
+                       " of the pipeline group is not connected"));
+      conn = nullptr;
+    } else {
+      ++conn->writers;
     }
-    conn->awaited_step = step;
-    conn->has_result = false;
-    conn->deadline = absl::Now() + options_.step_timeout;
   }
-  // Only this thread writes once the stage is ready; the Join handler only reads, and waits
-  // for this write to return before it ends the call (AwaitNoWriter).
+  if (conn == nullptr) {
+    cv_.notify_all();
+    return;
+  }
+  // This stream's only writer (see the class comment); the Join handler waits for it to return
+  // before it ends the call (AwaitNoWriter).
+  const bool sent = conn->stream->Write(flight->msg);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    conn->writing = !conn->lost;
+    --conn->writers;
   }
-  const bool sent = conn->writing && conn->stream->Write(msg);
-  std::unique_lock<std::mutex> lock(mu_);
-  conn->writing = false;
   cv_.notify_all();
-  if (sent) cv_.wait(lock, [&] { return conn->has_result || conn->lost; });
-  conn->awaited_step = 0;
-  if (conn->has_result) {
-    conn->has_result = false;
-    return std::move(conn->result);
-  }
-  const std::string reason = conn->lost ? conn->lost_reason : "its connection closed";
-  lock.unlock();
-  Drop(conn, reason);
-  return absl::UnavailableError(absl::StrCat(DescribeStage(rank, options_.stages[rank]),
-                                             " of the pipeline group was lost: ", reason));
+  if (!sent) Drop(conn, "its connection closed");
 }
 
-absl::Status PipelineGroup::RunStages(const ForwardBatch& batch, std::span<const BlockCopy> copies,
-                                      std::vector<float>* hand_over, float* logits) {
-  const int pp = static_cast<int>(options_.stages.size());
-  const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
-  const int64_t hand_over_floats = StageIoFloats(tokens, options_.hidden_size);
-  const int64_t logits_floats =
-      static_cast<int64_t>(batch.logits_rows.size()) * options_.vocab_size;
-  if (static_cast<int64_t>(hand_over->size()) != hand_over_floats) {
-    return absl::InternalError(absl::StrCat("pipeline hand-over of ", hand_over->size(),
-                                            " floats, expected ", hand_over_floats));
-  }
-  const absl::Time start = absl::Now();
-  v1::LeaderMessage msg;
-  v1::PipelineStep* step = msg.mutable_step();
+std::shared_ptr<PipelineFlight> PipelineGroup::SubmitStages(const ForwardBatch& batch,
+                                                            std::span<const BlockCopy> copies,
+                                                            std::span<const float> hand_over) {
+  auto flight = std::make_shared<Flight>();
+  flight->logits_floats = static_cast<int64_t>(batch.logits_rows.size()) * options_.vocab_size;
+  v1::PipelineStep* step = flight->msg.mutable_step();
   EncodeStep(batch, copies, step);
-  int64_t sent = 0;
-  int64_t received = 0;
-  for (int r = 1; r < pp; ++r) {
-    uint64_t id = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      id = ++next_step_;
+  FloatsToBytes(hand_over, step->mutable_hand_over());
+  const int64_t expected =
+      StageIoFloats(static_cast<int64_t>(batch.tokens.size()), options_.hidden_size);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int64_t>(hand_over.size()) != expected) {
+      flight->done = true;
+      flight->status = absl::InternalError(
+          absl::StrCat("pipeline hand-over of ", hand_over.size(), " floats, expected ", expected));
+      return flight;
     }
-    step->set_step(id);
-    FloatsToBytes(*hand_over, step->mutable_hand_over());
-    sent += static_cast<int64_t>(step->hand_over().size());
-    absl::StatusOr<v1::StepResult> result = Exchange(r, msg, id);
-    if (!result.ok()) return result.status();
-    received += static_cast<int64_t>(result->output().size());
-    if (result->code() != 0) {
-      // The stage's K/V may be half written: drop it so it rejoins clean.
-      const std::string what = absl::StrCat(DescribeStage(r, options_.stages[r]),
-                                            " failed the step: ", result->message());
-      std::shared_ptr<Connection> conn;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        conn = members_[r];
-      }
-      if (conn != nullptr) Drop(conn, what);
-      return absl::UnavailableError(what);
-    }
-    const bool last = r == pp - 1;
-    absl::Status decoded =
-        last ? BytesToFloats(result->output(), logits_floats, "pipeline logits", logits)
-             : BytesToFloats(result->output(), hand_over_floats, "pipeline hand-over",
-                             hand_over->data());
-    if (!decoded.ok()) return decoded;
+    flight->id = ++next_step_;
+    step->set_step(flight->id);
+    flight->start = absl::Now();
+    flight->deadline = flight->start + options_.step_timeout;
+    flights_[flight->id] = flight;
+    stats_.max_in_flight = std::max<int64_t>(stats_.max_in_flight, flights_.size());
+    stats_.block_copies += static_cast<int64_t>(copies.size());
+    stats_.bytes_sent += static_cast<int64_t>(step->hand_over().size());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.steps;
-  stats_.block_copies += static_cast<int64_t>(copies.size());
-  stats_.bytes_sent += sent;
-  stats_.bytes_received += received;
-  stats_.remote_seconds += absl::ToDoubleSeconds(absl::Now() - start);
-  return absl::OkStatus();
+  Send(flight);
+  return flight;
+}
+
+absl::Status PipelineGroup::AwaitStages(PipelineFlight& handle, float* logits) {
+  auto& flight = static_cast<Flight&>(handle);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return flight.done; });
+  if (!flight.status.ok()) return flight.status;
+  return BytesToFloats(flight.logits, flight.logits_floats, "pipeline logits", logits);
 }
 
 }  // namespace kvserve

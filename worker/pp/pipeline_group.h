@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,18 +37,21 @@ struct PipelineGroupOptions {
 /// Counters of a group, for metrics and benchmarks.
 struct PipelineGroupStats {
   int64_t steps = 0;           // steps run over every remote stage
+  int64_t max_in_flight = 0;   // most steps in flight at once (micro-batches)
   int64_t joins = 0;           // stages admitted
   int64_t losses = 0;          // stages lost (closed, failed, timed out)
   int64_t block_copies = 0;    // copy-on-write block copies sent (each to every stage)
   int64_t bytes_sent = 0;      // hand-overs sent to stages
   int64_t bytes_received = 0;  // hand-overs and logits received
-  double remote_seconds = 0;   // time spent waiting on remote stages
+  double remote_seconds = 0;   // submission to logits, summed over steps
 };
 
 /// The leader's side of a pipeline-parallel group: the kvserve.v1.Pipeline service stages join
 /// through (register service() on the leader's gRPC server), and the PipelineLink the leader's
-/// engine drives. Stages hand over in a star: the leader sends each step to stage 1, passes its
-/// answer to stage 2, and so on; the last stage answers with the logits. Thread-safe.
+/// engine drives. Stages hand over through the leader: the engine sends a step to stage 1, and
+/// the thread that reads stage r's answer passes it on to stage r + 1 at once; the last stage
+/// answers with the logits. Each stage's stream has one writer (the engine for stage 1, stage
+/// r - 1's reader after that), so steps reach every stage in submission order. Thread-safe.
 class PipelineGroup final : public PipelineLink {
  public:
   /// INVALID_ARGUMENT for fewer than 2 stages or a non-positive size or timeout.
@@ -71,8 +75,10 @@ class PipelineGroup final : public PipelineLink {
   bool formed() const override;
   std::string NotFormedReason() const override;
   uint64_t losses() const override;
-  absl::Status RunStages(const ForwardBatch& batch, std::span<const BlockCopy> copies,
-                         std::vector<float>* hand_over, float* logits) override;
+  std::shared_ptr<PipelineFlight> SubmitStages(const ForwardBatch& batch,
+                                               std::span<const BlockCopy> copies,
+                                               std::span<const float> hand_over) override;
+  absl::Status AwaitStages(PipelineFlight& flight, float* logits) override;
 
  private:
   class Service;
@@ -85,12 +91,21 @@ class PipelineGroup final : public PipelineLink {
     // Guarded by the group's mu_.
     bool ready = false;
     bool lost = false;
-    bool writing = false;  // Exchange is inside stream->Write
+    int writers = 0;  // threads inside stream->Write
     std::string lost_reason;
-    uint64_t awaited_step = 0;  // the step whose result RunStages waits for (0: none)
-    absl::Time deadline = absl::InfiniteFuture();
-    bool has_result = false;
-    v1::StepResult result;
+  };
+  /// A submitted step; guarded by mu_ except `msg`, which only the thread sending it to its
+  /// next stage touches.
+  struct Flight final : PipelineFlight {
+    uint64_t id = 0;
+    int stage = 1;  // the stage computing it now
+    int64_t logits_floats = 0;
+    absl::Time start;
+    absl::Time deadline;  // for the current stage's answer
+    v1::LeaderMessage msg;
+    bool done = false;
+    absl::Status status;
+    std::string logits;  // the last stage's output
   };
 
   explicit PipelineGroup(PipelineGroupOptions options);
@@ -101,10 +116,10 @@ class PipelineGroup final : public PipelineLink {
   void Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result);
   /// Drops `conn` from the group (once) with `reason`; cancels its call.
   void Drop(const std::shared_ptr<Connection>& conn, const std::string& reason);
-  /// Waits until no Exchange writes to `conn`'s stream (before its handler returns).
+  /// Waits until no thread writes to `conn`'s stream (before its handler returns).
   void AwaitNoWriter(const Connection& conn);
-  /// Sends `msg` to stage `rank` and waits for its result.
-  absl::StatusOr<v1::StepResult> Exchange(int rank, const v1::LeaderMessage& msg, uint64_t step);
+  /// Sends `flight` to stage flight->stage (dropping the stage when the write fails).
+  void Send(const std::shared_ptr<Flight>& flight);
   /// Cancels calls whose stage is past its deadline.
   void Watchdog();
   bool FormedLocked() const;
@@ -122,6 +137,8 @@ class PipelineGroup final : public PipelineLink {
   KvCacheDType kv_dtype_ = KvCacheDType::kF32;
   bool shut_down_ = false;
   uint64_t next_step_ = 0;
+  /// Steps in flight, by id.
+  std::map<uint64_t, std::shared_ptr<Flight>> flights_;
   std::atomic<uint64_t> losses_{0};
   PipelineGroupStats stats_;
   std::function<void(bool)> formed_callback_;

@@ -2,6 +2,7 @@
 #define KVSERVE_WORKER_TP_PIPELINE_LINK_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,6 +14,12 @@
 #include "worker/planner/pipeline_layout.h"
 
 namespace kvserve {
+
+/// A step submitted to the remote stages of a pipeline group (PipelineLink::SubmitStages).
+class PipelineFlight {
+ public:
+  virtual ~PipelineFlight() = default;
+};
 
 /// What the leader's engine sees of a pipeline-parallel group (worker/pp/pipeline_group.h):
 /// stages 1..P-1 in other processes, each holding a slice of the layers and the KV of every
@@ -32,13 +39,19 @@ class PipelineLink {
   /// How many times a stage was lost so far. When it changes, the K/V the lost stage held is
   /// gone: the engine fails its requests and forgets its prefix cache.
   virtual uint64_t losses() const = 0;
-  /// Runs stages 1..P-1 on `batch` after the leader's own stage: applies `copies` (copy-on-write
-  /// block copies made since the last step) on every stage first, sends `hand_over` (stage 0's
-  /// StageIo output) along and writes the last stage's logits (batch.logits_rows rows of vocab
-  /// floats) to `logits`. UNAVAILABLE when a stage is missing, lost or does not answer in time
-  /// (the stage is then dropped from the group); a stage's own error otherwise.
-  virtual absl::Status RunStages(const ForwardBatch& batch, std::span<const BlockCopy> copies,
-                                 std::vector<float>* hand_over, float* logits) = 0;
+  /// Starts stages 1..P-1 on `batch` after the leader's own stage: they apply `copies`
+  /// (copy-on-write block copies made since the last submitted step) first, the hand-over
+  /// (stage 0's StageIo output) goes along, and the last stage's logits come back to
+  /// AwaitStages. Steps run on every stage in the order they were submitted, and several may be
+  /// in flight at once (micro-batches: while stage 1 computes one, the leader computes the next).
+  /// The batch's arrays are copied: they may change once this returns.
+  virtual std::shared_ptr<PipelineFlight> SubmitStages(const ForwardBatch& batch,
+                                                       std::span<const BlockCopy> copies,
+                                                       std::span<const float> hand_over) = 0;
+  /// Waits for `flight` and writes its batch.logits_rows rows of vocab floats to `logits`.
+  /// UNAVAILABLE when a stage is missing, lost or does not answer in time (the stage is then
+  /// dropped from the group, and every step in flight fails with it).
+  virtual absl::Status AwaitStages(PipelineFlight& flight, float* logits) = 0;
 };
 
 }  // namespace kvserve

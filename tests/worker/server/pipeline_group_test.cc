@@ -257,6 +257,7 @@ TEST_F(PipelineGroupTest, StagesGiveTheTokensAndLogprobsOfOneProcess) {
     EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; })) << what;
     EXPECT_EQ(leader->engine->stats().invariant_violations, 0) << what;
     EXPECT_GT(leader->group->stats().steps, 0) << what;
+    EXPECT_LE(leader->group->stats().max_in_flight, pp) << what;
     for (auto& stage : stages) stage->Stop();
   }
 }
@@ -287,6 +288,8 @@ TEST_F(PipelineGroupTest, ForkedSamplesAndPreemptionStayExact) {
   }
   EXPECT_GT(leader->engine->stats().num_preemptions, 0);
   EXPECT_GT(leader->group->stats().block_copies, 0);
+  // Micro-batches: at most one step per stage in flight.
+  EXPECT_LE(leader->group->stats().max_in_flight, 2);
   EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; }));
   EXPECT_EQ(leader->engine->stats().invariant_violations, 0);
 }
@@ -334,6 +337,70 @@ TEST_F(PipelineGroupTest, ALostStageFailsRequestsAndTheGroupServesAgainWhenItRej
   EXPECT_EQ(leader->group->stats().joins, 2);
   EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; }));
   EXPECT_EQ(leader->engine->stats().invariant_violations, 0);
+}
+
+TEST_F(PipelineGroupTest, MicroBatchesKeepOneStepPerStageInFlight) {
+  // A manually stepped leader, so the steps are counted exactly: 4 decoding sequences split into
+  // two micro-batches of 2, and while the stage computes one the leader computes the other.
+  PipelineGroupOptions g;
+  g.stages = *SplitLayers(model_->config().num_layers, 2);
+  g.model_fingerprint = ModelWeightsFingerprint(*model_->weights);
+  g.hidden_size = model_->config().hidden_size;
+  g.vocab_size = model_->config().vocab_size;
+  std::unique_ptr<PipelineGroup> group = *PipelineGroup::Create(g);
+  EngineOptions o = Options(256, 1);
+  o.run_loop_thread = false;
+  o.pipeline = group.get();
+  std::unique_ptr<Engine> engine = *Engine::Create(model_, o);
+  WorkerServerOptions server_options;
+  server_options.pipeline = group.get();
+  WorkerServer server(model_, engine.get(), server_options);
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  std::unique_ptr<Stage> stage = StartStage(absl::StrCat("127.0.0.1:", *port), 2);
+  ASSERT_TRUE(WaitFor([&] { return group->formed(); }));
+
+  o.pipeline = nullptr;
+  std::unique_ptr<Engine> reference = *Engine::Create(model_, o);
+  auto submit = [](Engine& e, int i) {
+    EngineRequest r;
+    r.request_id = absl::StrCat("r", i);
+    r.prompt_ids = Prompt(300 + i, 9 + 5 * i);
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = 12;
+    r.params.ignore_eos = true;
+    return *e.Submit(std::move(r));
+  };
+  auto run = [](Engine& e, std::vector<std::shared_ptr<RequestStream>>& streams) {
+    std::vector<std::vector<TokenId>> tokens(streams.size());
+    int64_t steps = 0;
+    while (e.StepOnce()) {
+      ++steps;
+      for (size_t i = 0; i < streams.size(); ++i) {
+        RequestOutput out;
+        while (streams[i]->TryNext(&out)) {
+          EXPECT_TRUE(out.status.ok()) << out.status;
+          tokens[i].insert(tokens[i].end(), out.token_ids.begin(), out.token_ids.end());
+        }
+      }
+    }
+    return std::pair{tokens, steps};
+  };
+  std::vector<std::shared_ptr<RequestStream>> got, want;
+  for (int i = 0; i < 4; ++i) got.push_back(submit(*engine, i));
+  for (int i = 0; i < 4; ++i) want.push_back(submit(*reference, i));
+  const auto [got_tokens, got_steps] = run(*engine, got);
+  const auto [want_tokens, want_steps] = run(*reference, want);
+  EXPECT_EQ(got_tokens, want_tokens);
+  for (const auto& t : got_tokens) EXPECT_EQ(t.size(), 12u);
+  const PipelineGroupStats stats = group->stats();
+  EXPECT_EQ(stats.max_in_flight, 2);
+  // 12 tokens per sequence, half the sequences per micro-batch: twice the steps of one batch.
+  EXPECT_EQ(stats.steps, 2 * 12);
+  EXPECT_EQ(want_steps, 12);
+  EXPECT_EQ(engine->stats().used_blocks, 0);
+  EXPECT_EQ(engine->stats().invariant_violations, 0);
+  server.Shutdown();
 }
 
 // Joins by hand over the raw API.
