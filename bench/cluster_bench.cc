@@ -14,6 +14,8 @@
 // pulled_MB per request, pull_MB/s (bytes over the pull's duration on B's pull histogram) and
 // prefill_tok/s (B's measured prefill rate).
 //
+// BM_PipelineThroughput: one worker against a two-stage pipeline group (see below).
+//
 // BM_DisaggregatedItl: chat traffic (4 streams, 32-token prompts, 48 tokens each) mixed with
 // long prompts (one stream of 1024-token prompts, 8 tokens each) through a router over two
 // workers. Arg disaggregated: 0 both workers --role both (colocated, kv_aware), 1 one --role
@@ -40,7 +42,11 @@
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "router/router_server.h"
 #include "worker/engine/engine.h"
+#include "worker/kv/kv_offload.h"
 #include "worker/model/loaded_model.h"
+#include "worker/planner/pipeline_layout.h"
+#include "worker/pp/pipeline_group.h"
+#include "worker/pp/stage_runner.h"
 #include "worker/server/worker_server.h"
 
 namespace kvserve {
@@ -279,6 +285,139 @@ BENCHMARK(BM_DisaggregatedItl)
     ->ArgName("disaggregated")
     ->Arg(0)
     ->Arg(1)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// A model whose layers outweigh its output head (engine_bench's has 4 small layers behind a
+// 50257-row head, half its work): 8 layers, hidden 1024, 16 heads over 4 KV heads, FFN 2816,
+// the GPT-2 vocabulary tied to the embedding, bf16. The head costs about 4.7 layers.
+const LoadedModel* PipelineModel() {
+  static LoadedModel* model = [] {
+    const LoadedModel* vocab = Gpt2VocabModel();
+    if (vocab == nullptr) return static_cast<LoadedModel*>(nullptr);
+    auto* m = new LoadedModel;
+    m->tokenizer = LoadTokenizer(kGpt2Tokenizer).value();
+    SyntheticModelOptions o;
+    o.num_layers = 8;
+    o.hidden_size = 1024;
+    o.num_heads = 16;
+    o.num_kv_heads = 4;
+    o.intermediate_size = 2816;
+    o.vocab_size = 50257;
+    o.tie_word_embeddings = true;
+    o.dtype = DType::kBF16;
+    m->weights = MakeSyntheticModel(o).value();
+    return m;
+  }();
+  return model;
+}
+
+// BM_PipelineThroughput: greedy decode (32-token prompts, 64 tokens each) from `streams`
+// concurrent clients, each running its share of 32 requests back to back, on one worker (pp 1)
+// or on a pipeline group of two stages in this process (pp 2: the leader and a stage runner over
+// loopback gRPC, layers 6 + 2 so that the last stage's two layers and the head weigh about what
+// the leader's six do). Every engine and stage runs on one thread, so the group computes with
+// two cores where the worker has one: perfect pipelining would double the tokens/s. Counters:
+// tok/s, and for pp 2 the most steps in flight, the hand-over and logits MB that crossed
+// between the stages per generated token, and each stage's busy fraction (computing, over the
+// run's wall time; the rest is its pipeline bubble).
+void BM_PipelineThroughput(benchmark::State& state) {
+  const LoadedModel* model = PipelineModel();
+  if (model == nullptr) {
+    state.SkipWithError("gpt2 tokenizer not found");
+    return;
+  }
+  const int pp = static_cast<int>(state.range(0));
+  const int streams = static_cast<int>(state.range(1));
+  constexpr int kRequests = 32;
+  constexpr int kTokens = 64;
+  int64_t generated = 0;
+  double seconds = 0;
+  PipelineGroupStats group_stats;
+  std::atomic<int> failures{0};
+  for (auto _ : state) {
+    EngineOptions o;
+    o.num_threads = 1;
+    o.block_size = 16;
+    o.num_kv_blocks = 1024;
+    o.kv_cache_dtype = KvCacheDType::kBF16;
+    std::unique_ptr<PipelineGroup> group;
+    if (pp > 1) {
+      PipelineGroupOptions g;
+      const std::vector<int> counts = {6, 2};
+      g.stages = *SplitLayers(model->config().num_layers, pp, counts);
+      g.model_fingerprint = ModelWeightsFingerprint(*model->weights);
+      g.hidden_size = model->config().hidden_size;
+      g.vocab_size = model->config().vocab_size;
+      group = *PipelineGroup::Create(g);
+      o.pipeline = group.get();
+    }
+    std::unique_ptr<Engine> engine = *Engine::Create(model, o);
+    WorkerServerOptions server_options;
+    server_options.model_name = "synthetic";
+    server_options.pipeline = group.get();
+    WorkerServer server(model, engine.get(), server_options);
+    absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+    if (!port.ok()) {
+      state.SkipWithError("worker did not start");
+      return;
+    }
+    const std::string address = absl::StrCat("127.0.0.1:", *port);
+    std::vector<std::unique_ptr<PipelineStageRunner>> runners;
+    std::vector<std::thread> stage_threads;
+    for (int r = 1; r < pp; ++r) {
+      PipelineStageOptions so;
+      so.leader = address;
+      so.pp_size = pp;
+      so.requested_rank = r;
+      so.tensor_parallel.num_threads = 1;
+      runners.push_back(std::make_unique<PipelineStageRunner>(model->weights.get(), so));
+      stage_threads.emplace_back([runner = runners.back().get()] { (void)runner->Run(); });
+    }
+    const Clock::time_point formed_by = Clock::now() + std::chrono::seconds(30);
+    while (group != nullptr && !group->formed() && Clock::now() < formed_by) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    auto stub =
+        v1::Inference::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    const Clock::time_point start = Clock::now();
+    std::vector<std::thread> clients;
+    for (int c = 0; c < streams; ++c) {
+      clients.emplace_back([&, c] {
+        for (int i = c; i < kRequests; i += streams) {
+          double ttft = 0;
+          if (!Run(stub.get(), Request(Tokens(32, 7000 + i), kTokens), &ttft)) ++failures;
+        }
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    generated += int64_t{kRequests} * kTokens;
+    if (group != nullptr) group_stats = group->stats();
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    if (pp > 1) {
+      // Busy fractions over the run: 1 minus each is that stage's bubble (waiting, not
+      // computing). The leader's includes embedding; the stage's its head and hand-over decode.
+      state.counters["leader_busy"] = engine->stats().local_stage_seconds / wall;
+      state.counters["stage1_busy"] = runners[0]->stats().busy_seconds / wall;
+    }
+    server.Shutdown();
+    for (auto& runner : runners) runner->Stop();
+    for (std::thread& t : stage_threads) t.join();
+  }
+  if (failures.load() > 0) state.SkipWithError("some requests failed");
+  state.counters["tok/s"] = static_cast<double>(generated) / seconds;
+  if (pp > 1) {
+    state.counters["max_in_flight"] = static_cast<double>(group_stats.max_in_flight);
+    state.counters["MB_per_token"] =
+        static_cast<double>(group_stats.bytes_sent + group_stats.bytes_received) / 1e6 /
+        static_cast<double>(generated);
+  }
+}
+BENCHMARK(BM_PipelineThroughput)
+    ->ArgNames({"pp", "streams"})
+    ->ArgsProduct({{1, 2}, {1, 4, 16}})
     ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

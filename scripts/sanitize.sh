@@ -34,7 +34,7 @@ export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 # gRPC-based ones are not among them). The rest of the suite is single-threaded or only spawns
 # processes.
 tsan_tests=(engine_test thread_pool_test cpu_communicator_test tp_model_test tp_shard_test
-  tp_device_ranks_test decode_graph_test)
+  tp_device_ranks_test decode_graph_test pipeline_stage_test)
 
 targets=()
 ctest_select=(-LE 'gpu|slow')

@@ -62,24 +62,33 @@ struct WorkerOptions {
 /// A stage other than the leader: joins --pp-leader and runs its layers until SIGINT/SIGTERM,
 /// serving grpc.health.v1 on --listen (SERVING while part of a formed group's stage).
 int RunStage(const WorkerOptions& o, const LoadedModel& model, const sigset_t& stop_signals) {
-  if (o.engine.device != DeviceChoice::kCpu) {
-    return ReportError(
-        "worker",
-        absl::InvalidArgumentError("pipeline stages run on the CPU backend so far (--device cpu)"));
-  }
   PipelineStageOptions options;
   options.leader = o.pp_leader;
   options.pp_size = o.pp;
   options.requested_rank = o.pp_rank;
   options.tensor_parallel.tp_size = o.engine.tensor_parallel_size;
   options.tensor_parallel.num_threads = o.engine.num_threads;
+  if (o.engine.device != DeviceChoice::kCpu) {
+    // Rank 0's device is opened now, so a missing GPU ends the process instead of each join.
+    BackendOptions backend_options;
+    backend_options.enable_graphs = o.engine.cuda_graphs;
+    backend_options.keep_f32_weights = o.engine.keep_f32_weights;
+    backend_options.simulator = o.engine.device == DeviceChoice::kCudaSim;
+    absl::StatusOr<std::unique_ptr<Backend>> first =
+        CreateBackend(o.engine.device, backend_options, nullptr);
+    if (!first.ok()) {
+      return ReportError("worker", absl::FailedPreconditionError(absl::StrCat(
+                                       "--device ", std::string(DeviceChoiceName(o.engine.device)),
+                                       ": ", first.status().message())));
+    }
+    // kAuto without a usable GPU came back as the CPU backend: CPU ranks then.
+    if (!(*first)->host_memory()) {
+      UseDeviceRanks(&options.tensor_parallel, backend_options, std::move(*first));
+    }
+  }
   if (o.tls.enabled()) {
-    auth::ChannelTlsFiles leader;
-    leader.ca_path = o.tls.client_ca_path;
-    leader.cert_path = o.tls.cert_path;
-    leader.key_path = o.tls.key_path;
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        auth::MakeChannelCredentials(leader, "--tls-client-ca,--tls-cert,--tls-key");
+        auth::MakePeerChannelCredentials(o.tls);
     if (!credentials.ok()) return ReportError("worker", credentials.status());
     options.credentials = *credentials;
   }
@@ -159,11 +168,6 @@ int RunWorker(const WorkerOptions& o) {
   std::unique_ptr<PipelineGroup> group;
   EngineOptions engine_options = o.engine;
   if (o.pp > 1) {
-    if (o.engine.device != DeviceChoice::kCpu) {
-      return ReportError("worker",
-                         absl::InvalidArgumentError(
-                             "pipeline groups run on the CPU backend so far (--device cpu)"));
-    }
     absl::StatusOr<std::vector<int>> counts = ParseStageLayerCounts(o.pp_layers);
     if (!counts.ok()) return ReportError("worker", counts.status());
     absl::StatusOr<std::vector<StageLayers>> stages =

@@ -86,4 +86,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return credentials;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerChannelCredentials(
+    const ServerTlsFiles& own) {
+  ChannelTlsFiles peers;
+  peers.ca_path = own.client_ca_path;
+  peers.cert_path = own.cert_path;
+  peers.key_path = own.key_path;
+  return MakeChannelCredentials(peers, "--tls-client-ca,--tls-cert,--tls-key");
+}
+
 }  // namespace kvserve::auth

@@ -56,6 +56,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ChannelTlsFiles& files, const std::string& flag_names = "--tls-ca,--tls-cert,--tls-key");
 
+/// Credentials for a worker dialling its peers (other workers, a pipeline leader) with its own
+/// server files: its --tls-cert/--tls-key as the client certificate, its --tls-client-ca as the
+/// CA of the peers' certificates. Insecure ones when `own` has no TLS.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerChannelCredentials(
+    const ServerTlsFiles& own);
+
 }  // namespace kvserve::auth
 
 #endif  // KVSERVE_COMMON_AUTH_TLS_CREDENTIALS_H_

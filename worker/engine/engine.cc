@@ -12,7 +12,6 @@
 #include "common/logging/logging.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "worker/planner/capacity_planner.h"
-#include "worker/tp/nccl_group.h"
 #include "worker/tp/shard.h"
 
 namespace kvserve {
@@ -230,28 +229,11 @@ absl::Status Engine::CreateModel() {
     if (backend_ != nullptr) {
       // CUDA ranks: rank r on device r (rank 0 keeps the backend opened above), NCCL between
       // them. The engine keeps no backend of its own then.
-      auto first = std::make_shared<std::unique_ptr<Backend>>(std::move(backend_));
       BackendOptions rank_options;
       rank_options.enable_graphs = options_.cuda_graphs;
       rank_options.keep_f32_weights = options_.keep_f32_weights;
       rank_options.simulator = options_.device == DeviceChoice::kCudaSim;
-      tp_options.make_backend =
-          [first, rank_options](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
-        if (rank == 0 && *first != nullptr) return std::move(*first);
-        BackendOptions backend_options = rank_options;
-        backend_options.device_index = rank;
-        absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(backend_options);
-        if (!b.ok()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "--tp ", rank + 1, " or more needs CUDA device ", rank, ": ",
-              std::string(b.status().message())));
-        }
-        return b;
-      };
-      const bool simulator = rank_options.simulator;
-      tp_options.make_communicators = [simulator](int tp_size) {
-        return CreateNcclGroup(tp_size, simulator);
-      };
+      UseDeviceRanks(&tp_options, rank_options, std::move(backend_));
       device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
       // Each GPU holds a 1/tp shard of the weights and of every KV block.
       sizing.device_memory_per_rank = true;
@@ -768,6 +750,7 @@ void Engine::Launch(SchedulerOutput out) {
     f.status = llama_->Forward(batch, *cache_, f.logits.data());
   }
   f.forward_seconds = SecondsBetween(forward_start, Clock::now());
+  if (pipelined) local_stage_seconds_ += f.forward_seconds;
   in_flight_.push_back(std::move(f));
 }
 
@@ -1156,6 +1139,7 @@ void Engine::PublishStats() {
   stats_.invariant_violations = invariant_violations_;
   stats_.step_seconds = step_seconds_;
   stats_.forward_seconds = forward_seconds_;
+  stats_.local_stage_seconds = local_stage_seconds_;
   stats_.constraint_seconds = constraint_seconds_;
   stats_.first_violation = first_violation_;
 }

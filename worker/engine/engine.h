@@ -125,6 +125,9 @@ struct EngineStats {
   /// 1 - forward_seconds / step_seconds is the engine's overhead.
   double step_seconds = 0.0;
   double forward_seconds = 0.0;
+  /// A pipeline leader: the part of forward_seconds its own stage computed (the rest waited
+  /// for the other stages); its busy fraction over a run measures the pipeline's bubble.
+  double local_stage_seconds = 0.0;
   /// Part of step_seconds spent on constrained decoding: token masks and parser advances,
   /// summed over the sequences (parallel sampling threads add up, so it can exceed the wall).
   double constraint_seconds = 0.0;
@@ -328,6 +331,7 @@ class Engine {
   StepMetrics step_metrics_;
   double step_seconds_ = 0.0;     // EngineStats::step_seconds
   double forward_seconds_ = 0.0;  // EngineStats::forward_seconds
+  double local_stage_seconds_ = 0.0;  // EngineStats::local_stage_seconds
   double constraint_seconds_ = 0.0;  // EngineStats::constraint_seconds
   // Inside Step(): final outputs of sequences finished by this step, pushed once its metrics
   // are out (see Step()).

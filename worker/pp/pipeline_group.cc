@@ -118,7 +118,14 @@ void PipelineGroup::Shutdown() {
 
 PipelineGroupStats PipelineGroup::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  PipelineGroupStats s = stats_;
+  s.stages = static_cast<int32_t>(options_.stages.size());
+  s.stages_ready = 1;
+  for (size_t r = 1; r < members_.size(); ++r) {
+    if (members_[r] != nullptr && members_[r]->ready) ++s.stages_ready;
+  }
+  s.in_flight = static_cast<int64_t>(flights_.size());
+  return s;
 }
 
 void PipelineGroup::SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDType dtype) {

@@ -34,18 +34,6 @@ struct PipelineGroupOptions {
   absl::Duration step_timeout = absl::Seconds(60);
 };
 
-/// Counters of a group, for metrics and benchmarks.
-struct PipelineGroupStats {
-  int64_t steps = 0;           // steps run over every remote stage
-  int64_t max_in_flight = 0;   // most steps in flight at once (micro-batches)
-  int64_t joins = 0;           // stages admitted
-  int64_t losses = 0;          // stages lost (closed, failed, timed out)
-  int64_t block_copies = 0;    // copy-on-write block copies sent (each to every stage)
-  int64_t bytes_sent = 0;      // hand-overs sent to stages
-  int64_t bytes_received = 0;  // hand-overs and logits received
-  double remote_seconds = 0;   // submission to logits, summed over steps
-};
-
 /// The leader's side of a pipeline-parallel group: the kvserve.v1.Pipeline service stages join
 /// through (register service() on the leader's gRPC server), and the PipelineLink the leader's
 /// engine drives. Stages hand over through the leader: the engine sends a step to stage 1, and
@@ -67,7 +55,7 @@ class PipelineGroup final : public PipelineLink {
   void SetFormedCallback(std::function<void(bool formed)> callback);
   /// Ends every stage's call and refuses new ones (before the server shuts down).
   void Shutdown();
-  PipelineGroupStats stats() const;
+  PipelineGroupStats stats() const override;
 
   // PipelineLink.
   const std::vector<StageLayers>& stages() const override { return options_.stages; }

@@ -152,6 +152,7 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
     out.Clear();
     v1::StepResult* result = out.mutable_result();
     result->set_step(step.step());
+    const absl::Time busy_from = absl::Now();
     absl::Status s;
     absl::StatusOr<ForwardBatch> batch = DecodeStep(step);
     if (!batch.ok()) s = batch.status();
@@ -183,9 +184,11 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
       result->set_code(static_cast<int>(s.code()));
       result->set_message(std::string(s.message()));
     }
+    const double busy = absl::ToDoubleSeconds(absl::Now() - busy_from);
     if (!stream->Write(out)) break;
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
+    stats_.busy_seconds += busy;
   }
   return ended("the leader ended the call");
 }

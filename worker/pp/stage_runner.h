@@ -36,6 +36,7 @@ struct PipelineStageOptions {
 struct PipelineStageStats {
   int64_t joins = 0;  // assignments received
   int64_t steps = 0;  // steps answered
+  double busy_seconds = 0;  // computing steps (block copies and the forward pass)
 };
 
 /// A pipeline stage other than the leader: dials the leader, joins, builds its layers (sharded

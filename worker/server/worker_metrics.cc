@@ -170,6 +170,29 @@ WorkerMetrics::WorkerMetrics(const Engine* engine, const ServingCounters* counte
                               "Tokens fed to the model per engine step.",
                               metrics::TokenCountBuckets());
   const EngineOptions& options = engine_->options();
+  if (options.pipeline != nullptr) {
+    pipeline_stages_ = AddGauge(r, MetricName(kSub, "pipeline_stages"),
+                                "Stages of this leader's pipeline group (--pp).");
+    pipeline_stages_ready_ =
+        AddGauge(r, MetricName(kSub, "pipeline_stages_ready"),
+                 "Stages joined and ready, the leader included; the group serves when this "
+                 "equals kvserve_worker_pipeline_stages.");
+    pipeline_in_flight_ = AddGauge(r, MetricName(kSub, "pipeline_steps_in_flight"),
+                                   "Steps (micro-batches) on their way through the stages.");
+    pipeline_steps_ =
+        AddCounter(r, CounterName(kSub, "pipeline_steps"), "Steps that went through every stage.");
+    pipeline_losses_ = AddCounter(r, CounterName(kSub, "pipeline_stage_losses"),
+                                  "Stages dropped from the group (closed, failed or timed out); "
+                                  "each failed the group's requests.");
+    auto& bytes = prometheus::BuildCounter()
+                      .Name(CounterName(kSub, "pipeline_transfer", "bytes"))
+                      .Help(
+                          "Hand-over and logits bytes between the leader and its stages, by "
+                          "direction (sent, received).")
+                      .Register(r);
+    pipeline_bytes_[0] = &bytes.Add({{"direction", "sent"}});
+    pipeline_bytes_[1] = &bytes.Add({{"direction", "received"}});
+  }
   prometheus::BuildGauge()
       .Name(MetricName(kSub, "cache_config_info"))
       .Help("The KV cache configuration, as labels; the value is always 1.")
@@ -221,6 +244,16 @@ void WorkerMetrics::Refresh() {
   Mirror(kv_sent_blocks_, serving.kv_served_blocks, &last_kv_transfer_[5]);
   Mirror(kv_sent_bytes_, serving.kv_served_bytes, &last_kv_transfer_[6]);
   Mirror(kv_transfer_restored_blocks_, s.kv_transfer.restored_blocks, &last_kv_transfer_[7]);
+  if (PipelineLink* pipeline = engine_->options().pipeline; pipeline != nullptr) {
+    const PipelineGroupStats p = pipeline->stats();
+    pipeline_stages_->Set(p.stages);
+    pipeline_stages_ready_->Set(p.stages_ready);
+    pipeline_in_flight_->Set(static_cast<double>(p.in_flight));
+    Mirror(pipeline_steps_, p.steps, &last_pipeline_[0]);
+    Mirror(pipeline_losses_, p.losses, &last_pipeline_[1]);
+    Mirror(pipeline_bytes_[0], p.bytes_sent, &last_pipeline_[2]);
+    Mirror(pipeline_bytes_[1], p.bytes_received, &last_pipeline_[3]);
+  }
 }
 
 void WorkerMetrics::OnStep(const StepMetrics& step) {

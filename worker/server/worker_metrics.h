@@ -73,6 +73,14 @@ class WorkerMetrics final : public EngineObserver {
   prometheus::Counter* disk_bad_files_;
   prometheus::Counter* disk_write_drops_;
   // KV block transfer between workers.
+  // Pipeline leaders only (null otherwise).
+  prometheus::Gauge* pipeline_stages_ = nullptr;
+  prometheus::Gauge* pipeline_stages_ready_ = nullptr;
+  prometheus::Gauge* pipeline_in_flight_ = nullptr;
+  prometheus::Counter* pipeline_steps_ = nullptr;
+  prometheus::Counter* pipeline_losses_ = nullptr;
+  prometheus::Counter* pipeline_bytes_[2] = {nullptr, nullptr};  // sent, received
+  int64_t last_pipeline_[4] = {};
   prometheus::Counter* kv_pulls_;
   prometheus::Counter* kv_pull_failures_;
   prometheus::Counter* kv_pulls_declined_;

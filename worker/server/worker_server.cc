@@ -73,12 +73,8 @@ absl::StatusOr<int> WorkerServer::Start(const std::string& listen_address) {
   if (options_.kv_transfer.mode != KvTransferMode::kNever) {
     KvTransferOptions transfer = options_.kv_transfer;
     if (transfer.credentials == nullptr && options_.tls.enabled()) {
-      auth::ChannelTlsFiles peers;
-      peers.ca_path = options_.tls.client_ca_path;
-      peers.cert_path = options_.tls.cert_path;
-      peers.key_path = options_.tls.key_path;
       absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
-          auth::MakeChannelCredentials(peers, "--tls-client-ca,--tls-cert,--tls-key");
+          auth::MakePeerChannelCredentials(options_.tls);
       if (!channel.ok()) return channel.status();
       transfer.credentials = *channel;
     }

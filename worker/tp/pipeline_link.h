@@ -15,6 +15,21 @@
 
 namespace kvserve {
 
+/// Counters of a pipeline group, for metrics and benchmarks.
+struct PipelineGroupStats {
+  int32_t stages = 0;          // P
+  int32_t stages_ready = 0;    // stages 1..P-1 joined and ready, plus the leader
+  int64_t in_flight = 0;       // steps in flight now
+  int64_t max_in_flight = 0;   // most steps in flight at once (micro-batches)
+  int64_t steps = 0;           // steps run over every remote stage
+  int64_t joins = 0;           // stages admitted
+  int64_t losses = 0;          // stages lost (closed, failed, timed out)
+  int64_t block_copies = 0;    // copy-on-write block copies sent (each to every stage)
+  int64_t bytes_sent = 0;      // hand-overs sent to stages
+  int64_t bytes_received = 0;  // hand-overs and logits received
+  double remote_seconds = 0;   // submission to logits, summed over steps
+};
+
 /// A step submitted to the remote stages of a pipeline group (PipelineLink::SubmitStages).
 class PipelineFlight {
  public:
@@ -39,6 +54,7 @@ class PipelineLink {
   /// How many times a stage was lost so far. When it changes, the K/V the lost stage held is
   /// gone: the engine fails its requests and forgets its prefix cache.
   virtual uint64_t losses() const = 0;
+  virtual PipelineGroupStats stats() const = 0;
   /// Starts stages 1..P-1 on `batch` after the leader's own stage: they apply `copies`
   /// (copy-on-write block copies made since the last submitted step) first, the hand-over
   /// (stage 0's StageIo output) goes along, and the last stage's logits come back to

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/tp/nccl_group.h"
 
 namespace kvserve {
 
@@ -38,6 +39,26 @@ absl::Status ShardedKvCache::WriteBlock(int64_t block, const uint8_t* src) {
     src += cache->BlockBytes();
   }
   return absl::OkStatus();
+}
+
+void UseDeviceRanks(TensorParallelOptions* options, const BackendOptions& base,
+                    std::unique_ptr<Backend> first) {
+  auto opened = std::make_shared<std::unique_ptr<Backend>>(std::move(first));
+  options->make_backend = [opened, base](int rank) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    if (rank == 0 && *opened != nullptr) return std::move(*opened);
+    BackendOptions backend_options = base;
+    backend_options.device_index = rank;
+    absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(backend_options);
+    if (!b.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " needs CUDA device ", rank, ": ", b.status().message()));
+    }
+    return b;
+  };
+  const bool simulator = base.simulator;
+  options->make_communicators = [simulator](int tp_size) {
+    return CreateNcclGroup(tp_size, simulator);
+  };
 }
 
 absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(

@@ -40,6 +40,13 @@ struct TensorParallelOptions {
       make_communicators;
 };
 
+/// Device ranks for `options`: rank r on CUDA device r with a backend made from `base`
+/// (device_index = r; `first`, when given, is rank 0's, already opened), NCCL between them
+/// (base.simulator: the simulator's). A missing device is FAILED_PRECONDITION when the model is
+/// created.
+void UseDeviceRanks(TensorParallelOptions* options, const BackendOptions& base,
+                    std::unique_ptr<Backend> first = nullptr);
+
 /// The KV memory of every rank: rank r's cache holds rank r's kv heads of every block. All
 /// ranks use the same block ids and block tables, so one scheduler and one block pool drive
 /// them all; operations on blocks (CopyBlock) apply to every rank.

@@ -9,15 +9,23 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/test_util/scratch_dir.h"
 #include "tests/worker/engine/engine_test_util.h"
 #include "tests/worker/model/golden.h"
 #include "worker/engine/engine.h"
+#include "worker/kv/kv_offload.h"
 #include "worker/model/synth_writer.h"
+#include "worker/planner/pipeline_layout.h"
+#include "worker/pp/pipeline_group.h"
+#include "worker/pp/stage_runner.h"
 
 namespace kvserve {
 namespace {
@@ -278,6 +286,68 @@ TEST_F(CudaEngineTest, TensorParallelOverNccl) {
     EXPECT_EQ(Drain(*streams[i])[0].tokens, golden.cases[i].generated_ids);
   }
   ExpectPoolFree(**e);
+}
+
+// A pipeline group on the device: the leader's engine runs layers 0-2 on its device and a stage
+// runner (in this process, over loopback gRPC) layers 3-4 on its own; the hand-over goes through
+// host memory. Tokens and log-probabilities are the whole model's on one device, and the
+// reference's greedy tokens.
+TEST_F(CudaEngineTest, PipelineStagesOnTheDevice) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  EngineOptions o = Options();
+  std::unique_ptr<Engine> whole = Make(o);
+  if (whole == nullptr) return;
+  PipelineGroupOptions g;
+  g.stages = *SplitLayers(model_->config().num_layers, 2);
+  g.model_fingerprint = ModelWeightsFingerprint(*model_->weights);
+  g.hidden_size = model_->config().hidden_size;
+  g.vocab_size = model_->config().vocab_size;
+  std::unique_ptr<PipelineGroup> group = *PipelineGroup::Create(g);
+  o.pipeline = group.get();
+  std::unique_ptr<Engine> leader = Make(o);
+  if (leader == nullptr) return;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(group->service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  PipelineStageOptions so;
+  so.leader = absl::StrCat("127.0.0.1:", port);
+  so.pp_size = 2;
+  so.tensor_parallel.num_threads = 1;
+  so.retry_interval = absl::Milliseconds(20);
+  BackendOptions device;
+  device.keep_f32_weights = true;
+  device.simulator = testing_cuda::UseSimulator();
+  UseDeviceRanks(&so.tensor_parallel, device);
+  PipelineStageRunner stage(model_->weights.get(), so);
+  std::thread stage_thread([&stage] { (void)stage.Run(); });
+  for (int i = 0; i < 2000 && !group->formed(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(group->formed()) << group->NotFormedReason();
+  // The first tokens of each golden prompt, all at once (two micro-batches in flight).
+  constexpr int kTokens = 12;
+  std::vector<std::shared_ptr<RequestStream>> got, want;
+  for (const auto& c : golden.cases) {
+    got.push_back(*leader->Submit(Greedy(c.prompt, c.prompt_ids, kTokens)));
+    want.push_back(*whole->Submit(Greedy(c.prompt, c.prompt_ids, kTokens)));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Collected a = Drain(*got[i])[0];
+    const Collected b = Drain(*want[i])[0];
+    EXPECT_EQ(a.tokens, b.tokens) << i;
+    EXPECT_EQ(a.logprobs, b.logprobs) << i;
+    const std::vector<TokenId>& ids = golden.cases[i].generated_ids;
+    EXPECT_EQ(a.tokens, std::vector<TokenId>(ids.begin(), ids.begin() + kTokens)) << i;
+  }
+  EXPECT_GT(group->stats().steps, 0);
+  ExpectPoolFree(*leader);
+  stage.Stop();
+  stage_thread.join();
+  group->Shutdown();
+  server->Shutdown();
 }
 
 // A tiny random Qwen3 (per-head q/k norms, head_dim 32 != hidden / heads): the device decodes

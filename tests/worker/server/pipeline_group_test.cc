@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +22,8 @@
 #include "gtest/gtest.h"
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "kvserve/v1/pipeline.grpc.pb.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "tests/worker/model/golden.h"
 #include "tests/worker/server/health.grpc.pb.h"
 #include "worker/kv/kv_offload.h"
@@ -335,6 +338,23 @@ TEST_F(PipelineGroupTest, ALostStageFailsRequestsAndTheGroupServesAgainWhenItRej
   ExpectSame(leader->Generate(warm), reference->Generate(warm), "after the rejoin");
   EXPECT_EQ(leader->group->stats().losses, 1);
   EXPECT_EQ(leader->group->stats().joins, 2);
+  // The same figures on /metrics.
+  std::map<std::string, double> metrics;
+  for (const prometheus::MetricFamily& family : leader->server->metrics()->Collect()) {
+    if (family.name.rfind("kvserve_worker_pipeline_", 0) != 0) continue;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      std::string name = family.name;
+      for (const auto& label : m.label) name += "{" + label.value + "}";
+      metrics[name] =
+          family.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  EXPECT_EQ(metrics["kvserve_worker_pipeline_stages"], 2);
+  EXPECT_EQ(metrics["kvserve_worker_pipeline_stages_ready"], 2);
+  EXPECT_EQ(metrics["kvserve_worker_pipeline_stage_losses_total"], 1);
+  EXPECT_GT(metrics["kvserve_worker_pipeline_steps_total"], 0);
+  EXPECT_GT(metrics["kvserve_worker_pipeline_transfer_bytes_total{sent}"], 0);
+  EXPECT_GT(metrics["kvserve_worker_pipeline_transfer_bytes_total{received}"], 0);
   EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; }));
   EXPECT_EQ(leader->engine->stats().invariant_violations, 0);
 }
