@@ -98,8 +98,10 @@ PipelineGroup::~PipelineGroup() {
 grpc::Service* PipelineGroup::service() { return service_.get(); }
 
 void PipelineGroup::SetFormedCallback(std::function<void(bool)> callback) {
+  std::lock_guard<std::mutex> notifying(notify_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   formed_callback_ = std::move(callback);
+  notified_formed_ = FormedLocked();
 }
 
 void PipelineGroup::Shutdown() {
@@ -165,7 +167,10 @@ std::string PipelineGroup::NotFormedReason() const {
 
 uint64_t PipelineGroup::losses() const { return losses_.load(); }
 
-void PipelineGroup::NotifyFormed(bool was_formed) {
+void PipelineGroup::NotifyFormed() {
+  // One notifier at a time, each reporting the state it reads: the last call reports the
+  // latest state, whatever order concurrent changes took.
+  std::lock_guard<std::mutex> notifying(notify_mu_);
   std::function<void(bool)> callback;
   bool now = false;
   {
@@ -173,7 +178,9 @@ void PipelineGroup::NotifyFormed(bool was_formed) {
     now = FormedLocked();
     callback = formed_callback_;
   }
-  if (now != was_formed && callback) callback(now);
+  if (now == notified_formed_) return;
+  notified_formed_ = now;
+  if (callback) callback(now);
 }
 
 absl::StatusOr<v1::StageAssignment> PipelineGroup::Admit(const std::shared_ptr<Connection>& conn,
@@ -229,16 +236,14 @@ absl::StatusOr<v1::StageAssignment> PipelineGroup::Admit(const std::shared_ptr<C
 }
 
 void PipelineGroup::MarkReady(const std::shared_ptr<Connection>& conn) {
-  bool was_formed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    was_formed = FormedLocked();
     if (conn->lost || members_[conn->rank] != conn) return;
     conn->ready = true;
   }
   logging::Log(logging::LogLevel::kInfo, "pipeline", "stage ready",
                {{"stage", conn->rank}, {"name", conn->name}});
-  NotifyFormed(was_formed);
+  NotifyFormed();
 }
 
 void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result) {
@@ -281,11 +286,9 @@ void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepRes
 }
 
 void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
-  bool was_formed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (conn->lost) return;
-    was_formed = FormedLocked();
     conn->lost = true;
     conn->lost_reason = reason;
     if (conn->rank >= 0 && members_[conn->rank] == conn) {
@@ -311,7 +314,7 @@ void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::str
     logging::Log(logging::LogLevel::kWarning, "pipeline", "stage lost",
                  {{"stage", conn->rank}, {"name", conn->name}, {"reason", reason}});
   }
-  NotifyFormed(was_formed);
+  NotifyFormed();
 }
 
 void PipelineGroup::AwaitNoWriter(const Connection& conn) {

@@ -51,7 +51,8 @@ class PipelineGroup final : public PipelineLink {
 
   /// The service to register on the leader's server (owned by the group).
   grpc::Service* service();
-  /// Called (outside the group's lock) whenever formed() changes.
+  /// Called (outside the group's lock, one call at a time) whenever formed() changes; the state
+  /// when it is set counts as heard.
   void SetFormedCallback(std::function<void(bool formed)> callback);
   /// Ends every stage's call and refuses new ones (before the server shuts down).
   void Shutdown();
@@ -111,7 +112,8 @@ class PipelineGroup final : public PipelineLink {
   /// Cancels calls whose stage is past its deadline.
   void Watchdog();
   bool FormedLocked() const;
-  void NotifyFormed(bool was_formed);
+  /// Calls the formed callback when formed() changed since it last did.
+  void NotifyFormed();
 
   const PipelineGroupOptions options_;
   std::unique_ptr<Service> service_;
@@ -130,6 +132,9 @@ class PipelineGroup final : public PipelineLink {
   std::atomic<uint64_t> losses_{0};
   PipelineGroupStats stats_;
   std::function<void(bool)> formed_callback_;
+  /// Serializes NotifyFormed; notified_formed_ is what the callback last heard.
+  std::mutex notify_mu_;
+  bool notified_formed_ = false;
   std::thread watchdog_;
 };
 
