@@ -56,6 +56,7 @@ struct WorkerOptions {
   std::string pp_leader;
   std::string pp_layers;
   double pp_step_timeout_s = 60.0;
+  std::string pp_hand_over = "device";
   EngineOptions engine;
 };
 
@@ -84,6 +85,7 @@ int RunStage(const WorkerOptions& o, const LoadedModel& model, const sigset_t& s
     // kAuto without a usable GPU came back as the CPU backend: CPU ranks then.
     if (!(*first)->host_memory()) {
       UseDeviceRanks(&options.tensor_parallel, backend_options, std::move(*first));
+      options.device = backend_options.simulator ? "cuda-sim" : "cuda";
     }
   }
   if (o.tls.enabled()) {
@@ -185,6 +187,7 @@ int RunWorker(const WorkerOptions& o) {
     if (!created.ok()) return ReportError("worker", created.status());
     group = std::move(*created);
     engine_options.pipeline = group.get();
+    engine_options.pipeline_device_hand_over = o.pp_hand_over == "device";
     logging::Log(logging::LogLevel::kInfo, "worker", "pipeline leader: waiting for stages",
                  {{"stages", o.pp}, {"layers", DescribeStageLayers(*stages)}});
   }
@@ -328,6 +331,11 @@ Command AddWorkerCommand(CLI::App& app) {
   sub->add_option("--pp-step-timeout", o->pp_step_timeout_s,
                   "Leader: seconds a stage may take to answer a step before it is dropped and "
                   "the group's requests fail with UNAVAILABLE")
+      ->capture_default_str();
+  sub->add_option("--pp-hand-over", o->pp_hand_over,
+                  "Leader on CUDA: 'device' sends activations between the stages' GPUs over "
+                  "NCCL; 'host' relays them through the leader over gRPC (CPU stages always do)")
+      ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
   sub->add_option("--log-format", o->log_format, "Log lines as 'text' or 'json'")
       ->check(CLI::IsMember({"text", "json"}))

@@ -322,6 +322,65 @@ TEST(PipelineClusterTest, StageKilledMidStreamFailsTheStreamAndItsRestartRejoins
   EXPECT_TRUE(WaitPoolFree(leader, kPoolBound).ok());
 }
 
+// Stages on (simulated) CUDA devices hand over device to device: NCCL send/recv between the
+// processes' GPUs, with the simulator's NCCL between real processes. The group gives the
+// reference's tokens (f32 weights, so the device computes what the CPU does); a stage killed
+// mid-stream fails the stream with UNAVAILABLE rather than leaving the leader's device waiting,
+// and the group forms again with fresh links when it restarts.
+TEST(PipelineClusterTest, CudaStagesHandOverOverNcclAndSurviveAKilledStage) {
+  const std::vector<std::string> device = {"--device", "cuda-sim", "--keep-f32-weights"};
+  std::vector<std::string> leader_flags = {"--pp", "2"};
+  std::vector<std::string> stage_flags = {"--pp", "2", "--pp-rank", "1"};
+  leader_flags.insert(leader_flags.end(), device.begin(), device.end());
+  stage_flags.insert(stage_flags.end(), device.begin(), device.end());
+  absl::StatusOr<Group> group = StartGroup(leader_flags, {stage_flags});
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::string leader = group->leader.address;
+  std::unique_ptr<Client> client = ConnectOnce(leader);
+  const testing_golden::StoriesGolden all = testing_golden::LoadStoriesGolden();
+  ASSERT_GE(all.cases.size(), 2u);
+  const testing_golden::GoldenCase& golden = all.cases[0];
+  constexpr size_t kTokens = 16;
+  const GenerateParams first = Greedy(golden.prompt_ids, kTokens);
+  const std::vector<TokenId> want_first(golden.generated_ids.begin(),
+                                        golden.generated_ids.begin() + kTokens);
+  absl::StatusOr<Completion> got = client->GenerateSync(first);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(TokensOf(got), want_first);
+  // Two at once: two micro-batches in flight through the links.
+  const GenerateParams second = Greedy(all.cases[1].prompt_ids, 12);
+  const std::vector<TokenId> want_second(all.cases[1].generated_ids.begin(),
+                                         all.cases[1].generated_ids.begin() + 12);
+  absl::StatusOr<Completion> a = absl::UnknownError("not run");
+  absl::StatusOr<Completion> b = absl::UnknownError("not run");
+  std::thread other([&] { b = client->GenerateSync(second); });
+  a = client->GenerateSync(first);
+  other.join();
+  EXPECT_EQ(TokensOf(a), want_first) << a.status();
+  EXPECT_EQ(TokensOf(b), want_second) << b.status();
+
+  const GenerateParams long_request = Greedy(Prompt(7, 20), 200);
+  Spawned& stage = group->stages[0];
+  const Interrupted cut = StreamWithFault(
+      *client, long_request, [&] { EXPECT_EQ(::kill(stage.process.pid(), SIGKILL), 0); },
+      absl::Seconds(30));
+  std::printf("CUDA stage SIGKILL: stream ended %s after %zu tokens, %.3f s after the kill\n",
+              absl::StatusCodeToString(cut.status.code()).c_str(), cut.streamed.size(),
+              absl::ToDoubleSeconds(cut.after_fault));
+  EXPECT_TRUE(absl::IsUnavailable(cut.status)) << cut.status;
+  stage.process.Stop(seconds(5));
+  EXPECT_TRUE(WaitHealth(leader, false, kHealthBound));
+  EXPECT_TRUE(WaitPoolFree(leader, kPoolBound).ok()) << "blocks of the failed stream";
+
+  absl::StatusOr<Spawned> restarted = SpawnStage(leader, stage_flags);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(WaitHealth(leader, true, kFormBound)) << "the restarted stage did not rejoin";
+  got = client->GenerateSync(first);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(TokensOf(got), want_first) << "after the stage restarted";
+  EXPECT_TRUE(WaitPoolFree(leader, kPoolBound).ok());
+}
+
 TEST(PipelineClusterTest, HungStageIsDroppedAfterTheStepTimeoutAndRejoinsOnSigcont) {
   absl::StatusOr<Group> group =
       StartGroup({"--pp", "2", "--pp-step-timeout", "2"}, {{"--pp", "2"}});

@@ -250,6 +250,10 @@ absl::Status Engine::CreateModel() {
     cache_ = std::move(*cache);
     num_kv_blocks_ = *num_blocks;
     if (options_.pipeline != nullptr) {
+      if (tp_options.stage_links && options_.pipeline_device_hand_over) {
+        options_.pipeline->EnableDeviceHandOver(options_.tensor_parallel_size, device_name_,
+                                                tp_options.stage_links);
+      }
       options_.pipeline->SetKvPool(*num_blocks, options_.block_size, options_.kv_cache_dtype);
       pipeline_losses_seen_ = options_.pipeline->losses();
     }
@@ -737,6 +741,20 @@ void Engine::Launch(SchedulerOutput out) {
   const ForwardBatch batch = builder_.Build();
   if (device_model_ != nullptr) {
     f.status = device_model_->Forward(batch, *device_cache_, f.logits.data());
+  } else if (pipelined && options_.pipeline->device_hand_over()) {
+    // Every stage gets the step first, so that stage 1 waits for this stage's hand-over while
+    // this stage computes it; the hand-over then goes device to device.
+    std::vector<std::shared_ptr<StageLink>> links;
+    const uint64_t formation = options_.pipeline->LeaderLinks(&links);
+    if (formation != links_formation_) {
+      links_formation_ = formation;
+      f.status = llama_->SetStageLinks(std::move(links));
+    }
+    if (f.status.ok()) {
+      f.remote = options_.pipeline->SubmitStages(batch, pipeline_copies_, {});
+      f.status = llama_->Forward(batch, *cache_, nullptr, StageIo{});
+    }
+    pipeline_copies_.clear();
   } else if (pipelined) {
     // Stage 0 here; the hand-over and the block copies go on to the other stages.
     hand_over_.resize(static_cast<size_t>(

@@ -78,6 +78,10 @@ struct EngineOptions {
   /// (sharded over tensor_parallel_size ranks) and hands each step on through it; its KV pool
   /// sizes every stage's. Null: the whole model runs here.
   PipelineLink* pipeline = nullptr;
+  /// A pipeline leader on CUDA devices: stages hand over device to device over NCCL
+  /// (`--pp-hand-over device`, PipelineLink::EnableDeviceHandOver); false hands over through
+  /// the leader's host memory over gRPC, as CPU stages always do (`host`).
+  bool pipeline_device_hand_over = true;
   /// CUDA: replay decode steps of up to min(max_num_seqs, 512) sequences from CUDA graphs
   /// (LlamaModel::EnableDecodeGraphs); false (`--enforce-eager`) launches every op each step.
   bool cuda_graphs = true;
@@ -281,6 +285,7 @@ class Engine {
   /// A pipeline leader's own layers (views of the model's weights).
   std::unique_ptr<ModelWeights> stage_weights_;
   std::unique_ptr<TensorParallelModel> llama_;  // owns the ranks' thread pools
+  uint64_t links_formation_ = 0;                // the pipeline formation whose links llama_ holds
   std::unique_ptr<ShardedKvCache> cache_;
   std::unique_ptr<LlamaModel> device_model_;
   std::unique_ptr<KvCache> device_cache_;

@@ -590,7 +590,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
                                  const StageIo& io) {
   if (absl::Status s = CheckBatch(batch, cache); !s.ok()) return s;
   const ModelConfig& config = weights_->config;
-  if (!config.first_stage() && io.input == nullptr) {
+  if (!config.first_stage() && io.input == nullptr && io.link == nullptr) {
     return absl::InvalidArgumentError("pipeline stage: no hand-over from the previous stage");
   }
   if (!config.last_stage() && logits != nullptr) {
@@ -630,7 +630,13 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   if (step.logits_rows == 0) {
     if (absl::Status s = Enqueue(step, cache, nullptr, io); !s.ok()) return s;
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    if (config.last_stage() || io.output == nullptr) return absl::OkStatus();
+    if (config.last_stage()) return absl::OkStatus();
+    if (io.link != nullptr) {
+      // Straight to the next stage's device, in the order its Enqueue receives them.
+      if (absl::Status s = io.link->Send(hidden_, t * c.hidden_size); !s.ok()) return s;
+      return io.link->Send(delta_, t * c.hidden_size);
+    }
+    if (io.output == nullptr) return absl::OkStatus();
     const size_t rows = static_cast<size_t>(t * c.hidden_size) * sizeof(float);
     if (absl::Status s = backend_->CopyToHost(io.output, hidden_, rows); !s.ok()) return s;
     return backend_->CopyToHost(io.output + t * c.hidden_size, delta_, rows);
@@ -652,6 +658,11 @@ absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device
   const int64_t t = step.tokens;
   if (c.first_stage()) {
     backend_->Embedding({embedding_.data, embedding_.dtype, h, step.staged.tokens, t, hidden_});
+  } else if (io.link != nullptr) {
+    // The previous stage's stream and pending block output, device to device; the first layer
+    // adds them. Synchronous: nothing on this stream reads them before they are here.
+    if (absl::Status s = io.link->Recv(hidden_, t * h); !s.ok()) return s;
+    if (absl::Status s = io.link->Recv(delta_, t * h); !s.ok()) return s;
   } else {
     // The previous stage's stream and pending block output; the first layer adds them.
     const size_t rows = static_cast<size_t>(t * h) * sizeof(float);

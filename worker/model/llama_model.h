@@ -15,6 +15,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/weights.h"
+#include "worker/tp/stage_link.h"
 
 namespace kvserve {
 
@@ -48,6 +49,10 @@ struct StageIo {
   /// Every stage but the last: receives this stage's hand-over (null: not wanted, e.g. a
   /// tensor-parallel rank other than 0).
   float* output = nullptr;
+  /// Device hand-over instead (worker/tp/stage_link.h): the input arrives from the previous
+  /// stage's device and the output goes to the next stage's, without the host; `input` and
+  /// `output` are then unused.
+  StageLink* link = nullptr;
 };
 
 /// Floats of a hand-over of `tokens` rows of a model `hidden` wide.

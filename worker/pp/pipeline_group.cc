@@ -53,13 +53,16 @@ class PipelineGroup::Service final : public v1::Pipeline::Service {
     }
     group_->MarkReady(conn);
     while (stream->Read(&in)) {
-      if (!in.has_result()) {
-        group_->Drop(conn, "it sent a message other than a step result");
+      if (in.has_result()) {
+        group_->Deliver(conn, std::move(*in.mutable_result()));
+      } else if (in.has_connected()) {
+        group_->MarkConnected(conn, in.connected().formation());
+      } else {
+        group_->Drop(conn, "it sent a message other than a step result or connected");
         group_->AwaitNoWriter(*conn);
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "only step results are expected after ready");
+                            "only step results and connected are expected after ready");
       }
-      group_->Deliver(conn, std::move(*in.mutable_result()));
     }
     group_->Drop(conn, "its connection closed");
     group_->AwaitNoWriter(*conn);
@@ -138,10 +141,38 @@ void PipelineGroup::SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDTy
   kv_dtype_ = dtype;
 }
 
-bool PipelineGroup::FormedLocked() const {
-  if (shut_down_) return false;
+void PipelineGroup::EnableDeviceHandOver(int tp_size, std::string device, StageLinkFactory links) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_ = static_cast<bool>(links);
+  tp_size_ = tp_size;
+  device_name_ = std::move(device);
+  link_factory_ = std::move(links);
+}
+
+bool PipelineGroup::device_hand_over() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_;
+}
+
+uint64_t PipelineGroup::LeaderLinks(std::vector<std::shared_ptr<StageLink>>* links) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *links = links_;
+  return links_.empty() ? 0 : formation_;
+}
+
+bool PipelineGroup::AllReadyLocked() const {
   for (size_t r = 1; r < members_.size(); ++r) {
     if (members_[r] == nullptr || !members_[r]->ready) return false;
+  }
+  return true;
+}
+
+bool PipelineGroup::FormedLocked() const {
+  if (shut_down_ || !AllReadyLocked()) return false;
+  if (!device_) return true;
+  if (links_.empty()) return false;
+  for (size_t r = 1; r < members_.size(); ++r) {
+    if (members_[r]->connected != formation_) return false;
   }
   return true;
 }
@@ -161,8 +192,10 @@ std::string PipelineGroup::NotFormedReason() const {
                     DescribeStage(static_cast<int>(r), options_.stages[r]),
                     members_[r] != nullptr ? " (joined, loading)" : "");
   }
-  if (waiting.empty()) return "";
-  return absl::StrCat("the pipeline group is waiting for ", waiting);
+  if (!waiting.empty()) return absl::StrCat("the pipeline group is waiting for ", waiting);
+  if (FormedLocked()) return "";
+  return absl::StrCat("the pipeline group is connecting its stages' devices (formation ",
+                      formation_, ")");
 }
 
 uint64_t PipelineGroup::losses() const { return losses_.load(); }
@@ -198,6 +231,12 @@ absl::StatusOr<v1::StageAssignment> PipelineGroup::Admit(const std::shared_ptr<C
     return absl::FailedPreconditionError(
         "the stage loaded another model than the leader (model fingerprints differ)");
   }
+  if (device_ && (join.tp_size() != tp_size_ || join.device() != device_name_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the group hands over device to device: every stage must run --device ", device_name_,
+        " --tp ", tp_size_, " like the leader; this stage runs --device ", join.device(), " --tp ",
+        join.tp_size()));
+  }
   int rank = join.requested_rank();
   if (rank == -1) {
     for (int r = 1; r < pp && rank == -1; ++r) {
@@ -232,6 +271,7 @@ absl::StatusOr<v1::StageAssignment> PipelineGroup::Admit(const std::shared_ptr<C
   a.set_num_blocks(num_blocks_);
   a.set_block_size(block_size_);
   a.set_kv_cache_dtype(std::string(KvCacheDTypeName(kv_dtype_)));
+  a.set_device_hand_over(device_);
   return a;
 }
 
@@ -244,48 +284,133 @@ void PipelineGroup::MarkReady(const std::shared_ptr<Connection>& conn) {
   logging::Log(logging::LogLevel::kInfo, "pipeline", "stage ready",
                {{"stage", conn->rank}, {"name", conn->name}});
   NotifyFormed();
+  Connect();
+}
+
+void PipelineGroup::Connect() {
+  const int pp = static_cast<int>(options_.stages.size());
+  uint64_t formation = 0;
+  std::vector<std::shared_ptr<Connection>> members;
+  StageLinkFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!device_ || shut_down_ || connecting_ || !AllReadyLocked()) return;
+    connecting_ = true;
+    formation = ++formation_;
+    members.assign(members_.begin() + 1, members_.end());
+    factory = link_factory_;
+  }
+  std::string failure;
+  absl::StatusOr<std::string> id = factory.new_id();
+  if (!id.ok()) failure = std::string(id.status().message());
+  if (failure.empty()) {
+    v1::LeaderMessage msg;
+    msg.mutable_connect()->set_formation(formation);
+    msg.mutable_connect()->set_link_id(*id);
+    // Every stage opens its links while the leader opens its own: NCCL's init waits for all.
+    for (const auto& conn : members) {
+      if (!Write(conn, msg)) break;  // dropped, which voids this formation
+    }
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> links;
+  if (failure.empty()) {
+    links = factory.open(*id, pp, 0);
+    if (!links.ok()) failure = std::string(links.status().message());
+  }
+  bool formed_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connecting_ = false;
+    if (failure.empty() && formation == formation_ && !shut_down_) {
+      links_ = std::move(*links);
+      formed_now = true;
+    } else if (links.ok() && !links->empty()) {
+      (*links)[0]->Abort();  // a stage was lost meanwhile: this formation is void
+    }
+  }
+  if (!failure.empty()) {
+    // The stages' links cannot form without the leader's: start over with fresh joins.
+    logging::Log(logging::LogLevel::kError, "pipeline", "cannot open the leader's links",
+                 {{"formation", static_cast<int64_t>(formation)}, {"reason", failure}});
+    for (const auto& conn : members) {
+      Drop(conn, absl::StrCat("the leader could not open its links: ", failure), true);
+    }
+    return;
+  }
+  if (formed_now) {
+    logging::Log(logging::LogLevel::kInfo, "pipeline", "leader's links open",
+                 {{"formation", static_cast<int64_t>(formation)}});
+    NotifyFormed();
+  }
+}
+
+void PipelineGroup::MarkConnected(const std::shared_ptr<Connection>& conn, uint64_t formation) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->lost || members_[conn->rank] != conn) return;
+    conn->connected = formation;
+  }
+  NotifyFormed();
 }
 
 void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result) {
   const int pp = static_cast<int>(options_.stages.size());
+  const bool last = conn->rank == pp - 1;
   std::shared_ptr<Flight> next;
   std::string failure;
+  bool finished = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (conn->lost) return;
     auto it = flights_.find(result.step());
-    if (it == flights_.end() || it->second->stage != conn->rank) {
+    std::vector<int>* pending = it == flights_.end() ? nullptr : &it->second->pending;
+    auto mine = pending == nullptr ? std::vector<int>::iterator()
+                                   : std::find(pending->begin(), pending->end(), conn->rank);
+    if (pending == nullptr || mine == pending->end()) {
       failure = absl::StrCat("it answered step ", result.step(), ", which it was not computing");
     } else if (result.code() != 0) {
       // Its K/V may be half written: drop it so it rejoins clean.
       failure = absl::StrCat("it failed a step: ", result.message());
-    } else if (conn->rank < pp - 1) {
-      next = it->second;
-      next->stage = conn->rank + 1;
-      next->deadline = absl::Now() + options_.step_timeout;
-      stats_.bytes_received += static_cast<int64_t>(result.output().size());
-      stats_.bytes_sent += static_cast<int64_t>(result.output().size());
-      next->msg.mutable_step()->set_hand_over(std::move(*result.mutable_output()));
+    } else if (device_ && !last && !result.output().empty()) {
+      failure = "it answered with a hand-over where the group hands over device to device";
     } else {
       std::shared_ptr<Flight> flight = it->second;
-      flights_.erase(it);
+      pending->erase(mine);
       stats_.bytes_received += static_cast<int64_t>(result.output().size());
-      flight->logits = std::move(*result.mutable_output());
-      flight->done = true;
-      ++stats_.steps;
-      stats_.remote_seconds += absl::ToDoubleSeconds(absl::Now() - flight->start);
+      if (!device_ && !last) {
+        // Host hand-over: on to the next stage.
+        next = flight;
+        next->stage = conn->rank + 1;
+        next->pending = {next->stage};
+        next->deadline = absl::Now() + options_.step_timeout;
+        stats_.bytes_sent += static_cast<int64_t>(result.output().size());
+        next->msg.mutable_step()->set_hand_over(std::move(*result.mutable_output()));
+      } else {
+        if (last) flight->logits = std::move(*result.mutable_output());
+        flight->deadline = absl::Now() + options_.step_timeout;
+        // With a device hand-over stages answer in any order (each over its own stream).
+        if (pending->empty()) {
+          flights_.erase(it);
+          flight->done = true;
+          finished = true;
+          ++stats_.steps;
+          stats_.remote_seconds += absl::ToDoubleSeconds(absl::Now() - flight->start);
+        }
+      }
     }
   }
   if (!failure.empty()) {
     Drop(conn, failure);
   } else if (next != nullptr) {
     Send(next);
-  } else {
+  } else if (finished) {
     cv_.notify_all();
   }
 }
 
-void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
+void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::string& reason,
+                         bool regroup) {
+  std::vector<std::shared_ptr<Connection>> others;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (conn->lost) return;
@@ -293,8 +418,29 @@ void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::str
     conn->lost_reason = reason;
     if (conn->rank >= 0 && members_[conn->rank] == conn) {
       members_[conn->rank] = nullptr;
-      ++stats_.losses;
-      losses_.fetch_add(1);
+      if (!regroup) {
+        ++stats_.losses;
+        losses_.fetch_add(1);
+      }
+      if (device_) {
+        // The formation's links die with this stage: abort the leader's (the engine may be
+        // waiting in one), void a formation in progress, and let every stage join again.
+        if (!links_.empty()) links_[0]->Abort();
+        links_.clear();
+        ++formation_;
+        // The others go now, under this lock, so that nothing they still send (an answer to
+        // a step that failed here) counts as a loss of their own.
+        for (size_t r = 1; r < members_.size(); ++r) {
+          const std::shared_ptr<Connection> other = members_[r];
+          if (other == nullptr) continue;
+          other->lost = true;
+          other->lost_reason =
+              absl::StrCat("the group forms again: stage ", conn->rank, " left (", reason, ")");
+          members_[r] = nullptr;
+          other->context->TryCancel();  // safe under the lock, as for `conn` below
+          others.push_back(other);
+        }
+      }
       // Every step in flight needs this stage (or its K/V): they all fail.
       const absl::Status failed = absl::UnavailableError(
           absl::StrCat(DescribeStage(conn->rank, options_.stages[conn->rank]),
@@ -311,8 +457,13 @@ void PipelineGroup::Drop(const std::shared_ptr<Connection>& conn, const std::str
   }
   cv_.notify_all();
   if (conn->rank >= 0) {
-    logging::Log(logging::LogLevel::kWarning, "pipeline", "stage lost",
+    logging::Log(logging::LogLevel::kWarning, "pipeline",
+                 regroup ? "stage regrouped" : "stage lost",
                  {{"stage", conn->rank}, {"name", conn->name}, {"reason", reason}});
+  }
+  for (const auto& other : others) {
+    logging::Log(logging::LogLevel::kWarning, "pipeline", "stage regrouped",
+                 {{"stage", other->rank}, {"name", other->name}, {"reason", other->lost_reason}});
   }
   NotifyFormed();
 }
@@ -329,7 +480,8 @@ void PipelineGroup::Watchdog() {
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Connection>> late;
     for (const auto& [id, flight] : flights_) {
-      const std::shared_ptr<Connection>& conn = members_[flight->stage];
+      if (flight->pending.empty()) continue;
+      const std::shared_ptr<Connection>& conn = members_[flight->pending.front()];
       if (now > flight->deadline && conn != nullptr &&
           std::find(late.begin(), late.end(), conn) == late.end()) {
         late.push_back(conn);
@@ -345,36 +497,50 @@ void PipelineGroup::Watchdog() {
   }
 }
 
-void PipelineGroup::Send(const std::shared_ptr<Flight>& flight) {
-  std::shared_ptr<Connection> conn;
+bool PipelineGroup::Write(const std::shared_ptr<Connection>& conn, const v1::LeaderMessage& msg) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (flight->done) return;
-    conn = members_[flight->stage];
-    if (conn == nullptr || !conn->ready || conn->lost) {
-      flights_.erase(flight->id);
-      flight->done = true;
-      flight->status = absl::UnavailableError(
-          absl::StrCat(DescribeStage(flight->stage, options_.stages[flight->stage]),
-                       " of the pipeline group is not connected"));
-      conn = nullptr;
-    } else {
-      ++conn->writers;
-    }
-  }
-  if (conn == nullptr) {
-    cv_.notify_all();
-    return;
+    if (conn->lost) return false;
+    ++conn->writers;
   }
   // This stream's only writer (see the class comment); the Join handler waits for it to return
   // before it ends the call (AwaitNoWriter).
-  const bool sent = conn->stream->Write(flight->msg);
+  const bool sent = conn->stream->Write(msg);
   {
     std::lock_guard<std::mutex> lock(mu_);
     --conn->writers;
   }
   cv_.notify_all();
   if (!sent) Drop(conn, "its connection closed");
+  return sent;
+}
+
+void PipelineGroup::Send(const std::shared_ptr<Flight>& flight) {
+  std::vector<std::shared_ptr<Connection>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (flight->done) return;
+    for (int stage : flight->pending) {
+      const std::shared_ptr<Connection>& conn = members_[stage];
+      if (conn == nullptr || !conn->ready || conn->lost) {
+        flights_.erase(flight->id);
+        flight->done = true;
+        flight->status =
+            absl::UnavailableError(absl::StrCat(DescribeStage(stage, options_.stages[stage]),
+                                                " of the pipeline group is not connected"));
+        targets.clear();
+        break;
+      }
+      targets.push_back(conn);
+    }
+  }
+  if (targets.empty()) {
+    cv_.notify_all();
+    return;
+  }
+  for (const auto& conn : targets) {
+    if (!Write(conn, flight->msg)) return;  // dropped: the flight failed with the stage
+  }
 }
 
 std::shared_ptr<PipelineFlight> PipelineGroup::SubmitStages(const ForwardBatch& batch,
@@ -385,10 +551,24 @@ std::shared_ptr<PipelineFlight> PipelineGroup::SubmitStages(const ForwardBatch& 
   v1::PipelineStep* step = flight->msg.mutable_step();
   EncodeStep(batch, copies, step);
   FloatsToBytes(hand_over, step->mutable_hand_over());
-  const int64_t expected =
-      StageIoFloats(static_cast<int64_t>(batch.tokens.size()), options_.hidden_size);
+  int64_t expected = StageIoFloats(static_cast<int64_t>(batch.tokens.size()), options_.hidden_size);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (device_) {
+      expected = 0;
+      if (!FormedLocked()) {
+        // Not formed: the engine's links are gone or were never open.
+        flight->done = true;
+        flight->status = absl::UnavailableError(
+            "the pipeline group is not formed (a stage is missing or connecting)");
+        return flight;
+      }
+      for (int r = 1; r < static_cast<int>(options_.stages.size()); ++r) {
+        flight->pending.push_back(r);
+      }
+    } else {
+      flight->pending = {1};
+    }
     if (static_cast<int64_t>(hand_over.size()) != expected) {
       flight->done = true;
       flight->status = absl::InternalError(

@@ -36,10 +36,22 @@ struct PipelineGroupOptions {
 
 /// The leader's side of a pipeline-parallel group: the kvserve.v1.Pipeline service stages join
 /// through (register service() on the leader's gRPC server), and the PipelineLink the leader's
-/// engine drives. Stages hand over through the leader: the engine sends a step to stage 1, and
-/// the thread that reads stage r's answer passes it on to stage r + 1 at once; the last stage
-/// answers with the logits. Each stage's stream has one writer (the engine for stage 1, stage
-/// r - 1's reader after that), so steps reach every stage in submission order. Thread-safe.
+/// engine drives.
+///
+/// Host hand-over (CPU stages): stages hand over through the leader: the engine sends a step to
+/// stage 1, and the thread that reads stage r's answer passes it on to stage r + 1 at once; the
+/// last stage answers with the logits. Each stage's stream has one writer (the engine for stage
+/// 1, stage r - 1's reader after that), so steps reach every stage in submission order.
+///
+/// Device hand-over (EnableDeviceHandOver: CUDA stages, NCCL send/recv between them): once every
+/// stage is ready the group forms: the leader makes a formation id, sends it to every stage
+/// (`connect`), and opens its own links; the group is formed when every stage has answered
+/// `connected`. The engine writes each step to every stage at once (it is then every stream's
+/// only writer), and each stage answers when its part is done, the last with the logits. A
+/// lost stage aborts the formation's links (so no device waits for it) and drops every other
+/// stage too, since their links died with it: they all join again and form anew.
+///
+/// Thread-safe.
 class PipelineGroup final : public PipelineLink {
  public:
   /// INVALID_ARGUMENT for fewer than 2 stages or a non-positive size or timeout.
@@ -61,6 +73,9 @@ class PipelineGroup final : public PipelineLink {
   // PipelineLink.
   const std::vector<StageLayers>& stages() const override { return options_.stages; }
   void SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDType dtype) override;
+  void EnableDeviceHandOver(int tp_size, std::string device, StageLinkFactory links) override;
+  bool device_hand_over() const override;
+  uint64_t LeaderLinks(std::vector<std::shared_ptr<StageLink>>* links) const override;
   bool formed() const override;
   std::string NotFormedReason() const override;
   uint64_t losses() const override;
@@ -79,6 +94,7 @@ class PipelineGroup final : public PipelineLink {
     std::string name;
     // Guarded by the group's mu_.
     bool ready = false;
+    uint64_t connected = 0;  // the formation whose links it opened (device hand-over)
     bool lost = false;
     int writers = 0;  // threads inside stream->Write
     std::string lost_reason;
@@ -87,10 +103,11 @@ class PipelineGroup final : public PipelineLink {
   /// next stage touches.
   struct Flight final : PipelineFlight {
     uint64_t id = 0;
-    int stage = 1;  // the stage computing it now
+    int stage = 1;             // host hand-over: the stage computing it now
+    std::vector<int> pending;  // stages yet to answer, in rank order
     int64_t logits_floats = 0;
     absl::Time start;
-    absl::Time deadline;  // for the current stage's answer
+    absl::Time deadline;  // for the next answer
     v1::LeaderMessage msg;
     bool done = false;
     absl::Status status;
@@ -102,9 +119,19 @@ class PipelineGroup final : public PipelineLink {
   absl::StatusOr<v1::StageAssignment> Admit(const std::shared_ptr<Connection>& conn,
                                             const v1::StageJoin& join);
   void MarkReady(const std::shared_ptr<Connection>& conn);
+  /// Device hand-over: forms the group once every stage is ready (see the class comment).
+  void Connect();
+  void MarkConnected(const std::shared_ptr<Connection>& conn, uint64_t formation);
   void Deliver(const std::shared_ptr<Connection>& conn, v1::StepResult result);
-  /// Drops `conn` from the group (once) with `reason`; cancels its call.
-  void Drop(const std::shared_ptr<Connection>& conn, const std::string& reason);
+  /// Drops `conn` from the group (once) with `reason`; cancels its call. With a device
+  /// hand-over, also aborts the formation and drops the other stages (`regroup`: this drop is
+  /// one of those, not counted as a loss).
+  void Drop(const std::shared_ptr<Connection>& conn, const std::string& reason,
+            bool regroup = false);
+  /// Writes `msg` to `conn`'s stream (dropping the stage when the write fails); false when
+  /// `conn` is gone.
+  bool Write(const std::shared_ptr<Connection>& conn, const v1::LeaderMessage& msg);
+  bool AllReadyLocked() const;
   /// Waits until no thread writes to `conn`'s stream (before its handler returns).
   void AwaitNoWriter(const Connection& conn);
   /// Sends `flight` to stage flight->stage (dropping the stage when the write fails).
@@ -125,6 +152,14 @@ class PipelineGroup final : public PipelineLink {
   int64_t num_blocks_ = 0;
   int32_t block_size_ = 0;
   KvCacheDType kv_dtype_ = KvCacheDType::kF32;
+  // Device hand-over (EnableDeviceHandOver).
+  bool device_ = false;
+  int tp_size_ = 1;
+  std::string device_name_;
+  StageLinkFactory link_factory_;
+  uint64_t formation_ = 0;   // the newest formation started; bumped by a loss to void it
+  bool connecting_ = false;  // Connect() is running
+  std::vector<std::shared_ptr<StageLink>> links_;  // the leader's, of formation_ once open
   bool shut_down_ = false;
   uint64_t next_step_ = 0;
   /// Steps in flight, by id.

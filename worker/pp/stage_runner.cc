@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -105,6 +108,8 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
   join->set_model_fingerprint_hi(fingerprint.hi);
   join->set_model_fingerprint_lo(fingerprint.lo);
   join->set_name(options_.name.empty() ? HostName() : options_.name);
+  join->set_tp_size(options_.tensor_parallel.tp_size);
+  join->set_device(options_.device);
   v1::LeaderMessage in;
   if (!stream->Write(out) || !stream->Read(&in)) return ended("no assignment");
   if (!in.has_assignment()) return ended("the leader's first message is not an assignment");
@@ -114,6 +119,13 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
       a.pp_size() != options_.pp_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "leader ", options_.leader, " sent an unusable assignment: ", a.ShortDebugString()));
+  }
+  const StageLinkFactory& link_factory = options_.tensor_parallel.stage_links;
+  if (a.device_hand_over() && !link_factory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "leader ", options_.leader,
+        " hands over device to device (NCCL); this stage has no device links (--device ",
+        options_.device, ")"));
   }
   absl::StatusOr<std::unique_ptr<ModelWeights>> stage =
       StageWeights(*weights_, a.first_layer(), a.num_layers());
@@ -144,12 +156,70 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
                 {"kv_blocks", a.num_blocks()}});
   if (ready_callback_) ready_callback_(true);
 
+  // The call's reader: queues the leader's messages, and when the call ends aborts the links
+  // (a forward pass may be waiting for a peer that is gone).
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<v1::LeaderMessage> queue;
+  bool call_ended = false;
+  std::vector<std::shared_ptr<StageLink>> links;  // guarded by queue_mu
+  std::thread reader([&] {
+    v1::LeaderMessage m;
+    while (stream->Read(&m)) {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      queue.push_back(std::move(m));
+      queue_cv.notify_one();
+    }
+    std::lock_guard<std::mutex> lock(queue_mu);
+    call_ended = true;
+    if (!links.empty()) links[0]->Abort();
+    queue_cv.notify_one();
+  });
+  std::string why = "the leader ended the call";
   std::vector<float> input;
   std::vector<float> output;
-  while (stream->Read(&in)) {
-    if (!in.has_step()) return ended("the leader sent something other than a step");
-    const v1::PipelineStep& step = in.step();
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(queue_mu);
+      queue_cv.wait(lock, [&] { return call_ended || !queue.empty(); });
+      if (queue.empty()) break;
+      in = std::move(queue.front());
+      queue.pop_front();
+    }
     out.Clear();
+    if (in.has_connect()) {
+      if (!a.device_hand_over()) {
+        why = "the leader sent a connect to a stage with a host hand-over";
+        break;
+      }
+      // A new formation: the old links (if any) are dead already.
+      absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> opened =
+          link_factory.open(in.connect().link_id(), a.pp_size(), a.rank());
+      if (!opened.ok()) {
+        why = std::string(opened.status().message());
+        break;
+      }
+      if (absl::Status s = (*model)->SetStageLinks(*opened); !s.ok()) {
+        why = std::string(s.message());
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(queue_mu);
+        links = std::move(*opened);
+        if (call_ended) links[0]->Abort();
+      }
+      out.mutable_connected()->set_formation(in.connect().formation());
+      if (!stream->Write(out)) break;
+      logging::Log(
+          logging::LogLevel::kInfo, "pipeline", "stage links open",
+          {{"stage", a.rank()}, {"formation", static_cast<int64_t>(in.connect().formation())}});
+      continue;
+    }
+    if (!in.has_step()) {
+      why = "the leader sent something other than a step";
+      break;
+    }
+    const v1::PipelineStep& step = in.step();
     v1::StepResult* result = out.mutable_result();
     result->set_step(step.step());
     const absl::Time busy_from = absl::Now();
@@ -167,17 +237,21 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
         (*cache)->CopyBlock(c.src(), c.dst());
       }
     }
-    if (s.ok()) {
+    if (s.ok() && !a.device_hand_over()) {
       input.resize(static_cast<size_t>(StageIoFloats(tokens, hidden)));
       s = BytesToFloats(step.hand_over(), static_cast<int64_t>(input.size()), "hand-over",
                         input.data());
     }
     if (s.ok()) {
+      // With a device hand-over the links carry it (SetStageLinks) and only logits come back.
+      const size_t hand_over_floats =
+          a.device_hand_over() ? 0 : static_cast<size_t>(StageIoFloats(tokens, hidden));
       const size_t out_floats =
-          last ? batch->logits_rows.size() * static_cast<size_t>(vocab) : input.size();
+          last ? batch->logits_rows.size() * static_cast<size_t>(vocab) : hand_over_floats;
       output.resize(out_floats);
-      s = (*model)->Forward(*batch, **cache, last ? output.data() : nullptr,
-                            StageIo{input.data(), last ? nullptr : output.data()});
+      s = (*model)->Forward(
+          *batch, **cache, last ? output.data() : nullptr,
+          StageIo{input.data(), last || a.device_hand_over() ? nullptr : output.data()});
       if (s.ok()) FloatsToBytes(output, result->mutable_output());
     }
     if (!s.ok()) {
@@ -190,7 +264,14 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
     ++stats_.steps;
     stats_.busy_seconds += busy;
   }
-  return ended("the leader ended the call");
+  {
+    std::lock_guard<std::mutex> lock(queue_mu);
+    if (!links.empty()) links[0]->Abort();
+    if (!call_ended) context->TryCancel();  // this side ends the call: wake the reader
+  }
+  reader.join();
+  (void)(*model)->SetStageLinks({});
+  return ended(why);
 }
 
 }  // namespace kvserve

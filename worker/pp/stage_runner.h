@@ -22,8 +22,11 @@ struct PipelineStageOptions {
   /// The group's stage count (--pp) and the rank wanted (--pp-rank; -1: any free one).
   int pp_size = 2;
   int requested_rank = -1;
-  /// Ranks inside the stage (--tp, --threads).
+  /// Ranks inside the stage (--tp, --threads); device ranks' stage_links carry a device
+  /// hand-over when the leader's group uses one.
   TensorParallelOptions tensor_parallel;
+  /// The ranks' device as the leader checks it: "cpu", "cuda" or "cuda-sim".
+  std::string device = "cpu";
   /// Name the leader logs for this stage (default: the host name).
   std::string name;
   /// Channel credentials (TLS when the leader serves TLS); null: insecure.
@@ -40,8 +43,11 @@ struct PipelineStageStats {
 };
 
 /// A pipeline stage other than the leader: dials the leader, joins, builds its layers (sharded
-/// over its tensor-parallel ranks) and KV pool as assigned, then answers steps until the call
-/// ends, and joins again (with a fresh pool: the leader forgets what the old one held). Run()
+/// over its tensor-parallel ranks) and KV pool as assigned, opens its device links when the
+/// group hands over device to device, then answers steps until the call ends, and joins again
+/// (with a fresh pool: the leader forgets what the old one held). The call's messages are read
+/// on a thread of their own, so that a call that ends aborts the links a forward pass may be
+/// waiting in. Run()
 /// returns on Stop(), or with the leader's reason when it refuses this stage for good
 /// (INVALID_ARGUMENT, FAILED_PRECONDITION: wrong model or --pp).
 class PipelineStageRunner {

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/tp/communicator.h"
+#include "worker/tp/stage_link.h"
 
 namespace kvserve {
 

@@ -12,6 +12,7 @@
 #include "worker/kv/kv_manager.h"
 #include "worker/model/llama_model.h"
 #include "worker/planner/pipeline_layout.h"
+#include "worker/tp/stage_link.h"
 
 namespace kvserve {
 
@@ -47,6 +48,18 @@ class PipelineLink {
   virtual const std::vector<StageLayers>& stages() const = 0;
   /// Called once by the engine when its KV pool is sized: every stage holds the same blocks.
   virtual void SetKvPool(int64_t num_blocks, int32_t block_size, KvCacheDType dtype) = 0;
+  /// Called once by the engine, before SetKvPool, when its stage runs on devices that can hand
+  /// over device to device (`links`: TensorParallelOptions::stage_links): every stage must then
+  /// run `device` with `tp_size` ranks, and each formation of the group opens links between
+  /// them. SubmitStages then takes no hand-over: the engine's stage sends its own through the
+  /// leader's links (LeaderLinks), after submitting the step.
+  virtual void EnableDeviceHandOver(int tp_size, std::string device, StageLinkFactory links) = 0;
+  /// Whether EnableDeviceHandOver was called.
+  virtual bool device_hand_over() const = 0;
+  /// The leader's links of the current formation, rank 0's first (empty while the group is not
+  /// formed), and the formation's number: when it changes, the engine's model takes the new
+  /// links (TensorParallelModel::SetStageLinks). A lost stage aborts them.
+  virtual uint64_t LeaderLinks(std::vector<std::shared_ptr<StageLink>>* links) const = 0;
   /// Whether every stage has joined and is ready.
   virtual bool formed() const = 0;
   /// Why the group is not formed ("waiting for stage 1 (layers 31..60)"); empty when formed.
@@ -60,7 +73,8 @@ class PipelineLink {
   /// (stage 0's StageIo output) goes along, and the last stage's logits come back to
   /// AwaitStages. Steps run on every stage in the order they were submitted, and several may be
   /// in flight at once (micro-batches: while stage 1 computes one, the leader computes the next).
-  /// The batch's arrays are copied: they may change once this returns.
+  /// The batch's arrays are copied: they may change once this returns. With a device hand-over
+  /// `hand_over` is empty, and every stage gets the step at once.
   virtual std::shared_ptr<PipelineFlight> SubmitStages(const ForwardBatch& batch,
                                                        std::span<const BlockCopy> copies,
                                                        std::span<const float> hand_over) = 0;

@@ -59,6 +59,7 @@ void UseDeviceRanks(TensorParallelOptions* options, const BackendOptions& base,
   options->make_communicators = [simulator](int tp_size) {
     return CreateNcclGroup(tp_size, simulator);
   };
+  options->stage_links = NcclStageLinks(options->tp_size, simulator);
 }
 
 absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(
@@ -174,7 +175,11 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache has ", cache.tp_size(), " ranks, the model ", tp));
   }
-  if (tp == 1) return ranks_[0]->model->Forward(batch, cache.rank(0), logits, io);
+  if (tp == 1) {
+    StageIo own = io;
+    own.link = ranks_[0]->link.get();
+    return ranks_[0]->model->Forward(batch, cache.rank(0), logits, own);
+  }
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the tensor-parallel group is down after an earlier failure: ", broken_.ToString()));
@@ -207,17 +212,38 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
     }
   }
   // INVALID_ARGUMENT is a bad batch every rank refused before any collective: nothing to abort.
-  if (!result.ok() && group_ == nullptr && !absl::IsInvalidArgument(result)) broken_ = result;
+  if (!result.ok() && group_ == nullptr && !absl::IsInvalidArgument(result) &&
+      !SendFailedAfterCollectives(result)) {
+    broken_ = result;
+  }
   return result;
+}
+
+bool TensorParallelModel::SendFailedAfterCollectives(const absl::Status& status) const {
+  return weights_->config.first_stage() && IsStageLinkError(status);
+}
+
+absl::Status TensorParallelModel::SetStageLinks(std::vector<std::shared_ptr<StageLink>> links) {
+  if (!links.empty() && links.size() != ranks_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(links.size(), " stage links for ", ranks_.size(), " ranks"));
+  }
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    ranks_[r]->link = links.empty() ? nullptr : std::move(links[r]);
+  }
+  return absl::OkStatus();
 }
 
 void TensorParallelModel::RunRank(int r, float* logits, float* stage_output) {
   Rank& rank = *ranks_[r];
-  rank.status =
-      rank.model->Forward(*batch_, cache_->rank(r), logits, StageIo{io_.input, stage_output});
+  rank.status = rank.model->Forward(*batch_, cache_->rank(r), logits,
+                                    StageIo{io_.input, stage_output, rank.link.get()});
   // Every rank checks the same batch the same way, so a refused batch (INVALID_ARGUMENT) stops
   // all of them before their first collective; anything else may leave the others waiting.
-  if (!rank.status.ok() && !absl::IsInvalidArgument(rank.status)) rank.comm->Abort();
+  if (!rank.status.ok() && !absl::IsInvalidArgument(rank.status) &&
+      !SendFailedAfterCollectives(rank.status)) {
+    rank.comm->Abort();
+  }
 }
 
 void TensorParallelModel::RankLoop(int r) {

@@ -20,6 +20,7 @@
 #include "worker/tp/communicator.h"
 #include "worker/tp/cpu_communicator.h"
 #include "worker/tp/shard.h"
+#include "worker/tp/stage_link.h"
 
 namespace kvserve {
 
@@ -38,12 +39,16 @@ struct TensorParallelOptions {
   /// CPU ranks can use.
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(int tp_size)>
       make_communicators;
+  /// Device ranks of a pipeline stage: how this process opens its device-to-device hand-over
+  /// links (NcclStageLinks). Empty: hand-overs go through the host.
+  StageLinkFactory stage_links;
 };
 
 /// Device ranks for `options`: rank r on CUDA device r with a backend made from `base`
 /// (device_index = r; `first`, when given, is rank 0's, already opened), NCCL between them
-/// (base.simulator: the simulator's). A missing device is FAILED_PRECONDITION when the model is
-/// created.
+/// (base.simulator: the simulator's), and NCCL hand-over links for a pipeline stage's ranks
+/// (options->tp_size must be set first). A missing device is FAILED_PRECONDITION when the model
+/// is created.
 void UseDeviceRanks(TensorParallelOptions* options, const BackendOptions& base,
                     std::unique_ptr<Backend> first = nullptr);
 
@@ -129,6 +134,13 @@ class TensorParallelModel {
   absl::Status Forward(const ForwardBatch& batch, ShardedKvCache& cache, float* logits,
                        const StageIo& io = {});
 
+  /// From now on, a pipeline stage's hand-overs go device to device through `links` (rank r's
+  /// at index r; StageLinkFactory::open), and Forward's io.input / io.output are unused. A
+  /// failed link fails the step with its UNAVAILABLE; on the first stage (which only sends,
+  /// after its last collective) the tensor-parallel group stays usable, so the next formation's
+  /// links can be set. Empty: back to host hand-overs. Not while Forward runs.
+  absl::Status SetStageLinks(std::vector<std::shared_ptr<StageLink>> links);
+
  private:
   struct Rank {
     ShardPlan plan;
@@ -137,6 +149,7 @@ class TensorParallelModel {
     std::unique_ptr<cpu::ThreadPool> pool;  // CPU ranks
     std::unique_ptr<Backend> backend;       // device ranks
     Communicator* comm = nullptr;           // tp > 1
+    std::shared_ptr<StageLink> link;        // device hand-over (SetStageLinks)
     std::unique_ptr<LlamaModel> model;
     absl::Status status;  // the last Forward's result on this rank
     std::thread thread;   // ranks >= 1
@@ -147,6 +160,9 @@ class TensorParallelModel {
   void RankLoop(int r);
   /// Runs rank r's part of the current step; on failure aborts the group so no rank waits.
   void RunRank(int r, float* logits, float* stage_output);
+  /// Whether `status` is a first stage's failed hand-over send: every rank has passed its last
+  /// collective by then, so the group need not be aborted.
+  bool SendFailedAfterCollectives(const absl::Status& status) const;
 
   const ModelWeights* weights_;
   std::unique_ptr<CpuCommGroup> group_;  // CPU ranks, tp > 1

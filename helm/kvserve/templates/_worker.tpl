@@ -92,6 +92,9 @@ spec:
         {{- if not (kindIs "invalid" $p.stepTimeoutSeconds) }}
         - --pp-step-timeout={{ int $p.stepTimeoutSeconds }}
         {{- end }}
+        {{- with $p.handOver }}
+        - --pp-hand-over={{ . }}
+        {{- end }}
         {{- end }}
         {{- end }}
         {{- with $w.device }}

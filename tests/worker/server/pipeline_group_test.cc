@@ -8,11 +8,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +122,82 @@ struct Server {
   int32_t UsedBlocks() const { return engine->stats().used_blocks; }
 };
 
+// NCCL's stand-in for CPU stages of one process, so the device hand-over's protocol (formation,
+// steps sent to every stage at once, regrouping after a loss) runs here: each formation id has
+// FIFO channels between ranks (stage * tp + t). As with ncclCommAbort, Abort ends only the
+// aborting stage's links: a peer waiting on them fails when its own side aborts (the stage
+// runner does once its call ends, the leader's group when it drops a stage).
+struct LinkHub {
+  std::mutex mu;
+  std::condition_variable cv;
+  int next_id = 0;
+  std::map<std::tuple<std::string, int, int>, std::deque<std::vector<float>>> channels;
+  std::set<std::pair<std::string, int>> aborted;  // (formation, stage)
+  int64_t floats_moved = 0;
+};
+
+class FakeLink final : public StageLink {
+ public:
+  FakeLink(std::shared_ptr<LinkHub> hub, std::string id, int stage, int me, int prev, int next)
+      : hub_(std::move(hub)),
+        id_(std::move(id)),
+        stage_(stage),
+        me_(me),
+        prev_(prev),
+        next_(next) {}
+  absl::Status Recv(float* data, int64_t n) override {
+    std::unique_lock<std::mutex> lock(hub_->mu);
+    auto& q = hub_->channels[{id_, prev_, me_}];
+    hub_->cv.wait(lock, [&] { return !q.empty() || Aborted(); });
+    if (Aborted()) return StageLinkError("fake link aborted");
+    std::vector<float> m = std::move(q.front());
+    q.pop_front();
+    if (static_cast<int64_t>(m.size()) != n) {
+      return StageLinkError(absl::StrCat("fake link: ", m.size(), " floats sent, ", n, " wanted"));
+    }
+    std::memcpy(data, m.data(), m.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Send(const float* data, int64_t n) override {
+    std::lock_guard<std::mutex> lock(hub_->mu);
+    if (Aborted()) return StageLinkError("fake link aborted");
+    hub_->channels[{id_, me_, next_}].emplace_back(data, data + n);
+    hub_->floats_moved += n;
+    hub_->cv.notify_all();
+    return absl::OkStatus();
+  }
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(hub_->mu);
+    hub_->aborted.insert({id_, stage_});
+    hub_->cv.notify_all();
+  }
+
+ private:
+  bool Aborted() const { return hub_->aborted.count({id_, stage_}) > 0; }
+  std::shared_ptr<LinkHub> hub_;
+  std::string id_;
+  int stage_, me_, prev_, next_;
+};
+
+StageLinkFactory FakeLinks(std::shared_ptr<LinkHub> hub, int tp) {
+  StageLinkFactory f;
+  f.new_id = [hub]() -> absl::StatusOr<std::string> {
+    std::lock_guard<std::mutex> lock(hub->mu);
+    return absl::StrCat("formation-", ++hub->next_id);
+  };
+  f.open = [hub, tp](const std::string& id, int pp,
+                     int stage) -> absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> {
+    std::vector<std::shared_ptr<StageLink>> links;
+    for (int t = 0; t < tp; ++t) {
+      links.push_back(std::make_shared<FakeLink>(hub, id, stage, stage * tp + t,
+                                                 stage > 0 ? (stage - 1) * tp + t : -1,
+                                                 stage + 1 < pp ? (stage + 1) * tp + t : -1));
+    }
+    return links;
+  };
+  return f;
+}
+
 // A stage runner on its own thread.
 struct Stage {
   std::unique_ptr<PipelineStageRunner> runner;
@@ -179,7 +261,8 @@ class PipelineGroupTest : public ::testing::Test {
 
   static std::unique_ptr<Server> Leader(std::vector<int> counts, int tp = 1,
                                         int64_t num_kv_blocks = 256,
-                                        absl::Duration step_timeout = absl::Seconds(30)) {
+                                        absl::Duration step_timeout = absl::Seconds(30),
+                                        std::shared_ptr<LinkHub> links = nullptr) {
     PipelineGroupOptions g;
     g.stages = *SplitLayers(model_->config().num_layers, static_cast<int>(counts.size()), counts);
     g.model_fingerprint = ModelWeightsFingerprint(*model_->weights);
@@ -188,11 +271,12 @@ class PipelineGroupTest : public ::testing::Test {
     g.step_timeout = step_timeout;
     absl::StatusOr<std::unique_ptr<PipelineGroup>> group = PipelineGroup::Create(g);
     EXPECT_TRUE(group.ok()) << group.status();
+    if (links != nullptr) (*group)->EnableDeviceHandOver(tp, "cpu", FakeLinks(links, tp));
     return Serve(std::move(*group), Options(num_kv_blocks, tp));
   }
 
   static std::unique_ptr<Stage> StartStage(const std::string& leader, int pp, int rank = -1,
-                                           int tp = 1) {
+                                           int tp = 1, std::shared_ptr<LinkHub> links = nullptr) {
     PipelineStageOptions o;
     o.leader = leader;
     o.pp_size = pp;
@@ -200,6 +284,7 @@ class PipelineGroupTest : public ::testing::Test {
     o.tensor_parallel.tp_size = tp;
     o.tensor_parallel.num_threads = tp;
     o.retry_interval = absl::Milliseconds(50);
+    if (links != nullptr) o.tensor_parallel.stage_links = FakeLinks(links, tp);
     auto stage = std::make_unique<Stage>();
     stage->runner = std::make_unique<PipelineStageRunner>(model_->weights.get(), o);
     Stage* raw = stage.get();
@@ -263,6 +348,104 @@ TEST_F(PipelineGroupTest, StagesGiveTheTokensAndLogprobsOfOneProcess) {
     EXPECT_LE(leader->group->stats().max_in_flight, pp) << what;
     for (auto& stage : stages) stage->Stop();
   }
+}
+
+// The device hand-over's protocol with in-process links: every stage gets each step at once,
+// hand-overs go link to link (none through the leader), and only logits come back.
+TEST_F(PipelineGroupTest, DeviceHandOverGivesTheTokensOfOneProcess) {
+  struct Layout {
+    std::vector<int> counts;
+    int tp;
+  };
+  for (const Layout& layout : {Layout{{3, 2}, 1}, Layout{{1, 2, 2}, 1}, Layout{{2, 3}, 2}}) {
+    const std::string what = absl::StrCat(layout.counts.size(), " stages (first ", layout.counts[0],
+                                          "), tp ", layout.tp);
+    auto hub = std::make_shared<LinkHub>();
+    std::unique_ptr<Server> reference = Reference(256, layout.tp);
+    std::unique_ptr<Server> leader = Leader(layout.counts, layout.tp, 256, absl::Seconds(30), hub);
+    EXPECT_TRUE(leader->group->device_hand_over());
+    std::vector<std::unique_ptr<Stage>> stages;
+    const int pp = static_cast<int>(layout.counts.size());
+    for (int r = 1; r < pp; ++r) {
+      stages.push_back(StartStage(leader->address, pp, -1, layout.tp, hub));
+    }
+    ASSERT_TRUE(WaitFor([&] { return leader->Health() == HealthStatus::SERVING; }))
+        << what << ": " << leader->group->NotFormedReason();
+    for (int length : {5, 37}) {
+      const v1::GenerateRequest request =
+          Request(Prompt(static_cast<uint32_t>(length), length), 24);
+      ExpectSame(leader->Generate(request), reference->Generate(request),
+                 absl::StrCat(what, ", prompt of ", length));
+    }
+    std::vector<Output> together(5);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 5; ++i) {
+      threads.emplace_back(
+          [&, i] { together[i] = leader->Generate(Request(Prompt(100 + i, 10 + 13 * i), 20)); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < 5; ++i) {
+      ExpectSame(together[i], reference->Generate(Request(Prompt(100 + i, 10 + 13 * i), 20)),
+                 absl::StrCat(what, ", concurrent request ", i));
+    }
+    const PipelineGroupStats stats = leader->group->stats();
+    EXPECT_GT(stats.steps, 0) << what;
+    EXPECT_EQ(stats.bytes_sent, 0) << what << ": hand-overs went through the leader";
+    EXPECT_LE(stats.max_in_flight, pp) << what;
+    {
+      std::lock_guard<std::mutex> lock(hub->mu);
+      EXPECT_GT(hub->floats_moved, 0) << what;
+    }
+    EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; })) << what;
+    EXPECT_EQ(leader->engine->stats().invariant_violations, 0) << what;
+    for (auto& stage : stages) stage->Stop();
+  }
+}
+
+// A lost stage takes the formation's links with it: every stage is dropped and joins again, the
+// group forms anew with fresh links, and tokens are exact again.
+TEST_F(PipelineGroupTest, DeviceHandOverRegroupsAfterALostStage) {
+  auto hub = std::make_shared<LinkHub>();
+  std::unique_ptr<Server> reference = Reference();
+  std::unique_ptr<Server> leader = Leader({1, 2, 2}, 1, 256, absl::Seconds(30), hub);
+  std::unique_ptr<Stage> one = StartStage(leader->address, 3, 1, 1, hub);
+  std::unique_ptr<Stage> two = StartStage(leader->address, 3, 2, 1, hub);
+  ASSERT_TRUE(WaitFor([&] { return leader->Health() == HealthStatus::SERVING; }));
+  const v1::GenerateRequest warm = Request(Prompt(7, 40), 8);
+  ExpectSame(leader->Generate(warm), reference->Generate(warm), "before the loss");
+
+  std::vector<Output> long_ones(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back(
+        [&, i] { long_ones[i] = leader->Generate(Request(Prompt(8 + i, 30), 470)); });
+  }
+  ASSERT_TRUE(WaitFor([&] { return leader->engine->stats().num_running > 0; }));
+  const auto lost_at = std::chrono::steady_clock::now();
+  two->Stop();
+  for (std::thread& t : threads) t.join();
+  int unavailable = 0;
+  for (const Output& out : long_ones) {
+    if (out.status.ok()) continue;
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
+    ++unavailable;
+  }
+  EXPECT_GT(unavailable, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10));
+  EXPECT_TRUE(WaitFor([&] { return leader->Health() == HealthStatus::NOT_SERVING; }));
+  EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; }));
+  // Stage 1 was dropped with it and joins again by itself; stage 2 restarts.
+  EXPECT_TRUE(WaitFor([&] { return one->runner->stats().joins >= 2; }));
+  std::unique_ptr<Stage> again = StartStage(leader->address, 3, 2, 1, hub);
+  ASSERT_TRUE(WaitFor([&] { return leader->Health() == HealthStatus::SERVING; }))
+      << leader->group->NotFormedReason();
+  ExpectSame(leader->Generate(warm), reference->Generate(warm), "after the regroup");
+  EXPECT_EQ(leader->group->stats().losses, 1);
+  std::vector<std::shared_ptr<StageLink>> links;
+  EXPECT_GE(leader->group->LeaderLinks(&links), 2u);
+  EXPECT_EQ(links.size(), 1u);
+  EXPECT_TRUE(WaitFor([&] { return leader->UsedBlocks() == 0; }));
+  EXPECT_EQ(leader->engine->stats().invariant_violations, 0);
 }
 
 TEST_F(PipelineGroupTest, ForkedSamplesAndPreemptionStayExact) {
@@ -502,6 +685,23 @@ TEST_F(PipelineGroupTest, TheLeaderRefusesStagesThatCannotBelong) {
   std::unique_ptr<Stage> wrong = StartStage(leader->address, 3);
   wrong->thread.join();
   EXPECT_TRUE(absl::IsInvalidArgument(wrong->result)) << wrong->result;
+
+  // A group that hands over device to device: stages must run the leader's device and --tp, and
+  // a stage without links cannot take part.
+  auto hub = std::make_shared<LinkHub>();
+  std::unique_ptr<Server> device_leader = Leader({3, 2}, 1, 256, absl::Seconds(30), hub);
+  std::unique_ptr<Stage> other_tp = StartStage(device_leader->address, 2, -1, 2, hub);
+  other_tp->thread.join();
+  EXPECT_TRUE(absl::IsFailedPrecondition(other_tp->result)) << other_tp->result;
+  EXPECT_NE(other_tp->result.message().find("--device cpu --tp 1 like the leader"),
+            std::string::npos)
+      << other_tp->result;
+  std::unique_ptr<Stage> no_links = StartStage(device_leader->address, 2);
+  no_links->thread.join();
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_links->result)) << no_links->result;
+  EXPECT_NE(no_links->result.message().find("no device links"), std::string::npos)
+      << no_links->result;
+  EXPECT_FALSE(device_leader->group->formed());
 }
 
 TEST_F(PipelineGroupTest, ASilentStageIsDroppedAfterTheStepTimeout) {
