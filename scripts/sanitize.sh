@@ -40,7 +40,8 @@ targets=()
 ctest_select=(-LE 'gpu|slow')
 if [ "$preset" = tsan ]; then
   targets=(--target "${tsan_tests[@]}")
-  ctest_select+=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$")
+  # A sharded test (kvserve_test SHARDS) runs as <name>_<i>of<N>.
+  ctest_select+=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))(_[0-9]+of[0-9]+)?\$")
   # ignore_noninstrumented_modules: memcpy & co. called from inside Debian's (uninstrumented)
   # abseil, protobuf and gRPC are not checked; kvserve's own accesses all are.
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ignore_noninstrumented_modules=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
