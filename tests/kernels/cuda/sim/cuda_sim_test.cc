@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/cuda/sim/sim_memory.h"
 #include "kernels/cuda/sim/internal.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/cuda/sim/sim_test_kernels.h"
@@ -29,28 +30,6 @@ namespace {
 // CI's ASan job (scripts/sanitize.sh asan) skips the checks ASan takes over; its plain build
 // runs them.
 const std::string kAsanJob = testing_ci::DeclaredCiSkip("the plain build runs it, not ASan's");
-
-template <typename T>
-T* DeviceAlloc(size_t n) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, sizeof(T) * n), cudaSuccess);
-  return static_cast<T*>(p);
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& host) {
-  T* d = DeviceAlloc<T>(host.size());
-  EXPECT_EQ(cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return d;
-}
-
-template <typename T>
-std::vector<T> Download(const T* d, size_t n) {
-  std::vector<T> host(n);
-  EXPECT_EQ(cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
-}
 
 /// Runs a launch that must fault; returns the error text (and clears the sticky error).
 std::string ExpectFault(cudaError_t launch_result, cudaError_t want = cudaErrorLaunchFailure) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/cuda/sim/sim_memory.h"
 #include "tests/test_util/ci_skip.h"
 
 extern char** environ;
@@ -127,28 +128,6 @@ void ExitChild(bool failed) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(failed ? 1 : kChildPassed);
-}
-
-template <typename T>
-T* DeviceAlloc(size_t n) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, sizeof(T) * n), cudaSuccess);
-  return static_cast<T*>(p);
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& host) {
-  T* d = DeviceAlloc<T>(host.size());
-  EXPECT_EQ(cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return d;
-}
-
-template <typename T>
-std::vector<T> Download(const T* d, size_t n) {
-  std::vector<T> host(n);
-  EXPECT_EQ(cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
 }
 
 /// Whether two buffers hold the same bytes (a vector's EXPECT_EQ would print megabytes).
