@@ -307,6 +307,7 @@ void PipelineGroup::Connect() {
     v1::LeaderMessage msg;
     msg.mutable_connect()->set_formation(formation);
     msg.mutable_connect()->set_link_id(*id);
+    msg.mutable_connect()->set_open_timeout_ms(absl::ToInt64Milliseconds(options_.step_timeout));
     // Every stage opens its links while the leader opens its own: NCCL's init waits for all.
     for (const auto& conn : members) {
       if (!Write(conn, msg)) break;  // dropped, which voids this formation
@@ -314,7 +315,7 @@ void PipelineGroup::Connect() {
   }
   absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> links;
   if (failure.empty()) {
-    links = factory.open(*id, pp, 0);
+    links = factory.open(*id, pp, 0, options_.step_timeout);
     if (!links.ok()) failure = std::string(links.status().message());
   }
   bool formed_now = false;

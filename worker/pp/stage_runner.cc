@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <condition_variable>
 #include <deque>
@@ -193,8 +194,9 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
         break;
       }
       // A new formation: the old links (if any) are dead already.
-      absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> opened =
-          link_factory.open(in.connect().link_id(), a.pp_size(), a.rank());
+      absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> opened = link_factory.open(
+          in.connect().link_id(), a.pp_size(), a.rank(),
+          absl::Milliseconds(std::max<int64_t>(in.connect().open_timeout_ms(), 1000)));
       if (!opened.ok()) {
         why = std::string(opened.status().message());
         break;

@@ -49,19 +49,21 @@ StageLinkFactory NcclStageLinks(int tp_size, bool simulator) {
     if (size <= 0) return absl::UnavailableError(absl::StrCat("pipeline formation id: ", error));
     return std::string(id, static_cast<size_t>(size));
   };
-  factory.open = [tp_size, simulator](
-                     const std::string& id, int pp_size,
-                     int stage) -> absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> {
+  factory.open =
+      [tp_size, simulator](
+          const std::string& id, int pp_size, int stage,
+          absl::Duration timeout) -> absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> {
     absl::StatusOr<void*> symbol = CudaLibrarySymbol("kvserve_open_nccl_stage_links", simulator);
     if (!symbol.ok()) {
       return absl::UnavailableError(absl::StrCat("NCCL stage links are not available (",
                                                  std::string(symbol.status().message()), ")"));
     }
-    using OpenFn = int (*)(const char*, size_t, int, int, int, StageLink**, char*, size_t);
+    using OpenFn = int (*)(const char*, size_t, int, int, int, double, StageLink**, char*, size_t);
     std::vector<StageLink*> raw(static_cast<size_t>(tp_size), nullptr);
     char error[512] = {0};
-    if (reinterpret_cast<OpenFn>(*symbol)(id.data(), id.size(), pp_size, stage, tp_size, raw.data(),
-                                          error, sizeof(error)) != 1) {
+    if (reinterpret_cast<OpenFn>(*symbol)(id.data(), id.size(), pp_size, stage, tp_size,
+                                          absl::ToDoubleSeconds(timeout), raw.data(), error,
+                                          sizeof(error)) != 1) {
       return absl::UnavailableError(
           absl::StrCat("pipeline links of stage ", stage, " over NCCL: ", error));
     }

@@ -7,16 +7,24 @@
 // t of the neighbouring stages. Each link has its own stream; a transfer is enqueued there and
 // waited for before the call returns, like the tensor-parallel collectives
 // (nccl_communicator.cc), so the caller's compute stream needs no event.
+//
+// The communicators are non-blocking (ncclConfig_t::blocking = 0): a blocking
+// ncclCommInitRank waits for every rank with no time limit, so a stage that died while the
+// group formed would hold the others for good. Instead the init is polled up to a deadline and
+// aborted past it; and since calls on a non-blocking communicator may return ncclInProgress,
+// each transfer polls the communicator's state before waiting for its stream.
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -87,10 +95,19 @@ class NcclStageLink final : public StageLink {
       if (formation_->aborted) return Aborted();
       cudaSetDevice(device_);
       const ncclResult_t r = call();
-      if (r != ncclSuccess) {
+      if (r != ncclSuccess && r != ncclInProgress) {
         return StageLinkError(absl::StrCat("pipeline hand-over: ", what, ": ",
                                            ncclGetErrorString(r), " ", ncclGetLastError(comm_)));
       }
+    }
+    // Non-blocking: the op may still be on its way to the stream.
+    while (true) {
+      std::shared_lock<std::shared_mutex> lock(formation_->mu);
+      if (formation_->aborted) return Aborted();
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+      lock.unlock();
+      std::this_thread::yield();
     }
     const cudaError_t err = cudaStreamSynchronize(stream_);
     std::shared_lock<std::shared_mutex> lock(formation_->mu);
@@ -149,7 +166,7 @@ extern "C" __attribute__((visibility("default"))) int kvserve_nccl_stage_link_id
 /// Opens this process's `tp_size` links (devices 0..tp_size-1) of formation `id` as stage
 /// `stage` of `pp_size`, into `out` (the caller owns them).
 extern "C" __attribute__((visibility("default"))) int kvserve_open_nccl_stage_links(
-    const char* id_bytes, size_t id_size, int pp_size, int stage, int tp_size,
+    const char* id_bytes, size_t id_size, int pp_size, int stage, int tp_size, double timeout_s,
     kvserve::StageLink** out, char* error, size_t error_size) {
   using kvserve::SetError;
   if (id_size != sizeof(ncclUniqueId)) {
@@ -174,21 +191,56 @@ extern "C" __attribute__((visibility("default"))) int kvserve_open_nccl_stage_li
   const int nranks = pp_size * tp_size;
   auto formation = std::make_shared<kvserve::Formation>();
   formation->comms.assign(static_cast<size_t>(tp_size), nullptr);
-  // One thread initialises every local rank: NCCL needs them in one group call.
-  ncclResult_t r = ncclGroupStart();
-  for (int t = 0; t < tp_size && r == ncclSuccess; ++t) {
-    cudaSetDevice(t);
-    r = ncclCommInitRank(&formation->comms[static_cast<size_t>(t)], nranks, id,
-                         stage * tp_size + t);
-  }
-  const ncclResult_t end = ncclGroupEnd();
-  if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) {
+  // One thread initialises every local rank: NCCL needs them in one group call. Non-blocking,
+  // so a rank that never comes ends in the deadline below rather than a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  auto abort_all = [&] {
     for (ncclComm_t comm : formation->comms) {
       if (comm != nullptr) ncclCommAbort(comm);
     }
+  };
+  ncclResult_t r = ncclGroupStart();
+  for (int t = 0; t < tp_size && (r == ncclSuccess || r == ncclInProgress); ++t) {
+    cudaSetDevice(t);
+    r = ncclCommInitRankConfig(&formation->comms[static_cast<size_t>(t)], nranks, id,
+                               stage * tp_size + t, &config);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  // Whatever the group call said, the communicators' own states tell when the init is done.
+  if (r == ncclSuccess) r = ncclInProgress;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (r == ncclInProgress) {
+    r = ncclSuccess;
+    for (ncclComm_t comm : formation->comms) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q =
+          comm == nullptr ? ncclInternalError : ncclCommGetAsyncError(comm, &state);
+      if (q != ncclSuccess) state = q;
+      if (state == ncclInProgress) {
+        r = ncclInProgress;
+      } else if (state != ncclSuccess) {
+        r = state;
+        break;
+      }
+    }
+    if (r != ncclInProgress) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      abort_all();
+      SetError(error, error_size,
+               absl::StrCat("opening stage ", stage, "'s links timed out after ", timeout_s,
+                            " s: not every rank of the ", pp_size, " stages joined the formation"));
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != ncclSuccess) {
+    abort_all();
     SetError(error, error_size,
-             absl::StrCat("ncclCommInitRank (", nranks, " ranks, stage ", stage,
+             absl::StrCat("ncclCommInitRankConfig (", nranks, " ranks, stage ", stage,
                           "): ", ncclGetErrorString(r)));
     return 0;
   }

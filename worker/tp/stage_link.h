@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace kvserve {
 
@@ -52,8 +53,11 @@ struct StageLinkFactory {
   std::function<absl::StatusOr<std::string>()> new_id;
   /// This process's links of formation `id`: stage `stage` of `pp_size`, one link per
   /// tensor-parallel rank (rank t on device t), rank 0's first. Aborting one aborts them all.
-  std::function<absl::StatusOr<std::vector<std::shared_ptr<StageLink>>>(const std::string& id,
-                                                                        int pp_size, int stage)>
+  /// Waits until every rank of every stage has opened its links, at most `timeout` (then
+  /// UNAVAILABLE: a stage did not come), so a stage that died while the group formed cannot
+  /// hold the others.
+  std::function<absl::StatusOr<std::vector<std::shared_ptr<StageLink>>>(
+      const std::string& id, int pp_size, int stage, absl::Duration timeout)>
       open;
 
   explicit operator bool() const { return new_id && open; }

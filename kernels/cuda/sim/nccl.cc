@@ -19,6 +19,15 @@
 // deadlock it); the messages of an ordered pair of ranks match in FIFO order. Ops are stream-
 // ordered and asynchronous like the collectives. Unlike real NCCL, ncclCommInitRank does not wait
 // for the other ranks, so one thread may init several ranks of one id without ncclGroupStart.
+// ncclCommInitRankConfig with config->blocking = 0 is NCCL's non-blocking init: the same
+// communicator, whose I/O thread connects to every peer at once (with the same retries, and the
+// hello) instead of at the first send, and whose ncclCommGetAsyncError says ncclInProgress until
+// every peer has joined: this rank's hello went out on its connection to the peer, and the peer's
+// connection to this rank came in (every rank of a non-blocking init connects to all). Those are
+// the connections later sends use, so the wire is the same as with lazy connects. A peer that
+// never comes leaves the init in progress for ever (real NCCL leaves that timeout to the caller,
+// who then calls ncclCommAbort); a peer that drops its end before it joined (it refused the
+// hello, or it exited or aborted) fails it.
 // A failure (a peer that closed its end or died, a recv whose size differs from the message, an op
 // past the timeout) breaks the communicator: its posted ops complete without data, its
 // connections close (so its peers fail too instead of waiting), ncclCommGetAsyncError reports the
@@ -379,8 +388,15 @@ Io Transfer(int fd, bool out, unsigned char* p, size_t len, size_t* moved, int* 
 /// a graph), so a late op finds it closed instead of freed.
 class P2pComm {
  public:
-  P2pComm(uint64_t token, int nranks, int rank)
-      : token_(token), nranks_(nranks), rank_(rank), links_(static_cast<size_t>(nranks)) {}
+  /// `eager`: a non-blocking init's communicator, which connects to every peer at once and is
+  /// in progress until all have joined.
+  P2pComm(uint64_t token, int nranks, int rank, bool eager)
+      : token_(token),
+        nranks_(nranks),
+        rank_(rank),
+        eager_(eager),
+        joined_(!eager),
+        links_(static_cast<size_t>(nranks)) {}
   ~P2pComm() {
     Close(/*drain=*/false);
     if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -443,9 +459,11 @@ class P2pComm {
     return ncclSuccess;
   }
 
+  /// The error, else ncclInProgress while a non-blocking init waits for peers, else ncclSuccess.
   ncclResult_t AsyncError() {
     std::lock_guard<std::mutex> lock(mu_);
-    return error_;
+    if (error_ != ncclSuccess) return error_;
+    return joined_ ? ncclSuccess : ncclInProgress;
   }
 
   /// What broke the communicator, or nullptr. Set once and never changed after, so the text
@@ -556,7 +574,42 @@ class P2pComm {
       if (error_ == ncclSuccess) Deliver(p);
       if (error_ == ncclSuccess) WriteTo(p);
     }
+    if (error_ == ncclSuccess && !joined_) CheckJoined();
     if (error_ == ncclSuccess) CheckDeadlines();
+  }
+
+  /// Whether this rank must (still) connect to `p` and say hello without a send: a non-blocking
+  /// init does so for every peer, until the peer drops the connection (never reconnecting, as a
+  /// lazy connect would not: that peer is gone).
+  bool Greeting(int p) const {
+    const Link& l = links_[static_cast<size_t>(p)];
+    return eager_ && p != rank_ && l.out_closed.empty() && l.hello_sent < sizeof(Hello);
+  }
+
+  /// A non-blocking init is done once every peer has joined: this rank's hello is out on its
+  /// connection to the peer (the peer's socket exists), and the peer's connection has come in
+  /// with a hello this rank accepted (the peer's communicator exists and agrees on the id and
+  /// nranks). A peer that drops its end before it joined fails the init instead: it refused this
+  /// rank's hello, or its process exited or its communicator was aborted. A peer that never comes
+  /// leaves the init in progress: the caller decides how long to wait.
+  void CheckJoined() {
+    bool all = true;
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      const Link& l = links_[static_cast<size_t>(p)];
+      if (l.hello_sent == sizeof(Hello) && l.in_seen) continue;
+      all = false;
+      if (!l.out_closed.empty() || !l.in_closed.empty()) {
+        Fail(
+            ncclRemoteError,
+            absl::StrFormat("rank %d: the non-blocking init failed: rank %d %s before it joined "
+                            "(it refused this rank's hello, as when the ranks disagree on "
+                            "nranks, or its process exited or its communicator was aborted)",
+                            rank_, p, (l.out_closed.empty() ? l.in_closed : l.out_closed).c_str()));
+        return;
+      }
+    }
+    joined_ = all;
   }
 
   /// What poll() waits for, and how long (ms; -1: until something happens).
@@ -568,17 +621,17 @@ class P2pComm {
     auto sooner = [&wake_at](Clock::time_point t) {
       if (!wake_at.has_value() || t < *wake_at) wake_at = t;
     };
-    for (const Link& l : links_) {
+    for (int p = 0; p < nranks_; ++p) {
+      const Link& l = links_[static_cast<size_t>(p)];
       if (l.in_fd >= 0) fds->push_back(pollfd{l.in_fd, POLLIN, 0});
       // POLLIN on the connection we send on: only its end is ever readable (WatchOut).
       if (l.out_fd >= 0) {
-        const short events = l.sends.empty() ? POLLIN : POLLIN | POLLOUT;
-        fds->push_back(pollfd{l.out_fd, events, 0});
+        const bool writing = !l.sends.empty() || l.hello_sent < sizeof(Hello);
+        fds->push_back(
+            pollfd{l.out_fd, static_cast<short>(writing ? POLLIN | POLLOUT : POLLIN), 0});
       }
-      if (!l.sends.empty()) {
-        if (l.out_fd < 0) sooner(l.next_connect);
-        sooner(l.sends.front().deadline);
-      }
+      if (l.out_fd < 0 && (!l.sends.empty() || Greeting(p))) sooner(l.next_connect);
+      if (!l.sends.empty()) sooner(l.sends.front().deadline);
       if (!l.recvs.empty()) sooner(l.recvs.front().deadline);
     }
     if (!wake_at.has_value()) return -1;
@@ -740,9 +793,11 @@ class P2pComm {
   }
 
   /// Connects to `p` if need be, then writes the posted sends as far as the socket takes them.
+  /// A non-blocking init connects and says hello before any send: the same connection and hello
+  /// a first send would make, so the sends that follow on it read the same on the wire.
   void WriteTo(int p) {
     Link& l = links_[static_cast<size_t>(p)];
-    if (l.sends.empty()) return;
+    if (l.sends.empty() && !Greeting(p)) return;
     if (!l.out_closed.empty()) {  // gone: connecting again would only wait for the timeout
       Fail(ncclRemoteError,
            absl::StrFormat("rank %d: a send of %zu bytes to rank %d failed: rank %d %s (its "
@@ -775,16 +830,17 @@ class P2pComm {
       if (r == Io::kDone) Complete(l.sends);
     }
     if (r == Io::kDone || r == Io::kBlocked) return;
-    const size_t bytes = l.sends.front().bytes;
+    const std::string what = l.sends.empty()
+                                 ? std::string("the hello (non-blocking init)")
+                                 : absl::StrFormat("a send of %zu bytes", l.sends.front().bytes);
     if (r == Io::kClosed) {
       Fail(ncclRemoteError,
-           absl::StrFormat(
-               "rank %d: a send of %zu bytes to rank %d failed: rank %d closed its connection "
-               "(%s: its process exited, or its communicator was destroyed or aborted)",
-               rank_, bytes, p, p, std::strerror(err)));
+           absl::StrFormat("rank %d: %s to rank %d failed: rank %d closed its connection "
+                           "(%s: its process exited, or its communicator was destroyed or aborted)",
+                           rank_, what, p, p, std::strerror(err)));
     } else {
-      Fail(ncclSystemError, absl::StrFormat("rank %d: a send of %zu bytes to rank %d failed: %s",
-                                            rank_, bytes, p, std::strerror(err)));
+      Fail(ncclSystemError, absl::StrFormat("rank %d: %s to rank %d failed: %s", rank_, what, p,
+                                            std::strerror(err)));
     }
   }
 
@@ -809,7 +865,8 @@ class P2pComm {
     ::close(fd);
     if (err == ECONNREFUSED || err == ENOENT || err == EAGAIN || err == EINTR) {
       // The peer has not called ncclCommInitRank yet (or its backlog is full): try again soon,
-      // backing off to 20 ms, until the send's deadline.
+      // backing off to 20 ms, until the send's deadline (a non-blocking init's greeting tries
+      // until the caller aborts: 50 connects a second cost nothing).
       l.next_connect = now + l.backoff;
       l.backoff = std::min(l.backoff * 2, std::chrono::milliseconds(20));
       return false;
@@ -849,6 +906,7 @@ class P2pComm {
   const uint64_t token_;
   const int nranks_;
   const int rank_;
+  const bool eager_;  // non-blocking init: connects to every peer at once
   int wake_fd_ = -1;  // eventfd: a posted op or a close wakes the I/O thread's poll()
   std::thread thread_;
 
@@ -857,6 +915,7 @@ class P2pComm {
   bool closing_ = false;
   ncclResult_t error_ = ncclSuccess;
   std::string error_text_;
+  bool joined_;  // every peer has joined (always, without a non-blocking init)
   int listen_fd_ = -1;
   std::vector<Link> links_;  // by peer rank (this rank's own stays unused)
   std::vector<Incoming> incoming_;
@@ -928,8 +987,19 @@ ncclResult_t SubmitP2p(bool send, void* buf, size_t count, ncclDataType_t type, 
     return ncclInvalidUsage;
   }
   std::shared_ptr<kvsim::P2pComm> p2p = comm->p2p;
-  // A broken communicator fails every later call at once, as NCCL's do.
-  if (const ncclResult_t e = p2p->AsyncError(); e != ncclSuccess) return e;
+  // A broken communicator fails every later call at once, as NCCL's do. So does one whose
+  // non-blocking init is not done: real NCCL requires ncclSuccess from ncclCommGetAsyncError
+  // first (it says ncclInvalidArgument; ncclInvalidUsage names the mistake better).
+  const ncclResult_t state = p2p->AsyncError();
+  if (state == ncclInProgress) {
+    comm->last_error = absl::StrFormat("%s before the non-blocking init completed", what);
+    std::fprintf(stderr,
+                 "kvsim: NCCL rank %d: %s before the communicator's non-blocking init completed "
+                 "(poll ncclCommGetAsyncError until it is not ncclInProgress)\n",
+                 comm->rank, what);
+    return ncclInvalidUsage;
+  }
+  if (state != ncclSuccess) return state;
   const size_t type_bytes = kvsim::TypeBytes(type);
   if (type_bytes == 0) return ncclInvalidArgument;
   if (peer < 0 || peer >= p2p->nranks() || peer == comm->rank) {
@@ -963,6 +1033,35 @@ ncclResult_t SubmitP2p(bool send, void* buf, size_t count, ncclDataType_t type, 
   if (e != cudaSuccess) return ncclUnhandledCudaError;
   return *result;
 }
+
+/// ncclCommInitRank, or with `blocking` false ncclCommInitRankConfig's non-blocking init, which
+/// returns ncclInProgress once the communicator exists (the I/O thread then connects).
+ncclResult_t InitRank(const char* api, ncclComm_t* comm, int nranks, const ncclUniqueId& commId,
+                      int rank, bool blocking) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    std::fprintf(stderr, "kvsim: %s: rank %d of %d ranks\n", api, rank, nranks);
+    return ncclInvalidArgument;
+  }
+  if (std::memcmp(commId.internal, kvsim::kIdMagic, sizeof kvsim::kIdMagic) != 0) {
+    std::fprintf(stderr, "kvsim: %s: the id does not come from ncclGetUniqueId\n", api);
+    return ncclInvalidArgument;
+  }
+  if (kvsim::DeviceCount() == 0) return ncclUnhandledCudaError;
+  uint64_t token = 0;
+  std::memcpy(&token, commId.internal + kvsim::kTokenOffset, sizeof token);
+  auto p2p = std::make_shared<kvsim::P2pComm>(token, nranks, rank, /*eager=*/!blocking);
+  if (const ncclResult_t r = p2p->Start(); r != ncclSuccess) return r;
+  auto* c = new ncclComm();
+  c->p2p = std::move(p2p);
+  c->rank = rank;
+  c->device = kvsim::CurrentDevice();  // as NCCL: the calling thread's device (cudaSetDevice)
+  *comm = c;
+  return blocking ? ncclSuccess : ncclInProgress;
+}
+
+/// NCCL_CONFIG_INITIALIZER's magic: a config not made from it is refused, as NCCL refuses it.
+constexpr unsigned int kConfigMagic = 0xcafebeef;
 
 }  // namespace
 
@@ -1003,26 +1102,31 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  if (comm == nullptr) return ncclInvalidArgument;
-  if (nranks < 1 || rank < 0 || rank >= nranks) {
-    std::fprintf(stderr, "kvsim: ncclCommInitRank: rank %d of %d ranks\n", rank, nranks);
-    return ncclInvalidArgument;
+  return InitRank("ncclCommInitRank", comm, nranks, commId, rank, /*blocking=*/true);
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+  const char* api = "ncclCommInitRankConfig";
+  bool blocking = true;
+  if (config != nullptr) {
+    // As NCCL: an uninitialized config or a blocking value other than 0, 1 or undefined is a
+    // caller's bug that must not pass for one mode or the other.
+    if (config->magic != kConfigMagic ||
+        config->size < offsetof(ncclConfig_t, blocking) + sizeof config->blocking) {
+      std::fprintf(stderr,
+                   "kvsim: %s: the config was not initialized with NCCL_CONFIG_INITIALIZER\n", api);
+      return ncclInvalidArgument;
+    }
+    if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 &&
+        config->blocking != 1) {
+      std::fprintf(stderr, "kvsim: %s: config blocking = %d (0, 1 or NCCL_CONFIG_UNDEF_INT)\n", api,
+                   config->blocking);
+      return ncclInvalidArgument;
+    }
+    blocking = config->blocking != 0;
   }
-  if (std::memcmp(commId.internal, kvsim::kIdMagic, sizeof kvsim::kIdMagic) != 0) {
-    std::fprintf(stderr, "kvsim: ncclCommInitRank: the id does not come from ncclGetUniqueId\n");
-    return ncclInvalidArgument;
-  }
-  if (kvsim::DeviceCount() == 0) return ncclUnhandledCudaError;
-  uint64_t token = 0;
-  std::memcpy(&token, commId.internal + kvsim::kTokenOffset, sizeof token);
-  auto p2p = std::make_shared<kvsim::P2pComm>(token, nranks, rank);
-  if (const ncclResult_t r = p2p->Start(); r != ncclSuccess) return r;
-  auto* c = new ncclComm();
-  c->p2p = std::move(p2p);
-  c->rank = rank;
-  c->device = kvsim::CurrentDevice();  // as NCCL: the calling thread's device (cudaSetDevice)
-  *comm = c;
-  return ncclSuccess;
+  return InitRank(api, comm, nranks, commId, rank, blocking);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {

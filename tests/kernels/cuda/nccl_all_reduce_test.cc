@@ -1,6 +1,7 @@
 // NCCL all-reduce over every GPU of the machine (needs two or more; skips otherwise), through
 // the Communicator interface of worker/tp/communicator.h.
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <utility>
@@ -9,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "worker/tp/communicator.h"
+#include "worker/tp/nccl_group.h"
+#include "worker/tp/stage_link.h"
 
 namespace kvserve {
 namespace {
@@ -131,6 +134,78 @@ TEST(NcclAllReduceTest, FailedGroupSetUpLeaksNothing) {
   char error[256] = {0};
   EXPECT_EQ(reinterpret_cast<CreateGroupFn>(*sym)(2, raw.data(), error, sizeof(error)), 0);
   EXPECT_NE(std::string(error).find("cannot set up NCCL rank 1"), std::string::npos) << error;
+}
+
+// Pipeline stage links (worker/tp/stage_link.h) between two stages of tp 2, both in this process
+// (simulator only: each stage's rank t is device t, and a real GPU cannot hold two ranks of one
+// communicator): every rank's hand-over reaches the same rank of the next stage, in order; a
+// formation whose other stage never opens its links times out instead of hanging; an abort ends
+// a receive that waits for a peer.
+TEST(NcclAllReduceTest, StageLinksHandOverRankToRankAndNeverHang) {
+  KVSERVE_SIMULATOR_ONLY();
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (int d = 0; d < 2; ++d) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = testing_cuda::LoadTestBackend(d);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpus.push_back(std::move(*b));
+  }
+  const StageLinkFactory factory = NcclStageLinks(2, /*simulator=*/true);
+  absl::StatusOr<std::string> id = factory.new_id();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> first, second;
+  std::thread opener([&] { second = factory.open(*id, 2, 1, absl::Seconds(20)); });
+  first = factory.open(*id, 2, 0, absl::Seconds(20));
+  opener.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(first->size(), 2u);
+  constexpr int64_t kCount = 3000;
+  std::vector<std::thread> ranks;
+  std::vector<std::vector<float>> got(2);
+  std::vector<absl::Status> sent(2), received(2);
+  for (int t = 0; t < 2; ++t) {
+    ranks.emplace_back([&, t] {
+      DeviceBuffer a = testing_cuda::Upload(gpus[t].get(), std::vector<float>(kCount, t + 1.0f));
+      DeviceBuffer b = testing_cuda::Upload(gpus[t].get(), std::vector<float>(kCount, t + 10.0f));
+      sent[t] = (*first)[t]->Send(a.as<float>(), kCount);
+      if (sent[t].ok()) sent[t] = (*first)[t]->Send(b.as<float>(), kCount);
+      DeviceBuffer in = testing_cuda::Upload(gpus[t].get(), std::vector<float>(2 * kCount, 0.0f));
+      received[t] = (*second)[t]->Recv(in.as<float>(), kCount);
+      if (received[t].ok()) received[t] = (*second)[t]->Recv(in.as<float>() + kCount, kCount);
+      got[t] = testing_cuda::Download<float>(gpus[t].get(), in.get(), 2 * kCount);
+    });
+  }
+  for (std::thread& r : ranks) r.join();
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_TRUE(sent[t].ok()) << sent[t];
+    ASSERT_TRUE(received[t].ok()) << received[t];
+    EXPECT_EQ(got[t].front(), t + 1.0f) << "rank " << t;
+    EXPECT_EQ(got[t].back(), t + 10.0f) << "rank " << t;
+  }
+  // The first stage cannot receive, the last cannot send.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*first)[0]->Recv(nullptr, 1)));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*second)[0]->Send(nullptr, 1)));
+
+  // An abort (a lost stage) ends a receive whose sender never sends, and later calls fail.
+  DeviceBuffer in = testing_cuda::Upload(gpus[0].get(), std::vector<float>(8, 0.0f));
+  absl::Status waiting;
+  std::thread receiver([&] { waiting = (*second)[0]->Recv(in.as<float>(), 8); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  (*second)[1]->Abort();  // any link of the formation aborts them all
+  receiver.join();
+  EXPECT_TRUE(absl::IsUnavailable(waiting)) << waiting;
+  EXPECT_TRUE(IsStageLinkError(waiting)) << waiting;
+  EXPECT_TRUE(absl::IsUnavailable((*second)[1]->Recv(in.as<float>(), 8)));
+
+  // A formation whose other stage never comes: opening times out.
+  absl::StatusOr<std::string> lonely = factory.new_id();
+  ASSERT_TRUE(lonely.ok());
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> alone =
+      factory.open(*lonely, 2, 0, absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsUnavailable(alone.status())) << alone.status();
+  EXPECT_NE(alone.status().message().find("timed out"), std::string::npos) << alone.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 }  // namespace

@@ -185,8 +185,8 @@ StageLinkFactory FakeLinks(std::shared_ptr<LinkHub> hub, int tp) {
     std::lock_guard<std::mutex> lock(hub->mu);
     return absl::StrCat("formation-", ++hub->next_id);
   };
-  f.open = [hub, tp](const std::string& id, int pp,
-                     int stage) -> absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> {
+  f.open = [hub, tp](const std::string& id, int pp, int stage,
+                     absl::Duration) -> absl::StatusOr<std::vector<std::shared_ptr<StageLink>>> {
     std::vector<std::shared_ptr<StageLink>> links;
     for (int t = 0; t < tp; ++t) {
       links.push_back(std::make_shared<FakeLink>(hub, id, stage, stage * tp + t,

@@ -1,7 +1,9 @@
 // NCCL point-to-point on the CUDA simulator (kernels/cuda/sim/nccl.cc): ncclSend / ncclRecv on
 // ncclCommInitRank communicators, between threads of this process and between processes (this
 // binary run again as the peer, with a child-only test), and the failures that must not hang: a
-// peer that dies, an abort from another thread, a size mismatch, a timeout.
+// peer that dies, an abort from another thread, a size mismatch, a timeout. Also NCCL's
+// non-blocking init (ncclCommInitRankConfig with blocking = 0): in progress until every rank has
+// joined, abortable while a peer never comes.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -520,6 +522,194 @@ TEST(SimNcclP2pChild, DISABLED_TimeOutAfterOneSecond) {
   cudaStreamDestroy(s_recv);
   cudaStreamDestroy(s_send);
   ExitChild(HasFailure());
+}
+
+ncclConfig_t NonBlocking() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+/// Rank `rank` of `nranks` by non-blocking init, the way kvserve's stage links open it.
+ncclComm_t InitNonBlocking(int nranks, const ncclUniqueId& id, int rank) {
+  ncclConfig_t config = NonBlocking();
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclCommInitRankConfig(&comm, nranks, id, rank, &config), ncclInProgress);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_NE(comm, nullptr);
+  return comm;
+}
+
+/// Polls the communicator's state until it is not ncclInProgress or `limit_s` has passed; the
+/// last state seen.
+ncclResult_t AwaitInit(ncclComm_t comm, double limit_s = 5.0) {
+  const Clock::time_point t0 = Clock::now();
+  ncclResult_t state = ncclInProgress;
+  while (true) {
+    EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    if (state != ncclInProgress || Seconds(t0) > limit_s) return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+/// Whether the state stays ncclInProgress for `seconds`, polled every millisecond.
+bool StaysInProgress(ncclComm_t comm, double seconds) {
+  const Clock::time_point t0 = Clock::now();
+  while (Seconds(t0) < seconds) {
+    ncclResult_t state = ncclInternalError;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclInProgress) {
+      ADD_FAILURE() << "the state became " << ncclGetErrorString(state) << " after " << Seconds(t0)
+                    << " s: " << ncclGetLastError(comm);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(SimNcclP2p, NonBlockingInitIsInProgressUntilThePeerJoinsThenExchanges) {
+  const ncclUniqueId id = NewId();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm0 = InitNonBlocking(2, id, 0);
+  ASSERT_NE(comm0, nullptr);
+  // Rank 1 does not exist yet: the init cannot be done, and sends and recvs are refused.
+  EXPECT_TRUE(StaysInProgress(comm0, 0.05));
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  float* d = DeviceAlloc<float>(4);
+  EXPECT_EQ(ncclSend(d, 4, ncclFloat32, 1, comm0, s), ncclInvalidUsage);
+  EXPECT_EQ(ncclRecv(d, 4, ncclFloat32, 1, comm0, s), ncclInvalidUsage);
+  EXPECT_TRUE(StaysInProgress(comm0, 0.01)) << "a refused call must not break the init";
+  ncclResult_t state1 = ncclInternalError;
+  std::thread rank1([&id, &state1] {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    ncclComm_t comm1 = InitNonBlocking(2, id, 1);
+    ASSERT_NE(comm1, nullptr);
+    state1 = AwaitInit(comm1);
+    if (state1 == ncclSuccess) ExchangeThree(comm1, 1, /*recv_first=*/true);
+    EXPECT_EQ(ncclCommDestroy(comm1), ncclSuccess);
+  });
+  const Clock::time_point t0 = Clock::now();
+  const ncclResult_t state0 = AwaitInit(comm0);
+  const double joined_after = Seconds(t0);
+  EXPECT_EQ(state0, ncclSuccess) << ncclGetLastError(comm0);
+  EXPECT_LT(joined_after, 3.0);
+  if (state0 == ncclSuccess) ExchangeThree(comm0, 0, /*recv_first=*/false);
+  rank1.join();
+  EXPECT_EQ(state1, ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm0), ncclSuccess);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+}
+
+TEST(SimNcclP2p, NonBlockingInitWhosePeerNeverComesStaysInProgressUntilAborted) {
+  const ncclUniqueId id = NewId();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm = InitNonBlocking(2, id, 0);
+  ASSERT_NE(comm, nullptr);
+  // No timeout of its own: the caller's deadline decides (real NCCL leaves it to the caller).
+  EXPECT_TRUE(StaysInProgress(comm, 0.3));
+  const Clock::time_point t0 = Clock::now();
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  EXPECT_LT(Seconds(t0), 1.0);
+  // The abort closed rank 0's socket: the rank may be created again.
+  ncclComm_t again = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&again, 2, id, 0), ncclSuccess);
+  if (again != nullptr) {
+    EXPECT_EQ(ncclCommDestroy(again), ncclSuccess);
+  }
+}
+
+TEST(SimNcclP2p, NonBlockingInitOfRanksThatDisagreeOnNranksFails) {
+  const ncclUniqueId id = NewId();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // Rank 1 thinks there are 3 ranks: each refuses the other's hello, so neither ever joins.
+  ncclComm_t two = InitNonBlocking(2, id, 0);
+  ncclComm_t three = InitNonBlocking(3, id, 1);
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(three, nullptr);
+  for (ncclComm_t c : {two, three}) {
+    EXPECT_EQ(AwaitInit(c, 3.0), ncclRemoteError) << ncclGetLastError(c);
+    EXPECT_NE(std::string(ncclGetLastError(c)).find("non-blocking init"), std::string::npos)
+        << ncclGetLastError(c);
+  }
+  for (ncclComm_t c : {two, three}) EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+}
+
+TEST(SimNcclP2p, NonBlockingInitAcrossTwoProcessesThenExchanges) {
+  const ncclUniqueId id = NewId();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm = InitNonBlocking(2, id, 0);
+  ASSERT_NE(comm, nullptr);
+  const pid_t child = SpawnChild("DISABLED_NonBlockingInitThenExchangeAsRank1", id);
+  const ncclResult_t state = AwaitInit(comm, 10.0);
+  EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+  if (state == ncclSuccess) {
+    ExchangeThree(comm, 0, /*recv_first=*/false);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  } else {
+    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  }
+  EXPECT_TRUE(ChildPassed(WaitChild(child))) << "the child (rank 1) failed: see its output above";
+}
+
+TEST(SimNcclP2pChild, DISABLED_NonBlockingInitThenExchangeAsRank1) {
+  ncclUniqueId id;
+  if (!ParentId(&id)) {
+    GTEST_SKIP() << "a child process's half of a test"
+                 << testing_ci::DeclaredCiSkip("its parent test runs it");
+  }
+  ncclComm_t comm = InitNonBlocking(2, id, 1);
+  const ncclResult_t state = comm != nullptr ? AwaitInit(comm, 10.0) : ncclInternalError;
+  EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+  if (state == ncclSuccess) {
+    ExchangeThree(comm, 1, /*recv_first=*/true);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  } else if (comm != nullptr) {
+    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  }
+  ExitChild(HasFailure());
+}
+
+TEST(SimNcclP2p, InitRankConfigWithoutNonBlockingIsInitRank) {
+  const ncclUniqueId id = NewId();
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  // No config, then blocking = 1: both return at once, without waiting for the other rank.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, nullptr), ncclSuccess);
+  ncclResult_t state = ncclInternalError;
+  EXPECT_EQ(ncclCommGetAsyncError(comms[0], &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+  blocking.blocking = 1;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[1], 2, id, 1, &blocking), ncclSuccess);
+  std::thread rank1([&comms] {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    ExchangeThree(comms[1], 1, /*recv_first=*/true);
+  });
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ExchangeThree(comms[0], 0, /*recv_first=*/false);
+  rank1.join();
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+
+  // NCCL_CONFIG_INITIALIZER alone leaves blocking undefined: blocking, as in NCCL.
+  ncclConfig_t undefined = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t c = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&c, 2, NewId(), 0, &undefined), ncclSuccess);
+  if (c != nullptr) {
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+  // A config not from NCCL_CONFIG_INITIALIZER, or another blocking value, is refused.
+  ncclConfig_t bad = NonBlocking();
+  bad.magic = 0;
+  ncclComm_t refused = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&refused, 2, NewId(), 0, &bad), ncclInvalidArgument);
+  bad = NonBlocking();
+  bad.blocking = 2;
+  EXPECT_EQ(ncclCommInitRankConfig(&refused, 2, NewId(), 0, &bad), ncclInvalidArgument);
+  EXPECT_EQ(refused, nullptr);
 }
 
 }  // namespace
