@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -379,6 +380,29 @@ TEST(PipelineClusterTest, CudaStagesHandOverOverNcclAndSurviveAKilledStage) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(TokensOf(got), want_first) << "after the stage restarted";
   EXPECT_TRUE(WaitPoolFree(leader, kPoolBound).ok());
+}
+
+// A stage whose devices cannot hold the group's KV pool for its layers exits at once, naming the
+// sizes and what to change, rather than joining again and again.
+TEST(PipelineClusterTest, AStageThatCannotHoldTheKvPoolExitsNamingTheSizes) {
+  // 20000 blocks of 16 tokens: 246 MB of f32 K/V for stories260K's 3 leader layers, 164 MB for
+  // stage 1's 2; the stage's simulated device has 96 MiB.
+  absl::StatusOr<Spawned> leader = SpawnWorker(
+      {"--pp", "2", "--device", "cuda-sim", "--keep-f32-weights", "--num-kv-blocks", "20000"});
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  ::setenv("KVSERVE_SIM_DEVICE_MEMORY", "96MiB", 1);  // inherited by the stage only
+  testing::ExitedRun small = testing::RunKvserve(
+      {"worker", "--model", testing::kTestModel, "--listen", "127.0.0.1:0", "--threads", "1",
+       "--pp", "2", "--device", "cuda-sim", "--keep-f32-weights", "--pp-leader", leader->address},
+      seconds(60));
+  ::unsetenv("KVSERVE_SIM_DEVICE_MEMORY");
+  EXPECT_NE(small.exit_code, 0);
+  EXPECT_NE(small.exit_code, 124) << "the stage kept trying";
+  for (const char* text : {"cannot hold the group's KV pool", "20000 blocks", "--num-kv-blocks"}) {
+    EXPECT_NE(small.stderr_text.find(text), std::string::npos)
+        << text << " in: " << small.stderr_text;
+  }
+  EXPECT_FALSE(WaitHealth(leader->address, true, std::chrono::milliseconds(200)));
 }
 
 TEST(PipelineClusterTest, HungStageIsDroppedAfterTheStepTimeoutAndRejoinsOnSigcont) {

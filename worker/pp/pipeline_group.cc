@@ -403,6 +403,7 @@ void PipelineGroup::Deliver(const std::shared_ptr<Connection>& conn, v1::StepRes
   if (!failure.empty()) {
     Drop(conn, failure);
   } else if (next != nullptr) {
+    cv_.notify_all();  // its new deadline, before a write that may block
     Send(next);
   } else if (finished) {
     cv_.notify_all();
@@ -477,7 +478,18 @@ void PipelineGroup::AwaitNoWriter(const Connection& conn) {
 void PipelineGroup::Watchdog() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!shut_down_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    // Sleeps until the earliest deadline; a new flight's write wakes it (Write notifies cv_), and
+    // a deadline only ever moves later otherwise, so waking early just recomputes.
+    absl::Time earliest = absl::InfiniteFuture();
+    for (const auto& [id, flight] : flights_) {
+      if (!flight->pending.empty()) earliest = std::min(earliest, flight->deadline);
+    }
+    if (earliest == absl::InfiniteFuture()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, absl::ToChronoTime(earliest + absl::Milliseconds(1)));
+    }
+    if (shut_down_) break;
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Connection>> late;
     for (const auto& [id, flight] : flights_) {
@@ -585,6 +597,7 @@ std::shared_ptr<PipelineFlight> PipelineGroup::SubmitStages(const ForwardBatch& 
     stats_.block_copies += static_cast<int64_t>(copies.size());
     stats_.bytes_sent += static_cast<int64_t>(step->hand_over().size());
   }
+  cv_.notify_all();  // the watchdog learns the new deadline before a write that may block
   Send(flight);
   return flight;
 }

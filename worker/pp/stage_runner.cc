@@ -133,9 +133,28 @@ absl::Status PipelineStageRunner::Session(grpc::ClientContext* context) {
   if (!stage.ok()) return stage.status();
   absl::StatusOr<std::unique_ptr<TensorParallelModel>> model =
       TensorParallelModel::Create(stage->get(), options_.tensor_parallel);
+  if (absl::IsResourceExhausted(model.status())) {
+    // Joining again would fail the same way: end here.
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", a.rank(), " cannot hold its layers ", a.first_layer(), "..",
+                     a.first_layer() + a.num_layers() - 1, " (", model.status().message(),
+                     "); split the layers otherwise (--pp-layers) or give this stage more memory"));
+  }
   if (!model.ok()) return model.status();
   absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
       (*model)->CreateKvCache(a.num_blocks(), a.block_size(), *dtype);
+  if (absl::IsResourceExhausted(cache.status())) {
+    // Joining again would fail the same way: end here, saying what to change. The pool is the
+    // leader's size (every stage holds the same block ids for its layers).
+    const int64_t bytes =
+        (*model)->KvBytesPerToken(*dtype) * a.num_blocks() * int64_t{a.block_size()};
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", a.rank(), " cannot hold the group's KV pool for its layers ", a.first_layer(),
+        "..", a.first_layer() + a.num_layers() - 1, ": ", a.num_blocks(), " blocks of ",
+        a.block_size(), " tokens, ", bytes, " bytes over its ranks (", cache.status().message(),
+        "); give the leader a smaller pool (--kv-cache-memory or --num-kv-blocks, sized for the "
+        "stage with the least memory: kvserve plan --pp) or this stage more memory"));
+  }
   if (!cache.ok()) return cache.status();
   rank_.store(a.rank());
   const bool last = a.first_layer() + a.num_layers() == weights_->config.num_layers;
