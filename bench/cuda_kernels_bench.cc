@@ -1,13 +1,16 @@
 // CUDA kernel benchmark (built only with CUDA; run by scripts/gpu-check.sh): the device's copy
 // bandwidth (the peak the attention numbers are compared to), flash-decoding attention's
-// achieved KV bandwidth for several KV dtypes, and bf16 GEMM TFLOP/s. Prints a markdown table;
-// exits 1 with the reason when there is no CUDA device.
+// achieved KV bandwidth for several KV dtypes, bf16 GEMM TFLOP/s and top-k / top-p sampling over
+// a 128k vocabulary. Prints a markdown table; exits 1 with the reason when there is no CUDA
+// device.
 //
 // Usage: cuda_kernels_bench [--quick]
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -121,6 +124,37 @@ int Main(bool quick) {
     std::printf("| GEMM bf16 %lldx%lldx%lld | %.1f TFLOP/s, %.3f ms |\n", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k), 2.0 * m * n * k / s / 1e12,
                 s * 1e3);
+  }
+  // Sampling: a decode step of 64 sequences over a 128k vocabulary, k 64. The bandwidth counts
+  // one read of the logits, though the radix selection reads them twice (the second read may
+  // come from L2): model-like (normal) logits take that two-pass path, a vocabulary masked to
+  // -inf but for 10 logits the slowest one (four passes).
+  {
+    const int64_t rows = 64, vocab = 128256;
+    std::vector<float> normal(rows * vocab), masked(rows * vocab, -INFINITY), uniforms(rows);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    for (float& x : normal) x = dist(rng);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < 10; ++j) masked[r * vocab + (j * 7919 + r) % vocab] = dist(rng);
+      uniforms[r] = (static_cast<float>(r) + 0.5f) / rows;
+    }
+    const size_t bytes = sizeof(float) * rows * vocab;
+    DeviceBuffer logits = Alloc(b, bytes, 0), u = Alloc(b, rows * 4, 0),
+                 ids = Alloc(b, rows * 4, 0);
+    (void)b.CopyToDevice(u.get(), uniforms.data(), rows * 4);
+    for (const auto& [what, host] :
+         {std::pair{"normal logits", &normal}, {"masked to -inf", &masked}}) {
+      (void)b.CopyToDevice(logits.get(), host->data(), bytes);
+      const double s = Time(b, reps, [&] {
+        b.SampleTopKTopP(logits.as<float>(), rows, vocab, vocab, 64, 0.9f, 1.0f, u.as<float>(),
+                         ids.as<int32_t>());
+      });
+      std::printf(
+          "| top-k/top-p sampling %s (64 rows x 128256, k 64) | %.0f GB/s (%.0f%% of peak), "
+          "%.3f ms |\n",
+          what, bytes / s / 1e9, 100.0 * bytes / s / peak, s * 1e3);
+    }
   }
   if (absl::Status st = b.Synchronize(); !st.ok()) {
     std::printf("CUDA error: %s\n", std::string(st.message()).c_str());

@@ -221,6 +221,128 @@ TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
   }
 }
 
+// Samples `logits` ([rows, vocab]) on the device and with the CPU twin for several k; the picks
+// must be identical. The uniforms climb through [0, 1) over the rows, so rows that repeat one
+// pattern, with a temperature that flattens the softmax and no nucleus cut, reach every rank of
+// the top k: a wrong order among the k best shows as a different pick.
+void ExpectSamplingLikeCpu(Backend* gpu, const std::vector<float>& logits, int64_t rows,
+                           int64_t vocab, const char* what) {
+  cpu::CpuBackend cpu(nullptr);
+  std::vector<float> uniforms(rows);
+  for (int64_t r = 0; r < rows; ++r) uniforms[r] = (static_cast<float>(r) + 0.5f) / rows;
+  DeviceBuffer dl = Upload(gpu, logits);
+  DeviceBuffer du = Upload(gpu, uniforms);
+  DeviceBuffer dout = Upload(gpu, std::vector<int32_t>(rows));
+  std::vector<int32_t> want(rows);
+  for (int32_t k : {1, 7, 64}) {
+    for (const auto& [top_p, temperature] : {std::pair{1.0f, 1e4f}, std::pair{0.5f, 1.0f}}) {
+      cpu.SampleTopKTopP(logits.data(), rows, vocab, vocab, k, top_p, temperature, uniforms.data(),
+                         want.data());
+      gpu->SampleTopKTopP(dl.as<float>(), rows, vocab, vocab, k, top_p, temperature, du.as<float>(),
+                          dout.as<int32_t>());
+      EXPECT_EQ(Download<int32_t>(gpu, dout.get(), rows), want)
+          << what << ": k=" << k << " p=" << top_p << " t=" << temperature;
+    }
+  }
+}
+
+// `pattern` repeated over `rows` rows.
+std::vector<float> RepeatRows(const std::vector<float>& pattern, int64_t rows) {
+  std::vector<float> out;
+  out.reserve(pattern.size() * rows);
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), pattern.begin(), pattern.end());
+  return out;
+}
+
+TEST(CudaOpsTest, TopKTopPSamplingLargeVocabulary) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  // 128256 logits uniform in [-10, 10): the k-th best's first-digit bin ([9, 10), ~6400 logits)
+  // overflows the gather buffer, so the second digit runs. Normal logits (like a model's) leave
+  // it small: histogram and gather only.
+  const int64_t vocab = 128256;
+  std::vector<float> logits = Random(3 * vocab, 41, -10.0f, 10.0f);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t i = 0; i < vocab; ++i) logits.push_back(normal(rng));
+  }
+  ExpectSamplingLikeCpu(gpu, logits, 6, vocab, "uniform and normal logits");
+  // One row of each kind, repeated, so that the picks cover every rank of the top k.
+  std::vector<float> pattern(logits.begin(), logits.begin() + vocab);
+  ExpectSamplingLikeCpu(gpu, RepeatRows(pattern, 16), 16, vocab, "uniform, repeated");
+  pattern.assign(logits.begin() + 3 * vocab, logits.begin() + 4 * vocab);
+  ExpectSamplingLikeCpu(gpu, RepeatRows(pattern, 16), 16, vocab, "normal, repeated");
+}
+
+TEST(CudaOpsTest, TopKTopPSamplingTies) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  // Logits rounded to a few values: the boundary is a crowd of exact ties, ranked by index.
+  // 5 values over 3000 logits: ~400 ties at the top, gathered and sorted; 3 values over 60000:
+  // ~20000 ties, more than the buffer holds at every digit, so the ordered tie pass runs.
+  for (const auto& [vocab, levels] : {std::pair<int64_t, float>{3000, 2.0f}, {60000, 1.5f}}) {
+    std::vector<float> pattern = Random(vocab, 51, -levels, levels);
+    for (float& x : pattern) x = std::round(x);
+    ExpectSamplingLikeCpu(gpu, RepeatRows(pattern, 32), 32, vocab, "quantized logits");
+  }
+  // Near ties: 1 + m ulps (m in 1..255) share the first two key digits, so the third (the
+  // lowest 8 bits) places the boundary; ~20 logits share each value.
+  std::vector<float> ulps(5000);
+  std::mt19937 rng(52);
+  for (float& x : ulps) x = 1.0f + static_cast<float>(1 + rng() % 255) * 0x1p-23f;
+  ExpectSamplingLikeCpu(gpu, RepeatRows(ulps, 32), 32, 5000, "values ulps apart");
+  // All equal: the top k are the first k indices.
+  for (int64_t vocab : {int64_t{100}, int64_t{5000}, int64_t{70000}}) {
+    ExpectSamplingLikeCpu(gpu, std::vector<float>(32 * vocab, 1.25f), 32, vocab, "all equal");
+  }
+}
+
+TEST(CudaOpsTest, TopKTopPSamplingMaskedAndNaN) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  for (int64_t vocab : {int64_t{1000}, int64_t{40000}}) {
+    // Masked to -inf but for 10 scattered logits (fewer than k): the rest of the top k are the
+    // lowest-index -inf entries.
+    std::vector<float> masked(vocab, -INFINITY);
+    for (int64_t j = 0; j < 10; ++j) masked[(j * 7919 + 13) % vocab] = static_cast<float>(j % 4);
+    ExpectSamplingLikeCpu(gpu, RepeatRows(masked, 24), 24, vocab, "masked to -inf");
+    // Everything -inf: a NaN softmax, which the CPU and the device walk the same way.
+    ExpectSamplingLikeCpu(gpu, std::vector<float>(4 * vocab, -INFINITY), 4, vocab, "all -inf");
+    // NaNs rank last: scattered ones among random logits, and a row of NaNs with 5 numbers.
+    std::vector<float> nans = Random(vocab, 61, -5.0f, 5.0f);
+    for (int64_t i = 3; i < vocab; i += 17) nans[i] = std::nanf("");
+    std::vector<float> mostly_nan(vocab, std::nanf(""));
+    for (int64_t j = 0; j < 5; ++j) mostly_nan[(j * 104729 + 5) % vocab] = -static_cast<float>(j);
+    std::vector<float> logits = RepeatRows(nans, 8);
+    const std::vector<float> more = RepeatRows(mostly_nan, 8);
+    logits.insert(logits.end(), more.begin(), more.end());
+    ExpectSamplingLikeCpu(gpu, logits, 16, vocab, "NaN");
+  }
+}
+
+TEST(CudaOpsTest, TopKTopPSamplingSignedZeros) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  // -0.0 == +0.0 for the ranking, so the k-th place falls in a run of zeros of both signs that
+  // must be taken by index alone, sign ignored. 20 positives rank first; 1500 zeros fit the
+  // gather buffer, 5000 do not.
+  for (int64_t zeros : {int64_t{1500}, int64_t{5000}}) {
+    const int64_t vocab = zeros + 3000;
+    std::vector<float> pattern = Random(vocab, 71, -3.0f, -0.5f);
+    std::mt19937 rng(72);
+    for (int64_t j = 0; j < zeros; ++j) {
+      pattern[(j * 7 + rng() % 7) % vocab] = rng() % 2 == 0 ? 0.0f : -0.0f;
+    }
+    for (int64_t j = 0; j < 20; ++j) pattern[(j * 389 + 11) % vocab] = 0.25f * (j % 3 + 1);
+    ExpectSamplingLikeCpu(gpu, RepeatRows(pattern, 32), 32, vocab, "signed zeros");
+  }
+}
+
+TEST(CudaOpsTest, TopKTopPSamplingTinyVocabulary) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  // k is cut to the vocabulary: all five logits (two tied) are the candidates.
+  const std::vector<float> pattern = {0.5f, -1.0f, 2.0f, 0.5f, -3.0f};
+  ExpectSamplingLikeCpu(gpu, RepeatRows(pattern, 12), 12, 5, "vocab 5");
+  ExpectSamplingLikeCpu(gpu, std::vector<float>(3, 7.0f), 3, 1, "vocab 1");
+}
+
 TEST(CudaOpsTest, RopeKvWriteEveryKvDType) {
   KVSERVE_REQUIRE_CUDA(gpu);
   cpu::CpuBackend cpu(nullptr);
