@@ -244,6 +244,19 @@ absl::Status Engine::CreateModel() {
     llama_ = std::move(*llama);
     absl::StatusOr<int64_t> num_blocks = PoolBlocks(*own, sizing, host_pool);
     if (!num_blocks.ok()) return num_blocks.status();
+    if (options_.pipeline != nullptr) {
+      // Every stage holds the pool's blocks for its own layers, on memory like the leader's:
+      // the group gets what the stage that fits the fewest blocks can hold (the one with the
+      // most layers or the largest weights), as `kvserve plan --pp` reports.
+      for (const StageLayers& layers : options_.pipeline->stages()) {
+        absl::StatusOr<std::unique_ptr<ModelWeights>> stage =
+            StageWeights(weights, layers.first, layers.count);
+        if (!stage.ok()) return stage.status();
+        absl::StatusOr<int64_t> blocks = PoolBlocks(**stage, sizing, host_pool);
+        if (!blocks.ok()) return blocks.status();
+        num_blocks = std::min(*num_blocks, *blocks);
+      }
+    }
     absl::StatusOr<std::unique_ptr<ShardedKvCache>> cache =
         llama_->CreateKvCache(*num_blocks, options_.block_size, options_.kv_cache_dtype);
     if (!cache.ok()) return cache.status();

@@ -448,6 +448,34 @@ TEST_F(PipelineGroupTest, DeviceHandOverRegroupsAfterALostStage) {
   EXPECT_EQ(leader->engine->stats().invariant_violations, 0);
 }
 
+// A pool sized from a memory budget fits every stage: the one with the most layers sets the
+// blocks, whichever stage that is.
+TEST_F(PipelineGroupTest, ThePoolIsSizedForTheStageWithTheMostLayers) {
+  auto blocks = [](std::vector<int> counts) {
+    PipelineGroupOptions g;
+    g.stages = *SplitLayers(model_->config().num_layers, 2, counts);
+    g.model_fingerprint = ModelWeightsFingerprint(*model_->weights);
+    g.hidden_size = model_->config().hidden_size;
+    g.vocab_size = model_->config().vocab_size;
+    std::unique_ptr<PipelineGroup> group = *PipelineGroup::Create(g);
+    EngineOptions o = Options(0, 1);
+    o.kv_cache_memory = int64_t{8} << 20;
+    o.run_loop_thread = false;
+    o.pipeline = group.get();
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? (*engine)->num_kv_blocks() : int64_t{0};
+  };
+  // The budget over the bytes of one block of `layers` layers.
+  const int64_t per_layer_block = KvCache::BytesPerToken(model_->config(), KvCacheDType::kF32) /
+                                  model_->config().num_layers * kBlockSize;
+  auto fits = [&](int64_t layers) { return (int64_t{8} << 20) / (layers * per_layer_block); };
+  EXPECT_EQ(blocks({1, 4}), fits(4));  // the stage sets it, not the leader's one layer
+  EXPECT_EQ(blocks({4, 1}), fits(4));
+  EXPECT_EQ(blocks({3, 2}), fits(3));
+  EXPECT_GT(fits(3), fits(4));
+}
+
 TEST_F(PipelineGroupTest, ForkedSamplesAndPreemptionStayExact) {
   // 40 blocks for 8 requests of up to 7 blocks each: the scheduler must preempt; n = 3 samples
   // share the prompt's blocks, so the first write into the shared last block is a copy that the
