@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -26,12 +27,315 @@ struct DecodeParams {
   int64_t split_len;   // keys per split (0: this sequence's keys / num_splits)
   float* partial_out;  // [num_seqs][num_heads][num_splits][head_dim]
   float* partial_lse;  // [num_seqs][num_heads][num_splits]
+  // PagedDecodeKernel's partition (see there).
+  int32_t lanes = 0;           // L: lanes per key row, D / (elements per 16 bytes)
+  int32_t tile = 0;            // T: keys per pipeline stage
+  int32_t head_warps = 0;      // NH: warps side by side over the block's heads
+  int32_t key_warps = 0;       // NK: warps side by side over each tile's keys
+  int32_t heads_per_warp = 0;  // ceil(heads_per_block / NH)
 };
 
+// ---- The bandwidth kernel ----------------------------------------------------------------------
+
+constexpr int kStages = 3;  // tiles in flight per block: the one computed and two being copied
+
+template <KvCacheDType DT>
+__host__ __device__ constexpr int KvBytes() {
+  return DT == KvCacheDType::kF32 ? 4 : (DT == KvCacheDType::kF16 || DT == KvCacheDType::kBF16 ? 2 : 1);
+}
+
+// Elements of a KV row in one 16-byte chunk.
+template <KvCacheDType DT>
+__host__ __device__ constexpr int KvVec() {
+  return 16 / KvBytes<DT>();
+}
+
+// One 16-byte chunk of a K or V row, decoded (not scaled).
+template <KvCacheDType DT>
+__device__ __forceinline__ void DecodeChunk(const uint4& c, float* f) {
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (DT == KvCacheDType::kF32) {
+      f[i] = __uint_as_float(w[i]);
+    } else if constexpr (DT == KvCacheDType::kBF16) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else if constexpr (DT == KvCacheDType::kF16) {
+      f[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(w[i] & 0xffffu));
+      f[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(w[i] >> 16));
+    } else if constexpr (DT == KvCacheDType::kInt8) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        f[4 * i + b] = static_cast<float>(static_cast<int8_t>((w[i] >> (8 * b)) & 0xffu));
+      }
+    } else {
+      const float2 lo = Fp8x2ToFloat2(static_cast<uint16_t>(w[i] & 0xffffu));
+      const float2 hi = Fp8x2ToFloat2(static_cast<uint16_t>(w[i] >> 16));
+      f[4 * i] = lo.x;
+      f[4 * i + 1] = lo.y;
+      f[4 * i + 2] = hi.x;
+      f[4 * i + 3] = hi.y;
+    }
+  }
+}
+
+// Folds (m2, l2, acc2) into a running softmax state (m, l, acc); m in log2 units.
+template <int kVec>
+__device__ __forceinline__ void MergeState(float& m, float& l, float* acc, float m2, float l2,
+                                           const float* acc2) {
+  const float mn = fmaxf(m, m2);
+  const float a1 = m == -INFINITY ? 0.0f : exp2f(m - mn);
+  const float a2 = m2 == -INFINITY ? 0.0f : exp2f(m2 - mn);
+  l = l * a1 + l2 * a2;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) acc[e] = acc[e] * a1 + acc2[e] * a2;
+  m = mn;
+}
+
+// Paged decode attention at the memory bandwidth. Grid (kv head × head chunk, sequence, split),
+// 128 threads. Each block streams its split of the sequence's K and V rows through shared memory
+// once, in tiles of T keys, kStages tiles in flight: 16-byte cp.async copies, consecutive threads
+// on consecutive chunks of (contiguous) rows. Every query head of the block's GQA group reads the
+// tile there, so each K/V byte leaves HBM once per block.
+//
+// Warps: NH warps over the heads (warp hg owns heads hg, hg + NH, ...; at most kHpw each) times NK
+// over the keys. In a warp, L = D / kVec lanes hold one key row (one 16-byte chunk each) and the
+// warp takes 32 / L keys per step. A lane keeps its chunk's dims of q (pre-scaled by
+// scale·log2 e) and of the output accumulators in registers, with a running max m and sum l per
+// head in log2 units (exp2). Lane groups and key warps merge their states at the end; the block
+// writes the normalised output (one split) or the partial output and its log-sum-exp.
+//
+// Shared memory (16-byte aligned parts): q[G][D] f32 | rows[kStages + 1][T] int64 | kscale,
+// vscale[kStages + 1][T] f32 | K, V tiles [kStages][2][T][L] uint4. One more row slot than tile
+// slots, so the rows of the next tile are written while slow warps still read a tile's scales.
+template <KvCacheDType DT, int kHpw>
+__global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeParams p) {
+  constexpr int kVec = KvVec<DT>();
+  KVSERVE_DYNAMIC_SHARED(float, smem);
+  const cpu::PagedAttentionArgs& a = p.a;
+  const int64_t D = a.layout.head_dim;
+  const int64_t kv_heads = a.layout.num_kv_heads;
+  const int64_t bs = a.layout.block_size;
+  const int L = p.lanes;
+  const int KW = kWarp / L;
+  const int T = p.tile;
+  const int NH = p.head_warps;
+  const int NK = p.key_warps;
+  const int64_t kvh = blockIdx.x / p.head_chunks;
+  const int64_t g0 = (blockIdx.x % p.head_chunks) * p.heads_per_block;
+  const int64_t G = min(p.heads_per_block, p.group - g0);
+  const int64_t head0 = kvh * p.group + g0;
+  const int64_t s = blockIdx.y;
+  const int32_t split = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+
+  float* q_s = smem;
+  const size_t q_bytes = (static_cast<size_t>(p.heads_per_block * D) * sizeof(float) + 15) & ~size_t{15};
+  int64_t* rows_s = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(smem) + q_bytes);
+  float* kscale_s = reinterpret_cast<float*>(rows_s + (kStages + 1) * T);
+  float* vscale_s = kscale_s + (kStages + 1) * T;
+  uint4* data = reinterpret_cast<uint4*>(vscale_s + (kStages + 1) * T);  // 16-byte aligned: T % 4 == 0
+
+  const int64_t ctx = a.context_len[s];
+  const int64_t start = a.sliding_window > 0 ? max(int64_t{0}, ctx - a.sliding_window) : 0;
+  const int64_t chunk =
+      p.split_len > 0 ? p.split_len : (ctx - start + p.num_splits - 1) / p.num_splits;
+  const int64_t k0 = start + split * chunk;
+  const int64_t k1 = min(ctx, k0 + chunk);
+  const int64_t n_tiles = k1 > k0 ? (k1 - k0 + T - 1) / T : 0;
+  const int64_t qrow = a.q_start[s];
+  const int32_t* table = a.block_tables + s * a.block_table_stride;
+  const uint8_t* k_data = static_cast<const uint8_t*>(a.k_cache.data);
+  const uint8_t* v_data = static_cast<const uint8_t*>(a.v_cache.data);
+  const int64_t row_bytes = D * KvBytes<DT>();
+
+  // Rows and scales of tile `t`, by the first T threads (one block-table read per key).
+  auto write_rows = [&](int64_t t) {
+    const int slot = static_cast<int>(t % (kStages + 1));
+    for (int j = tid; j < T; j += kThreads) {
+      const int64_t pos = k0 + t * T + j;
+      int64_t row = 0;
+      float ks = 1.0f, vs = 1.0f;
+      if (pos < k1) {
+        row = (static_cast<int64_t>(table[pos / bs]) * kv_heads + kvh) * bs + pos % bs;
+        ks = KvScale<DT>(a.k_cache.scales, row);
+        vs = KvScale<DT>(a.v_cache.scales, row);
+      }
+      rows_s[slot * T + j] = row;
+      kscale_s[slot * T + j] = ks;
+      vscale_s[slot * T + j] = vs;
+    }
+  };
+  // The copies of tile `t` into its slot; keys past k1 are zero-filled without a read.
+  auto issue = [&](int64_t t) {
+    const int rslot = static_cast<int>(t % (kStages + 1));
+    uint4* dst = data + static_cast<int64_t>(t % kStages) * 2 * T * L;
+    const int per_kv = T * L;
+    for (int c = tid; c < 2 * per_kv; c += kThreads) {
+      const int which = c / per_kv;
+      const int r = c % per_kv;
+      const int j = r / L;
+      const bool valid = k0 + t * T + j < k1;
+      const uint8_t* src = (which == 0 ? k_data : v_data) + rows_s[rslot * T + j] * row_bytes +
+                           static_cast<int64_t>(r % L) * 16;
+      CpAsync16(dst + c, src, valid);
+    }
+  };
+
+  const float q_scale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units
+  for (int64_t i = tid; i < G * D; i += kThreads) {
+    q_s[i] = a.q[qrow * a.q_stride + head0 * D + i] * q_scale;
+  }
+  for (int64_t t = 0; t < kStages - 1 && t < n_tiles; ++t) write_rows(t);
+  __syncthreads();
+  for (int64_t t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    CpAsyncCommit();
+  }
+
+  const int hg = warp % NH;
+  const int kg = warp / NH;
+  const int part = lane % L;  // this lane's 16-byte chunk of a row
+  const int hpw = p.heads_per_warp;
+  float q[kHpw][kVec];
+  float acc[kHpw][kVec];
+  float m[kHpw];
+  float l[kHpw];
+#pragma unroll
+  for (int i = 0; i < kHpw; ++i) {
+    const int64_t h = hg + static_cast<int64_t>(i) * NH;
+    const bool mine = i < hpw && h < G;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      q[i][e] = mine ? q_s[h * D + part * kVec + e] : 0.0f;
+      acc[i][e] = 0.0f;
+    }
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+  }
+
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    if (t + kStages - 1 < n_tiles) write_rows(t + kStages - 1);
+    __syncthreads();  // those rows are visible; every warp is done with tile t - 1's slot
+    if (t + kStages - 1 < n_tiles) issue(t + kStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    __syncthreads();  // tile t has landed, for every thread's copies
+    if (kg >= NK) continue;
+    const int rslot = static_cast<int>(t % (kStages + 1));
+    const uint4* kt = data + (t % kStages) * 2 * T * L;
+    const uint4* vt = kt + T * L;
+    const int64_t n = min(static_cast<int64_t>(T), k1 - (k0 + t * T));
+    for (int jb = kg * KW; jb < n; jb += NK * KW) {  // the same jb in every lane
+      const int j = jb + lane / L;
+      const bool valid = j < n;
+      float kf[kVec];
+      DecodeChunk<DT>(kt[j * L + part], kf);
+      const float ks = kscale_s[rslot * T + j];
+      float score[kHpw];
+#pragma unroll
+      for (int i = 0; i < kHpw; ++i) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) dot += q[i][e] * kf[e];
+        for (int o = 1; o < L; o *= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        score[i] = valid ? dot * ks : -INFINITY;
+      }
+      float vf[kVec];
+      DecodeChunk<DT>(vt[j * L + part], vf);
+      const float vs = vscale_s[rslot * T + j];
+#pragma unroll
+      for (int i = 0; i < kHpw; ++i) {
+        const float mn = fmaxf(m[i], score[i]);
+        if (mn == -INFINITY) continue;  // no valid key yet in this lane group
+        const float alpha = exp2f(m[i] - mn);
+        const float pr = exp2f(score[i] - mn);
+        l[i] = l[i] * alpha + pr;
+        const float pv = pr * vs;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[i][e] = acc[i][e] * alpha + pv * vf[e];
+        m[i] = mn;
+      }
+    }
+  }
+
+  // Lane groups of a warp hold the same dims for different keys: fold them together.
+  for (int o = L; o < kWarp; o *= 2) {
+#pragma unroll
+    for (int i = 0; i < kHpw; ++i) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[i], o);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l[i], o);
+      float acc2[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc2[e] = __shfl_xor_sync(0xffffffffu, acc[i][e], o);
+      MergeState<kVec>(m[i], l[i], acc[i], m2, l2, acc2);
+    }
+  }
+  // Key warps: warps 1.. of each head group leave their state in shared memory for warp 0.
+  if (NK > 1) {
+    __syncthreads();  // the tiles are free
+    float* scratch = reinterpret_cast<float*>(data);  // [NK][G][D + 2]
+    if (kg > 0 && kg < NK && lane < L) {
+      for (int i = 0; i < hpw; ++i) {
+        const int64_t h = hg + static_cast<int64_t>(i) * NH;
+        if (h >= G) break;
+        float* st = scratch + (kg * G + h) * (D + 2);
+        for (int e = 0; e < kVec; ++e) st[part * kVec + e] = acc[i][e];
+        if (lane == 0) {
+          st[D] = m[i];
+          st[D + 1] = l[i];
+        }
+      }
+    }
+    __syncthreads();
+    if (kg == 0) {
+      for (int k2 = 1; k2 < NK; ++k2) {
+#pragma unroll
+        for (int i = 0; i < kHpw; ++i) {
+          const int64_t h = hg + static_cast<int64_t>(i) * NH;
+          if (i >= hpw || h >= G) continue;
+          const float* st = scratch + (k2 * G + h) * (D + 2);
+          float acc2[kVec];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc2[e] = st[part * kVec + e];
+          MergeState<kVec>(m[i], l[i], acc[i], st[D], st[D + 1], acc2);
+        }
+      }
+    }
+  }
+  if (kg != 0 || lane >= L) return;
+#pragma unroll
+  for (int i = 0; i < kHpw; ++i) {
+    const int64_t h = hg + static_cast<int64_t>(i) * NH;
+    if (i >= hpw || h >= G) continue;
+    const int64_t head = head0 + h;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    float* dst;
+    if (p.num_splits == 1) {
+      dst = a.out + qrow * a.out_stride + head * D;
+    } else {
+      const int64_t slot = (s * a.num_heads + head) * p.num_splits + split;
+      dst = p.partial_out + slot * D;
+      if (lane == 0) {
+        p.partial_lse[slot] =
+            l[i] > 0.0f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : -INFINITY;  // ln 2
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) dst[part * kVec + e] = acc[i][e] * inv;
+  }
+}
+
+// The general kernel, for rows the bandwidth kernel below does not take (MLA's 576-wide latent
+// rows, head dims that are no power-of-two number of 16-byte chunks, unaligned caches): one warp
+// per key with scalar loads, P·V accumulators in shared memory.
 // Shared memory: q[G][D] | acc[G][D] | p[G][kTile] | m[G] | l[G] | alpha[G] | kscale, vscale
 // [kTile] | rows[kTile] (int64).
 template <KvCacheDType DT, int kMaxDimPerLane>
-__global__ void DecodeKernel(DecodeParams p) {
+__global__ void DecodeGeneralKernel(DecodeParams p) {
   KVSERVE_DYNAMIC_SHARED(float, smem);
   const cpu::PagedAttentionArgs& a = p.a;
   const int64_t D = a.layout.head_dim;
@@ -203,7 +507,7 @@ size_t DecodeSharedBytes(int64_t g, int64_t D) {
 
 template <KvCacheDType DT, int kLanes>
 cudaError_t LaunchDecode(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
-  constexpr auto kKernel = DecodeKernel<DT, kLanes>;
+  constexpr auto kKernel = DecodeGeneralKernel<DT, kLanes>;
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
         kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -211,6 +515,85 @@ cudaError_t LaunchDecode(const DecodeParams& p, dim3 grid, size_t smem, cudaStre
   }
   KVSERVE_LAUNCH(kKernel, grid, kThreads, smem, stream, p);
   return cudaGetLastError();
+}
+
+// PagedDecodeKernel's partition of a block of `per_block` heads of width D, or false when the
+// rows do not suit it (then DecodeGeneralKernel runs).
+bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodeParams* p,
+                         size_t* smem) {
+  const KvCacheDType dtype = args.layout.dtype;
+  const int bytes = dtype == KvCacheDType::kF32
+                        ? 4
+                        : (dtype == KvCacheDType::kF16 || dtype == KvCacheDType::kBF16 ? 2 : 1);
+  const int vec = 16 / bytes;
+  const int64_t D = args.layout.head_dim;
+  if (D % vec != 0) return false;
+  const int64_t lanes = D / vec;
+  if (lanes > kWarp || (lanes & (lanes - 1)) != 0) return false;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(args.k_cache.data) || !aligned(args.v_cache.data)) return false;
+  // q and the accumulators take 2 · heads_per_warp · vec registers a lane: at most 128.
+  const int64_t max_hpw = std::min<int64_t>(8, 64 / vec);
+  const int64_t per_block = std::min(group, 4 * max_hpw);
+  p->heads_per_block = per_block;
+  p->head_chunks = CeilDiv(group, per_block);
+  p->lanes = static_cast<int32_t>(lanes);
+  p->tile = static_cast<int32_t>(std::clamp<int64_t>(512 / lanes, 16, 64));
+  p->head_warps = static_cast<int32_t>(std::min<int64_t>(per_block, kWarps));
+  p->key_warps = kWarps / p->head_warps;
+  p->heads_per_warp = static_cast<int32_t>(CeilDiv(per_block, p->head_warps));
+  const size_t q_bytes = (static_cast<size_t>(per_block * D) * sizeof(float) + 15) & ~size_t{15};
+  const size_t rows = static_cast<size_t>(kStages + 1) * p->tile;
+  const size_t tiles = static_cast<size_t>(kStages) * 2 * p->tile * lanes * 16;
+  *smem = q_bytes + rows * (sizeof(int64_t) + 2 * sizeof(float)) + tiles;
+  return true;
+}
+
+template <KvCacheDType DT, int kHpw>
+cudaError_t LaunchBandwidth(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  constexpr auto kKernel = PagedDecodeKernel<DT, kHpw>;
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  KVSERVE_LAUNCH(kKernel, grid, kThreads, smem, stream, p);
+  return cudaGetLastError();
+}
+
+// The instance with the fewest register slots for p.heads_per_warp (8-bit rows stop at 4).
+template <KvCacheDType DT>
+cudaError_t DispatchBandwidth(const DecodeParams& p, dim3 grid, size_t smem,
+                              cudaStream_t stream) {
+  if (p.heads_per_warp <= 1) return LaunchBandwidth<DT, 1>(p, grid, smem, stream);
+  if (p.heads_per_warp <= 2) return LaunchBandwidth<DT, 2>(p, grid, smem, stream);
+  if constexpr (KvVec<DT>() <= 8) {
+    if (p.heads_per_warp > 4) return LaunchBandwidth<DT, 8>(p, grid, smem, stream);
+  }
+  return LaunchBandwidth<DT, 4>(p, grid, smem, stream);
+}
+
+cudaError_t LaunchGeneral(DecodeParams p, cudaStream_t stream) {
+  const cpu::PagedAttentionArgs& args = p.a;
+  const int64_t D = args.layout.head_dim;
+  const int64_t group = p.group;
+  int64_t per_block = group;
+  while (per_block > 1 && DecodeSharedBytes(per_block, D) > kSharedBudget) {
+    per_block = CeilDiv(per_block, int64_t{2});
+  }
+  p.heads_per_block = per_block;
+  p.head_chunks = CeilDiv(group, per_block);
+  const size_t smem = DecodeSharedBytes(per_block, D);
+  const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
+                  static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(p.num_splits));
+  cudaError_t err = cudaSuccess;
+  DispatchKvDType(args.layout.dtype, [&](auto tag) {
+    constexpr KvCacheDType DT = decltype(tag)::value;
+    err = D <= kDimsPerLaneSmall * kWarp
+              ? LaunchDecode<DT, kDimsPerLaneSmall>(p, grid, smem, stream)
+              : LaunchDecode<DT, kDimsPerLaneLarge>(p, grid, smem, stream);
+  });
+  return err;
 }
 
 }  // namespace
@@ -229,32 +612,29 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
     return cudaErrorInvalidValue;
   }
   const int64_t group = args.num_heads / args.layout.num_kv_heads;
-  int64_t per_block = group;
-  while (per_block > 1 && DecodeSharedBytes(per_block, D) > kSharedBudget) {
-    per_block = CeilDiv(per_block, int64_t{2});
-  }
-  DecodeParams p{args,    group,   per_block, CeilDiv(group, per_block), plan.num_splits,
-                 plan.split_len, nullptr, nullptr};
+  DecodeParams p{args, group, group, 1, plan.num_splits, plan.split_len, nullptr, nullptr};
   if (plan.num_splits > 1) {
     const int64_t slots = args.num_seqs * args.num_heads * plan.num_splits;
     p.partial_out = static_cast<float*>(workspace);
     p.partial_lse = p.partial_out + slots * D;
   }
-  const size_t smem = DecodeSharedBytes(per_block, D);
-  const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
-                  static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(plan.num_splits));
+  size_t smem = 0;
   cudaError_t err = cudaSuccess;
-  DispatchKvDType(args.layout.dtype, [&](auto tag) {
-    constexpr KvCacheDType DT = decltype(tag)::value;
-    err = D <= kDimsPerLaneSmall * kWarp
-              ? LaunchDecode<DT, kDimsPerLaneSmall>(p, grid, smem, stream)
-              : LaunchDecode<DT, kDimsPerLaneLarge>(p, grid, smem, stream);
-  });
+  if (PlanBandwidthKernel(args, group, &p, &smem)) {
+    const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
+                    static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(plan.num_splits));
+    DispatchKvDType(args.layout.dtype, [&](auto tag) {
+      err = DispatchBandwidth<decltype(tag)::value>(p, grid, smem, stream);
+    });
+  } else {
+    err = LaunchGeneral(p, stream);
+  }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.num_heads),
                         static_cast<unsigned>(args.num_seqs));
   KVSERVE_LAUNCH(MergeKernel, merge_grid, 128, 0, stream, p);
   return cudaGetLastError();
 }
+
 
 }  // namespace kvserve::cuda

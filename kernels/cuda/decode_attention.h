@@ -36,7 +36,10 @@ size_t DecodeWorkspaceBytes(const AttentionPlan& plan);
 /// more than one split, blocks write a normalised partial output and its log-sum-exp to
 /// `workspace` and a merge kernel combines them. The split count comes from the plan and the
 /// key ranges from context_len on the device, so a run is safe to capture in a CUDA graph.
-/// Reads every KV dtype (f32, f16, bf16, int8, fp8).
+/// Reads every KV dtype (f32, f16, bf16, int8, fp8). Rows of a power-of-two number (<= 32) of
+/// 16-byte chunks (head dims 64-256 in every dtype; 8 in f32 and 16-bit) from 16-byte-aligned caches
+/// take the bandwidth kernel (cp.async pipeline, q and accumulators in registers: see
+/// PagedDecodeKernel); others (MLA's 576-wide latent rows) a general one.
 cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const AttentionPlan& plan,
                             void* workspace, cudaStream_t stream);
 

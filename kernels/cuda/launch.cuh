@@ -4,8 +4,7 @@
 // The one way kvserve's CUDA code launches kernels and declares dynamic shared memory, so that
 // the same sources run under nvcc and under the CUDA simulator (kernels/cuda/sim): there the
 // launch goes to the simulator's executor, and dynamic shared memory is the block's buffer of
-// exactly the requested size. This is also the header for anything the simulator must model
-// separately (inline PTX would go here, with its simulator twin); the kernels use none.
+// exactly the requested size. Inline PTX, with its simulator twins, is in kernels/cuda/ptx.cuh.
 //
 //   KVSERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, args...);
 //   KVSERVE_DYNAMIC_SHARED(float, smem);  // in a kernel: float* smem (extern __shared__ float[])

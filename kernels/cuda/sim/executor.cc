@@ -115,6 +115,15 @@ enum class State : uint8_t { kReady, kBarrier, kWarp, kDone, kAborted };
 
 struct Block;
 
+/// One cp.async copy, queued until the wait that covers it.
+struct AsyncCopyOp {
+  void* dst;
+  const void* src;
+  unsigned bytes;
+  unsigned src_bytes;
+  const void* pc;
+};
+
 struct Thread {
   ThreadIndex index;  // what threadIdx & co. read
   Block* block = nullptr;
@@ -131,6 +140,8 @@ struct Thread {
   int barrier_pred = 0;
   uint64_t value = 0;   // this lane's input to the open collective
   uint64_t result = 0;  // its output, written by the lane that completes the collective
+  std::vector<AsyncCopyOp> async_open;                // cp.async since the last commit
+  std::deque<std::vector<AsyncCopyOp>> async_groups;  // committed, not yet waited for
 };
 
 struct Collective {
@@ -352,11 +363,14 @@ void InstallFaultHandler() {
 #endif
 }
 
+void FlushAsyncCopies(Thread& t);
+
 void FiberMain(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   Block& b = *t.block;
   FinishSwitch(nullptr, nullptr, nullptr);
   b.launch->invoke(b.launch->params);
+  FlushAsyncCopies(t);
   t.state = State::kDone;
   --b.live;
   Warp& w = b.warps[static_cast<size_t>(t.warp)];
@@ -740,6 +754,35 @@ void RaceCheck(Thread& t, Cell* cells, uintptr_t a, size_t size, bool write, con
   }
 }
 
+// Global-memory read accounting (kvsim_count_global_reads): bytes every kernel thread loads
+// from device allocations, each load counted (a byte read twice counts twice, as it costs twice
+// on a GPU that misses its caches).
+// Reads inside a watched range are also counted apart (kvsim_watch_reads).
+constexpr int kReadWatches = 4;
+struct ReadWatch {
+  std::atomic<uintptr_t> lo{0};
+  std::atomic<uintptr_t> hi{0};
+  std::atomic<uint64_t> bytes{0};
+};
+std::atomic<bool> g_count_reads{false};
+std::atomic<uint64_t> g_read_bytes{0};
+ReadWatch g_read_watches[kReadWatches];
+
+void CountGlobalRead(Block& b, uintptr_t a, size_t size) {
+  const auto lo = reinterpret_cast<uintptr_t>(b.dyn);
+  if (a >= lo && a < lo + b.dyn_bytes) return;
+  TlsRange* tls = ModuleTls(b);
+  if (tls != nullptr && a >= tls->lo && a < tls->lo + tls->bytes) return;
+  if (!IsDeviceRange(reinterpret_cast<const void*>(a), size)) return;
+  g_read_bytes.fetch_add(size, std::memory_order_relaxed);
+  for (ReadWatch& w : g_read_watches) {
+    if (a >= w.lo.load(std::memory_order_relaxed) &&
+        a + size <= w.hi.load(std::memory_order_relaxed)) {
+      w.bytes.fetch_add(size, std::memory_order_relaxed);
+    }
+  }
+}
+
 inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) {
   Thread* t = tls_thread;
   if (t == nullptr) return;  // host code in an instrumented file
@@ -757,6 +800,7 @@ inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) 
                    ", outside the " + std::to_string(b.dyn_bytes) +
                    " bytes the launch requested (" + Symbolize(pc) + ")");
   }
+  if (!write && g_count_reads.load(std::memory_order_relaxed)) CountGlobalRead(b, a, size);
   if (!b.race_check) return;
   // Shared memory only, like compute-sanitizer's racecheck: dynamic, then static.
   if (a >= lo && a + size <= hi) {
@@ -768,6 +812,53 @@ inline void OnAccess(const void* addr, size_t size, bool write, const void* pc) 
     RaceCheck(*t, tls->cells.data() + (a - tls->lo), a, size, write, pc);
   }
 }
+
+// ---- cp.async -----------------------------------------------------------------------------------
+// A thread's copies wait in its queue until the cp.async.wait_group that covers them, the latest
+// moment the PTX ISA lets a program rely on them: a tile read before its wait is stale here.
+
+void PerformAsyncCopy(const AsyncCopyOp& c) {
+  if (c.src_bytes > 0) OnAccess(c.src, c.src_bytes, false, c.pc);
+  OnAccess(c.dst, c.bytes, true, c.pc);
+  std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+
+void FlushAsyncCopies(Thread& t) {
+  for (const std::vector<AsyncCopyOp>& g : t.async_groups) {
+    for (const AsyncCopyOp& c : g) PerformAsyncCopy(c);
+  }
+  t.async_groups.clear();
+  for (const AsyncCopyOp& c : t.async_open) PerformAsyncCopy(c);
+  t.async_open.clear();
+}
+
+}  // namespace
+
+void AsyncCopy(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
+  Thread* t = tls_thread;
+  if (t == nullptr) return;
+  t->async_open.push_back(
+      AsyncCopyOp{dst, src, bytes, std::min(src_bytes, bytes), __builtin_return_address(0)});
+}
+
+void AsyncCommit() {
+  Thread* t = tls_thread;
+  if (t == nullptr) return;
+  t->async_groups.push_back(std::move(t->async_open));
+  t->async_open.clear();
+}
+
+void AsyncWait(int groups_left) {
+  Thread* t = tls_thread;
+  if (t == nullptr) return;
+  while (t->async_groups.size() > static_cast<size_t>(std::max(groups_left, 0))) {
+    for (const AsyncCopyOp& c : t->async_groups.front()) PerformAsyncCopy(c);
+    t->async_groups.pop_front();
+  }
+}
+
+namespace {
 
 // ---- the pool ----------------------------------------------------------------------------------
 
@@ -1079,6 +1170,41 @@ unsigned AtomicAndU32(unsigned* p, unsigned v) {
 void ThreadFence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 }  // namespace kvsim
+
+// ---- global-memory read accounting, for tests that dlopen this library
+// --------------------------- Needs the access hooks (kvsim_access_hooks_built_in): without them
+// nothing is counted.
+
+extern "C" __attribute__((visibility("default"))) int kvsim_access_hooks_built_in() {
+  return kvsim::AccessHooksBuiltIn() ? 1 : 0;
+}
+
+/// Starts (on != 0: from zero, every watch too) or stops counting the bytes kernel threads read
+/// from device memory. Each load counts: a byte read twice counts twice.
+extern "C" __attribute__((visibility("default"))) void kvsim_count_global_reads(int on) {
+  if (on != 0) {
+    kvsim::g_read_bytes.store(0);
+    for (kvsim::ReadWatch& w : kvsim::g_read_watches) w.bytes.store(0);
+  }
+  kvsim::g_count_reads.store(on != 0);
+}
+
+/// Also counts, apart, the reads inside [base, base + bytes) in watch `slot` (0..3).
+extern "C" __attribute__((visibility("default"))) void kvsim_watch_reads(int slot, const void* base,
+                                                                         size_t bytes) {
+  if (slot < 0 || slot >= kvsim::kReadWatches) return;
+  kvsim::ReadWatch& w = kvsim::g_read_watches[slot];
+  w.lo.store(reinterpret_cast<uintptr_t>(base));
+  w.hi.store(reinterpret_cast<uintptr_t>(base) + bytes);
+  w.bytes.store(0);
+}
+
+/// Bytes read from device memory since counting started: all (slot -1) or watch `slot`'s.
+extern "C" __attribute__((visibility("default"))) unsigned long long kvsim_global_read_bytes(
+    int slot) {
+  if (slot < 0 || slot >= kvsim::kReadWatches) return kvsim::g_read_bytes.load();
+  return kvsim::g_read_watches[slot].bytes.load();
+}
 
 // ---- gcc's -fsanitize=thread instrumentation, received here -----------------------------------
 // Only the simulator's kernel files are compiled with it (and without libtsan), so each memory

@@ -5,6 +5,7 @@
 // of shapes keeps the odd ones (context 1, 15-17, batch 3) and every KV dtype.
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -257,6 +258,87 @@ TEST(CudaAttentionPlanTest, DecodePlannedForTheCapacityGivesTheSameBits) {
   EXPECT_NE(plans[0].num_splits, plans[1].num_splits);
   EXPECT_EQ(plans[0].split_len, plans[1].split_len);
   EXPECT_EQ(outs[0], outs[1]);
+}
+
+// Every partition of the decode kernel against the CPU: head dims 8 (one lane per row, as in
+// stories260K) to 256, groups that put several heads on a warp (GQA 8, 32) or several warps on
+// a head's keys (GQA 1, 2), groups cut into several blocks (int8 GQA 20), and a head dim the
+// bandwidth kernel does not take (80: not a power-of-two number of 16-byte chunks).
+TEST(CudaDecodeAttentionTest, EveryPartitionMatchesCpu) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::ThreadPool pool(0);
+  const Case cases[] = {
+      {2, 70, 8, 2, KvCacheDType::kBF16, true},       {1, 300, 256, 8, KvCacheDType::kBF16, true},
+      {2, 200, 128, 8, KvCacheDType::kFp8E4M3, true}, {1, 100, 64, 20, KvCacheDType::kInt8, true},
+      {1, 130, 128, 32, KvCacheDType::kBF16, true},   {2, 150, 80, 4, KvCacheDType::kF16, true},
+      {3, 90, 256, 2, KvCacheDType::kF32, true},      {2, 40, 128, 1, KvCacheDType::kInt8, true},
+  };
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    EXPECT_LT(RunCase(gpu, &pool, c, ++seed), 5e-4f)
+        << KvCacheDTypeName(c.dtype) << " batch " << c.batch << " ctx " << c.context << " d "
+        << c.head_dim << " gqa " << c.gqa;
+  }
+}
+
+// The simulator's count of global reads: decode reads each K/V byte (and int8/fp8 scale) of the
+// attended keys once, for the whole GQA group, at any split count.
+TEST(CudaDecodeAttentionTest, ReadsEachKvByteOnce) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  if (!testing_cuda::UseSimulator()) GTEST_SKIP() << "counts the CUDA simulator's reads";
+  using CountFn = void (*)(int);
+  using WatchFn = void (*)(int, const void*, size_t);
+  using BytesFn = unsigned long long (*)(int);
+  using HooksFn = int (*)();
+  absl::StatusOr<void*> count = CudaLibrarySymbol("kvsim_count_global_reads", true);
+  absl::StatusOr<void*> watch = CudaLibrarySymbol("kvsim_watch_reads", true);
+  absl::StatusOr<void*> bytes = CudaLibrarySymbol("kvsim_global_read_bytes", true);
+  absl::StatusOr<void*> hooks = CudaLibrarySymbol("kvsim_access_hooks_built_in", true);
+  ASSERT_TRUE(count.ok() && watch.ok() && bytes.ok() && hooks.ok());
+  if (reinterpret_cast<HooksFn>(*hooks)() == 0) {
+    GTEST_SKIP() << "the simulator's kernels were built without access hooks (sanitizer build)";
+  }
+  for (const Case& c : {Case{2, 2000, 128, 4, KvCacheDType::kBF16, true},
+                        Case{1, 1500, 64, 8, KvCacheDType::kFp8E4M3, true},
+                        Case{2, 700, 128, 1, KvCacheDType::kInt8, true}}) {
+    const HostBatch h = Build(c, 77);
+    DeviceBuffer dq = Upload(gpu, h.q), dout = Upload(gpu, std::vector<float>(h.q.size()));
+    DeviceBuffer dqs = Upload(gpu, h.q_start), dql = Upload(gpu, h.q_len);
+    DeviceBuffer dctx = Upload(gpu, h.ctx), dt = Upload(gpu, h.tables);
+    DeviceBuffer dk = Upload(gpu, h.k), dv = Upload(gpu, h.v);
+    DeviceBuffer dks = Upload(gpu, h.k_scales), dvs = Upload(gpu, h.v_scales);
+    const AttentionPlan plan = gpu->PlanAttention(ShapeOf(h, c));
+    const auto args = Args(h, c, dq.as<float>(), dout.as<float>(), dqs.as<int32_t>(),
+                           dql.as<int32_t>(), dctx.as<int32_t>(), dt.as<int32_t>(),
+                           {dk.get(), dks.as<float>()}, {dv.get(), dvs.as<float>()});
+    gpu->RunAttention(plan, args);  // sizes the scratch
+    ASSERT_TRUE(gpu->Synchronize().ok());
+    reinterpret_cast<WatchFn> (*watch)(0, dk.get(), h.k.size());
+    reinterpret_cast<WatchFn> (*watch)(1, dv.get(), h.v.size());
+    reinterpret_cast<WatchFn> (*watch)(2, dks.get(), h.k_scales.size() * sizeof(float));
+    reinterpret_cast<WatchFn> (*watch)(3, dvs.get(), h.v_scales.size() * sizeof(float));
+    reinterpret_cast<CountFn> (*count)(1);
+    gpu->RunAttention(plan, args);
+    ASSERT_TRUE(gpu->Synchronize().ok());
+    reinterpret_cast<CountFn> (*count)(0);
+    const bool scaled = c.dtype == KvCacheDType::kInt8 || c.dtype == KvCacheDType::kFp8E4M3;
+    const int64_t row = c.head_dim * KvCacheDTypeElemBytes(c.dtype) + (scaled ? 4 : 0);
+    uint64_t ideal = 0;
+    for (int32_t n : h.ctx) ideal += uint64_t{2} * n * kKvHeads * row;
+    uint64_t kv = 0;
+    for (int slot = 0; slot < 4; ++slot) kv += reinterpret_cast<BytesFn>(*bytes)(slot);
+    const uint64_t all = reinterpret_cast<BytesFn>(*bytes)(-1);
+    const std::string what = std::string(KvCacheDTypeName(c.dtype)) + " batch " +
+                             std::to_string(c.batch) + " ctx " + std::to_string(c.context) +
+                             " gqa " + std::to_string(c.gqa) + ", " +
+                             std::to_string(plan.num_splits) + " splits";
+    EXPECT_GE(kv, ideal) << what;
+    EXPECT_LE(static_cast<double>(kv), 1.05 * static_cast<double>(ideal)) << what;
+    std::printf("decode %s: K/V reads %.3f x the ideal %llu bytes; all reads %.3f x\n",
+                what.c_str(), static_cast<double>(kv) / static_cast<double>(ideal),
+                static_cast<unsigned long long>(ideal),
+                static_cast<double>(all) / static_cast<double>(ideal));
+  }
 }
 
 }  // namespace

@@ -41,6 +41,29 @@ struct uint3 {
   unsigned x, y, z;
 };
 
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+struct alignas(8) float2 {
+  float x, y;
+};
+
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  return uint4{x, y, z, w};
+}
+
 struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
@@ -89,6 +112,14 @@ inline T Shuffle(WarpOp op, const char* file, int line, unsigned mask, T v, int 
 
 /// Dynamic shared memory of the calling thread's block (exactly the launch's request).
 void* DynamicShared();
+
+// cp.async (kernels/cuda/ptx.cuh): copies are queued per thread, grouped by AsyncCommit, and
+// performed by the AsyncWait that covers them (or when the thread exits), reading `src_bytes`
+// of `src` and zero-filling the rest of `bytes` at `dst`.
+void AsyncCopy(void* dst, const void* src, unsigned bytes, unsigned src_bytes);
+void AsyncCommit();
+/// Performs every committed group but the newest `groups_left`.
+void AsyncWait(int groups_left);
 
 // Atomics (device-wide: blocks of one launch run on several OS threads).
 int AtomicAddI32(int* p, int v);
