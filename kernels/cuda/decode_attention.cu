@@ -110,7 +110,7 @@ __device__ __forceinline__ void MergeState(float& m, float& l, float* acc, float
 // vscale[kStages + 1][T] f32 | K, V tiles [kStages][2][T][L] uint4. One more row slot than tile
 // slots, so the rows of the next tile are written while slow warps still read a tile's scales.
 template <KvCacheDType DT, int kHpw>
-__global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p) {
   constexpr int kVec = KvVec<DT>();
   KVSERVE_DYNAMIC_SHARED(float, smem);
   const cpu::PagedAttentionArgs& a = p.a;
@@ -279,10 +279,12 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeParams p) {
     __syncthreads();  // the tiles are free
     float* scratch = reinterpret_cast<float*>(data);  // [NK][G][D + 2]
     if (kg > 0 && kg < NK && lane < L) {
-      for (int i = 0; i < hpw; ++i) {
+#pragma unroll
+      for (int i = 0; i < kHpw; ++i) {
         const int64_t h = hg + static_cast<int64_t>(i) * NH;
-        if (h >= G) break;
+        if (i >= hpw || h >= G) continue;
         float* st = scratch + (kg * G + h) * (D + 2);
+#pragma unroll
         for (int e = 0; e < kVec; ++e) st[part * kVec + e] = acc[i][e];
         if (lane == 0) {
           st[D] = m[i];
