@@ -90,8 +90,8 @@ class DeviceBuffer {
 };
 
 /// A weight matrix [rows, cols] as the backend's matmul and embedding ops want it: for the CPU
-/// the file's own bytes (stored dtype, no copy); for CUDA a device copy in bf16 (f32 and
-/// quantized weights converted at load) or f16 / bf16 as stored.
+/// the file's own bytes (stored dtype, no copy); for CUDA a device copy as stored (f16, bf16 and
+/// quantized blocks) or in bf16 (f32 weights converted at load).
 struct PreparedMatrix {
   const void* data = nullptr;  // [rows, cols] row-major in `dtype`
   DType dtype = DType::kF32;

@@ -226,7 +226,8 @@ absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DTyp
   m.rows = rows;
   m.cols = cols;
   const size_t src_bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
-  const bool as_is = dtype == DType::kF16 || dtype == DType::kBF16 ||
+  // Quantized weights stay in their packed blocks (cuda::Matmul reads them as stored).
+  const bool as_is = dtype == DType::kF16 || dtype == DType::kBF16 || DTypeIsQuantized(dtype) ||
                      (dtype == DType::kF32 && options_.keep_f32_weights);
   if (as_is) {
     absl::StatusOr<DeviceBuffer> buf = AllocBuffer(src_bytes);
@@ -237,7 +238,7 @@ absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DTyp
     m.storage = std::move(*buf);
     return m;
   }
-  // f32 and quantized: upload the stored bytes, convert to bf16 on the device.
+  // f32: upload the stored bytes, convert to bf16 on the device.
   absl::StatusOr<DeviceBuffer> raw = AllocBuffer(src_bytes);
   if (!raw.ok()) return raw.status();
   if (absl::Status s = CopyToDevice(raw->get(), host, src_bytes); !s.ok()) return s;

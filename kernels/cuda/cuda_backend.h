@@ -18,12 +18,13 @@ namespace kvserve::cuda {
 /// The Backend on one CUDA device: one stream, one cuBLAS handle, the kernels of kernels/cuda.
 /// Lives in libkvserve_cuda.so; programs get it through LoadCudaBackend (kernels/backend.h).
 ///
-/// Weights: f16 / bf16 matrices are copied as stored; f32 and quantized (q8_0, q4_0) ones are
-/// converted to bf16 on the device at load (f32 kept as f32 with keep_f32_weights). GEMMs run in
-/// cuBLAS with fp32 accumulation. The first error of queued ops is reported by the next
-/// Synchronize / CopyToHost and then cleared: a failure that leaves the device usable (a launch
-/// refused, an allocation or capture that failed) breaks nothing after it, while a fault that
-/// breaks the device keeps coming back from CUDA itself. A failed capture reports its own error.
+/// Weights: f16 / bf16 and GGUF quantized matrices are copied as stored (quantized ones stay
+/// packed: cuda::Matmul reads their blocks); f32 ones are converted to bf16 on the device at load
+/// (kept as f32 with keep_f32_weights). Accumulation is fp32 (cuBLAS, or the quantized GEMV). The
+/// first error of queued ops is reported by the next Synchronize / CopyToHost and then cleared: a
+/// failure that leaves the device usable (a launch refused, an allocation or capture that failed)
+/// breaks nothing after it, while a fault that breaks the device keeps coming back from CUDA
+/// itself. A failed capture reports its own error.
 class CudaBackend final : public Backend {
  public:
   /// Opens the device; UNAVAILABLE naming the reason (no driver, no device, bad index).

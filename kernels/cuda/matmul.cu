@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "kernels/cuda/convert_weights.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul.h"
@@ -30,10 +31,125 @@ unsigned Blocks(int64_t total) {
   return static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 65535));
 }
 
+// ---- Quantized weights in their packed layout -------------------------------------------------
+
+constexpr int kGemvMaxRows = 8;  // x rows up to which quantized weights take the GEMV kernel
+constexpr int kGemvWarps = 4;    // output columns per 128-thread block
+// Weight rows dequantized to bf16 per GEMM slab, for larger m: at most this many bytes of scratch.
+constexpr int64_t kSlabBytes = int64_t{8} << 20;
+
+// One 32-element q8_0 / q4_0 block of a weight row against `m` x rows: acc[r] += d · Σ q·x.
+template <DType W>
+__device__ __forceinline__ void BlockDot(const uint8_t* block, const float* x, int64_t x_stride,
+                                         int m, float* acc) {
+  const float d = LoadHalfAt(block);
+  float q[32];
+  if constexpr (W == DType::kQ8_0) {
+    // Blocks are 34 bytes: the quants start 2-byte aligned.
+    const uint16_t* qs = reinterpret_cast<const uint16_t*>(block + 2);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint16_t two = qs[i];
+      q[2 * i] = static_cast<float>(static_cast<int8_t>(two & 0xffu));
+      q[2 * i + 1] = static_cast<float>(static_cast<int8_t>(two >> 8));
+    }
+  } else {
+    const uint16_t* qs = reinterpret_cast<const uint16_t*>(block + 2);  // 18-byte blocks
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint16_t two = qs[i];
+      q[2 * i] = static_cast<float>(static_cast<int>(two & 0xfu) - 8);
+      q[2 * i + 1] = static_cast<float>(static_cast<int>((two >> 8) & 0xfu) - 8);
+      q[2 * i + 16] = static_cast<float>(static_cast<int>((two >> 4) & 0xfu) - 8);
+      q[2 * i + 17] = static_cast<float>(static_cast<int>(two >> 12) - 8);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvMaxRows; ++r) {
+    if (r >= m) break;
+    const float4* xr = reinterpret_cast<const float4*>(x + r * x_stride);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = xr[i];
+      sum += q[4 * i] * v.x + q[4 * i + 1] * v.y + q[4 * i + 2] * v.z + q[4 * i + 3] * v.w;
+    }
+    acc[r] += d * sum;
+  }
+}
+
+// y[r, j] = x[r, :] · W[j, :] (+ bias[j]) for r < m <= kGemvMaxRows, W read in its GGUF blocks:
+// one warp per weight row, a lane per 32-element block (consecutive lanes on consecutive blocks,
+// so a warp reads one contiguous span), each block decoded once for all m x rows. q8_0 and q4_0
+// decode whole blocks; the other formats (q4_1, q5_*, K-quants) go element by element through
+// LoadWeight. The sum runs in f32 over the exact dequantized weights and f32 activations.
+template <DType W>
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
+    QuantGemvKernel(cpu::MatmulArgs a, DType dtype, int64_t row_bytes, bool x_vec4) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (j >= a.n) return;
+  const int m = static_cast<int>(a.m);
+  const uint8_t* row = static_cast<const uint8_t*>(a.w) + j * row_bytes;
+  float acc[kGemvMaxRows] = {};
+  if constexpr (W == DType::kQ8_0 || W == DType::kQ4_0) {
+    if (x_vec4) {
+      const int64_t block_bytes = W == DType::kQ8_0 ? 34 : 18;
+      for (int64_t b = lane; b < a.k / 32; b += kWarp) {
+        BlockDot<W>(row + b * block_bytes, a.x + b * 32, a.x_stride, m, acc);
+      }
+    } else {
+      for (int64_t c = lane; c < a.k; c += kWarp) {
+        const float w = LoadWeight(row, dtype, c);
+        for (int r = 0; r < m; ++r) acc[r] += w * a.x[r * a.x_stride + c];
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < a.k; c += kWarp) {
+      const float w = LoadWeight(row, dtype, c);
+      for (int r = 0; r < m; ++r) acc[r] += w * a.x[r * a.x_stride + c];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvMaxRows; ++r) {
+    if (r >= m) break;
+    const float v = WarpSum(acc[r]);
+    if (lane == 0) a.y[r * a.y_stride + j] = v + (a.bias != nullptr ? a.bias[j] : 0.0f);
+  }
+}
+
+const char* QuantGemv(const cpu::MatmulArgs& a, cudaStream_t stream) {
+  const int64_t row_bytes = DTypeRowBytes(a.w_dtype, a.k);
+  // float4 reads of x need 16-byte rows and base.
+  const bool x_vec4 = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(a.n, kGemvWarps));
+  if (a.w_dtype == DType::kQ8_0) {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ8_0>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  } else if (a.w_dtype == DType::kQ4_0) {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ4_0>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  } else {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kF32>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  }
+  return cudaGetLastError() == cudaSuccess ? nullptr : "quantized GEMV launch failed";
+}
+
+// Weight rows per slab when quantized weights meet more than kGemvMaxRows x rows.
+int64_t SlabRows(const cpu::MatmulArgs& a) {
+  return std::clamp<int64_t>(kSlabBytes / (2 * std::max<int64_t>(a.k, 1)), 64, a.n);
+}
+
 }  // namespace
 
 size_t MatmulScratchBytes(const cpu::MatmulArgs& a) {
-  return a.w_dtype == DType::kF32 ? 0 : sizeof(uint16_t) * a.m * a.k;
+  if (a.w_dtype == DType::kF32) return 0;
+  if (DTypeIsQuantized(a.w_dtype)) {
+    if (a.m <= kGemvMaxRows) return 0;
+    return sizeof(uint16_t) * (a.m * a.k + SlabRows(a) * a.k);
+  }
+  return sizeof(uint16_t) * a.m * a.k;
 }
 
 const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratch,
@@ -46,6 +162,36 @@ const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratc
   const void* x = a.x;
   int64_t ldx = a.x_stride;
   cudaDataType_t type = CUDA_R_32F;
+  if (DTypeIsQuantized(a.w_dtype)) {
+    if (a.m <= kGemvMaxRows) return QuantGemv(a, stream);
+    // Larger batches: x to bf16 once, then each slab of weight rows dequantized to bf16 in the
+    // scratch and multiplied there (the packed weights stay the only copy in memory).
+    uint16_t* xb = static_cast<uint16_t*>(scratch);
+    uint16_t* slab = xb + a.m * a.k;
+    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k,
+                   true, xb);
+    if (cudaGetLastError() != cudaSuccess) return "activation conversion launch failed";
+    const int64_t row_bytes = DTypeRowBytes(a.w_dtype, a.k);
+    const int64_t slab_rows = SlabRows(a);
+    for (int64_t r0 = 0; r0 < a.n; r0 += slab_rows) {
+      const int64_t rows = std::min(slab_rows, a.n - r0);
+      if (ConvertWeights(static_cast<const uint8_t*>(a.w) + r0 * row_bytes, a.w_dtype, rows, a.k,
+                         DType::kBF16, slab, stream) != cudaSuccess) {
+        return "weight slab conversion launch failed";
+      }
+      const cublasStatus_t st = cublasGemmEx(
+          handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(a.m),
+          static_cast<int>(a.k), &alpha, slab, CUDA_R_16BF, static_cast<int>(a.k), xb,
+          CUDA_R_16BF, static_cast<int>(a.k), &beta, a.y + r0, CUDA_R_32F,
+          static_cast<int>(a.y_stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
+    }
+    if (a.bias != nullptr) {
+      KVSERVE_LAUNCH(AddBias, Blocks(a.m * a.n), 256, 0, stream, a.y, a.y_stride, a.m, a.n, a.bias);
+      if (cudaGetLastError() != cudaSuccess) return "bias launch failed";
+    }
+    return nullptr;
+  }
   if (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) {
     const bool bf16 = a.w_dtype == DType::kBF16;
     KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k,
@@ -54,8 +200,6 @@ const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratc
     x = scratch;
     ldx = a.k;
     type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  } else if (a.w_dtype != DType::kF32) {
-    return "cuda matmul: quantized weights must be converted at load";
   }
   const cublasStatus_t st =
       cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n), static_cast<int>(a.m),

@@ -178,6 +178,10 @@ TEST(CudaOpsTest, MatmulEveryWeightDType) {
       cpu.Matmul({x.data(), k, w.data(), dtype, bias.data(), want.data(), n, m, n, k});
       absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), dtype, n, k);
       ASSERT_TRUE(pw.ok()) << pw.status();
+      // Quantized weights stay packed on the device: no bf16 copy of 2-3.5x the bytes.
+      if (DTypeIsQuantized(dtype)) {
+        EXPECT_EQ(pw->dtype, dtype) << DTypeName(dtype);
+      }
       DeviceBuffer dx = Upload(gpu, x);
       DeviceBuffer db = Upload(gpu, bias);
       DeviceBuffer dy = Upload(gpu, std::vector<float>(m * n));
@@ -186,11 +190,36 @@ TEST(CudaOpsTest, MatmulEveryWeightDType) {
       const std::vector<float> got = Download<float>(gpu, dy.get(), m * n);
       float scale = 0.0f;
       for (float v : want) scale = std::max(scale, std::abs(v));
-      // f32 weights stay f32 here (keep_f32_weights); the rest run as 16-bit with x rounded.
-      const float tol = dtype == DType::kF32 ? 1e-5f : (dtype == DType::kF16 ? 2e-3f : 1.5e-2f);
+      // f32 weights stay f32 here (keep_f32_weights); quantized ones at m <= 8 take the GEMV
+      // (f32 x, exact weights; the CPU rounds x to 8 bits for its int8 dot products); the rest run
+      // as 16-bit with x rounded.
+      const bool gemv = DTypeIsQuantized(dtype) && m <= 8;
+      const float tol = dtype == DType::kF32 ? 1e-5f
+                        : gemv               ? 1e-2f
+                                             : (dtype == DType::kF16 ? 2e-3f : 1.5e-2f);
       EXPECT_LT(MaxAbsDiff(got, want), tol * scale) << DTypeName(dtype) << " m=" << m;
     }
   }
+}
+
+// Quantized weights met by more than 8 x rows are dequantized to bf16 a slab of rows at a time
+// (8 MiB): 1100 rows of 4096 take two slabs, the second a partial one.
+TEST(CudaOpsTest, QuantizedMatmulOverSeveralSlabs) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::CpuBackend cpu(nullptr);
+  const int64_t m = 9, n = 1100, k = 4096;
+  const std::vector<uint8_t> w = MakeWeights(DType::kQ8_0, n, k, 21);
+  const std::vector<float> x = Random(m * k, 22);
+  std::vector<float> want(m * n);
+  cpu.Matmul({x.data(), k, w.data(), DType::kQ8_0, nullptr, want.data(), n, m, n, k});
+  absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), DType::kQ8_0, n, k);
+  ASSERT_TRUE(pw.ok()) << pw.status();
+  DeviceBuffer dx = Upload(gpu, x);
+  DeviceBuffer dy = Upload(gpu, std::vector<float>(m * n));
+  gpu->Matmul({dx.as<float>(), k, pw->data, pw->dtype, nullptr, dy.as<float>(), n, m, n, k});
+  float scale = 0.0f;
+  for (float v : want) scale = std::max(scale, std::abs(v));
+  EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dy.get(), m * n), want), 1.5e-2f * scale);
 }
 
 TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
