@@ -202,6 +202,9 @@ class Backend {
   // allowed while capturing.
   /// Whether BeginCapture can work here.
   virtual bool supports_graphs() const { return false; }
+  /// The device stream every op is queued on (a cudaStream_t), for collectives that must run in
+  /// the ops' order (Communicator::EnqueueAllReduceSum); null for the CPU backend.
+  virtual void* native_stream() { return nullptr; }
   /// Starts recording the ops that follow into a graph instead of running them.
   virtual absl::Status BeginCapture() { return absl::UnimplementedError("no graph support"); }
   /// Ends the recording; returns a handle for LaunchGraph.

@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
                       float top_p, float temperature, const float* uniforms, int32_t* out) override;
 
   bool supports_graphs() const override { return options_.enable_graphs; }
+  void* native_stream() override { return stream_; }
   absl::Status BeginCapture() override;
   absl::StatusOr<int> EndCapture() override;
   absl::Status LaunchGraph(int graph) override;

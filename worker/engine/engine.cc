@@ -187,6 +187,15 @@ absl::Status EngineOptions::Validate() const {
 Engine::Engine(const LoadedModel* model, const EngineOptions& options)
     : model_(model), options_(options) {}
 
+DecodeGraphOptions Engine::DecodeGraphOptionsFor(const ModelWeights& weights) const {
+  DecodeGraphOptions graphs;
+  graphs.max_batch = std::min(options_.scheduler.max_num_seqs, kMaxDecodeGraphBatch);
+  graphs.max_context_len = weights.config.max_position_embeddings;
+  graphs.block_table_stride =
+      (graphs.max_context_len + options_.block_size - 1) / options_.block_size;
+  return graphs;
+}
+
 absl::Status Engine::CreateModel() {
   const ModelWeights& weights = *model_->weights;
   EngineOptions sizing = options_;
@@ -262,6 +271,14 @@ absl::Status Engine::CreateModel() {
     if (!cache.ok()) return cache.status();
     cache_ = std::move(*cache);
     num_kv_blocks_ = *num_blocks;
+    if (!host_pool && options_.cuda_graphs && options_.pipeline == nullptr) {
+      // NCCL ranks enqueue their all-reduce on their own streams: their decode steps replay too.
+      if (absl::Status s = llama_->EnableDecodeGraphs(DecodeGraphOptionsFor(*own)); !s.ok()) {
+        logging::Log(
+            logging::LogLevel::kWarning, "engine",
+            absl::StrCat("decode steps run without CUDA graphs: ", std::string(s.message())));
+      }
+    }
     if (options_.pipeline != nullptr) {
       if (tp_options.stage_links && options_.pipeline_device_hand_over) {
         options_.pipeline->EnableDeviceHandOver(options_.tensor_parallel_size, device_name_,
@@ -280,12 +297,8 @@ absl::Status Engine::CreateModel() {
   if (!llama.ok()) return llama.status();
   device_model_ = std::move(*llama);
   if (options_.cuda_graphs && backend_->supports_graphs()) {
-    DecodeGraphOptions graphs;
-    graphs.max_batch = std::min(options_.scheduler.max_num_seqs, kMaxDecodeGraphBatch);
-    graphs.max_context_len = weights.config.max_position_embeddings;
-    graphs.block_table_stride =
-        (graphs.max_context_len + options_.block_size - 1) / options_.block_size;
-    if (absl::Status s = device_model_->EnableDecodeGraphs(graphs); !s.ok()) {
+    if (absl::Status s = device_model_->EnableDecodeGraphs(DecodeGraphOptionsFor(weights));
+        !s.ok()) {
       logging::Log(logging::LogLevel::kWarning, "engine",
                    absl::StrCat("decode steps run without CUDA graphs: ", std::string(s.message())));
     }
@@ -822,12 +835,15 @@ void Engine::FinishStep(Flight& f, const absl::Status& status) {
     prefill_tokens_ += f.prompt_tokens;
     prefill_seconds_ += forward;
   }
-  if (device_model_ != nullptr && !graph_failure_logged_ &&
-      !device_model_->decode_graph_error().empty()) {
-    graph_failure_logged_ = true;
-    logging::Log(logging::LogLevel::kWarning, "engine",
-                 absl::StrCat("CUDA graphs switched off, decode steps run eagerly: ",
-                              device_model_->decode_graph_error()));
+  if (!graph_failure_logged_) {
+    const std::string error = device_model_ != nullptr ? device_model_->decode_graph_error()
+                              : llama_ != nullptr      ? llama_->decode_graph_error()
+                                                       : std::string();
+    if (!error.empty()) {
+      graph_failure_logged_ = true;
+      logging::Log(logging::LogLevel::kWarning, "engine",
+                   absl::StrCat("CUDA graphs switched off, decode steps run eagerly: ", error));
+    }
   }
   if (!status.ok()) {
     // A failed forward pass is a bug (inputs were validated); fail the requests involved. In a

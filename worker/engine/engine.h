@@ -203,6 +203,9 @@ class Engine {
   Engine(const LoadedModel* model, const EngineOptions& options);
   /// Picks the device and creates the model and its KV pool (sized by PoolBlocks).
   absl::Status CreateModel();
+  /// Decode-graph shapes for `weights`: batches up to max_num_seqs (at most 512), the model's
+  /// whole context.
+  DecodeGraphOptions DecodeGraphOptionsFor(const ModelWeights& weights) const;
   /// Sets block_access_ and kv_layout_ for the model's KV pool.
   void DescribeKvPool();
   /// Creates the host / disk tiers of options_.kv_offload over the model's KV pool, and the

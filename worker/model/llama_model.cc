@@ -205,7 +205,8 @@ LlamaModel::~LlamaModel() = default;
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeights* weights,
                                                                cpu::ThreadPool* pool,
                                                                AllReduceFn all_reduce,
-                                                               Backend* backend) {
+                                                               Backend* backend,
+                                                               bool all_reduce_enqueues) {
   if (weights == nullptr) return absl::InvalidArgumentError("LlamaModel: no weights");
   if (absl::Status s = weights->config.Validate(); !s.ok()) return s;
   if (static_cast<int>(weights->layers.size()) != weights->config.num_layers) {
@@ -228,6 +229,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
   if (absl::Status s = CheckExperts(*weights); !s.ok()) return s;
   if (absl::Status s = CheckMla(*weights); !s.ok()) return s;
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights, pool, std::move(all_reduce)));
+  model->all_reduce_enqueues_ = model->all_reduce_ != nullptr && all_reduce_enqueues;
   if (backend == nullptr) {
     model->owned_backend_ = std::make_unique<cpu::CpuBackend>(pool);
     backend = model->owned_backend_.get();
@@ -598,11 +600,12 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   }
   const bool decode = std::all_of(batch.q_len.begin(), batch.q_len.end(),
                                   [](int32_t n) { return n == 1; });
-  if (graphs_enabled_ && logits != nullptr && decode) {
+  // Tensor-parallel ranks after the first compute no logits: their graphs hold the layers alone.
+  const bool graph_rank = logits != nullptr || (all_reduce_enqueues_ && config.last_stage());
+  if (graphs_enabled_ && graph_rank && decode) {
     if (GraphableDecode(batch)) {
-      absl::Status s = ForwardDecodeGraph(batch, cache, logits);
-      if (graphs_enabled_) return s;
-      // The capture failed and switched graphs off (graph_error_ says why): run it eagerly.
+      // A failed capture switches graphs off (graph_error_ says why) after the step ran eagerly.
+      return ForwardDecodeGraph(batch, cache, logits);
     } else {
       ++graph_stats_.eager_decodes;
     }
@@ -746,19 +749,22 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
   step.tokens = padded;
   step.seqs = padded;
   step.table_stride = stride;
-  step.logits_rows = padded;
+  step.logits_rows = logits == nullptr ? 0 : padded;
   step.plan = Plan(padded, 1, graph_options_.max_context_len, cache);
-  auto* out = device_logits_.as<float>();
+  float* out = logits == nullptr ? nullptr : device_logits_.as<float>();
 
   DecodeGraph& graph = graphs_[index];
+  bool ran_eagerly = false;
   if (graph.handle < 0 || graph.backend_epoch != backend_->memory_epoch() ||
       graph.buffers_epoch != buffers_epoch_ || graph.cache != &cache) {
     if (graph.handle >= 0) backend_->DestroyGraph(graph.handle);
     graph = DecodeGraph{};
     // Run the step eagerly first: the backend sizes its scratch for this shape now, since
-    // nothing may be allocated while capturing.
+    // nothing may be allocated while capturing. That run is this step's result: the graph is
+    // not launched for it (a tensor-parallel rank would run its collectives twice).
     if (absl::Status s = Enqueue(step, cache, out); !s.ok()) return s;
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    ran_eagerly = true;
     absl::Status captured = backend_->BeginCapture();
     if (captured.ok()) {
       captured = Enqueue(step, cache, out);
@@ -770,14 +776,17 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
       }
     }
     if (!captured.ok()) {
+      // The eager run above stands as this step's result; later steps run eagerly.
       graphs_enabled_ = false;
       graph_error_ = absl::StrCat("capturing the decode graph of batch ", padded,
                                   " failed: ", std::string(captured.message()));
-      return captured;
     }
   }
-  if (absl::Status s = backend_->LaunchGraph(graph.handle); !s.ok()) return s;
-  ++graph_stats_.replays;
+  if (!ran_eagerly) {
+    if (absl::Status s = backend_->LaunchGraph(graph.handle); !s.ok()) return s;
+    ++graph_stats_.replays;
+  }
+  if (logits == nullptr) return backend_->Synchronize();
   return backend_->CopyToHost(logits, out,
                               static_cast<size_t>(n * c.vocab_size * int64_t{sizeof(float)}));
 }
@@ -793,10 +802,10 @@ absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
         "decode graphs are not available to mixture-of-experts models (routing reads the "
         "router's logits on the host between kernels)");
   }
-  if (all_reduce_) {
+  if (all_reduce_ && !all_reduce_enqueues_) {
     return absl::FailedPreconditionError(
-        "decode graphs are not available to tensor-parallel ranks (their all-reduce "
-        "synchronizes on the host between layers)");
+        "decode graphs are not available to tensor-parallel ranks whose all-reduce synchronizes "
+        "on the host between layers (CPU groups)");
   }
   if (!c.first_stage() || !c.last_stage()) {
     return absl::FailedPreconditionError(
@@ -839,6 +848,14 @@ absl::Status LlamaModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
   return absl::OkStatus();
 }
 
+void LlamaModel::DisableDecodeGraphs() {
+  for (DecodeGraph& g : graphs_) {
+    if (g.handle >= 0) backend_->DestroyGraph(g.handle);
+  }
+  graphs_.clear();
+  graphs_enabled_ = false;
+}
+
 absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   const ModelConfig& c = weights_->config;
   const int64_t t = step.tokens;
@@ -856,7 +873,9 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   Linear(attn_out_, w.wo, w.bo, delta_, t);
   // Under tensor parallelism each rank holds some heads: their output projections add up.
   if (all_reduce_) {
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    if (!all_reduce_enqueues_) {
+      if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    }
     if (absl::Status s = all_reduce_(delta_, t * h); !s.ok()) return s;
   }
 
@@ -870,7 +889,9 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   }
   // Each rank holds some MLP rows: their down projections add up.
   if (all_reduce_) {
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    if (!all_reduce_enqueues_) {
+      if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    }
     return all_reduce_(delta_, t * h);
   }
   return absl::OkStatus();

@@ -101,11 +101,15 @@ class LlamaModel {
  public:
   /// `weights` and `pool` must outlive the model. `all_reduce` is empty for a whole model (it
   /// gets device pointers on a device backend). `backend` (must outlive the model) runs the ops;
-  /// null means a CPU backend over `pool`, owned by the model.
+  /// null means a CPU backend over `pool`, owned by the model. With `all_reduce_enqueues`, the
+  /// hook only enqueues the sum on the backend's stream (Communicator::EnqueueAllReduceSum): the
+  /// model then does not synchronise before it, a step synchronises once at its end, and decode
+  /// graphs can capture the collectives.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights* weights,
                                                             cpu::ThreadPool* pool,
                                                             AllReduceFn all_reduce = nullptr,
-                                                            Backend* backend = nullptr);
+                                                            Backend* backend = nullptr,
+                                                            bool all_reduce_enqueues = false);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -131,9 +135,13 @@ class LlamaModel {
   /// real tokens. A graph is captured again when a buffer it points into moved (the activation
   /// workspace grew for a larger prefill, the backend's scratch grew) or for another KV cache.
   /// FAILED_PRECONDITION when the backend cannot capture graphs or the model is a
-  /// tensor-parallel rank (its all-reduce synchronizes on the host between layers) or a pipeline
-  /// stage.
+  /// tensor-parallel rank whose all-reduce synchronizes on the host (CPU groups; NCCL ranks
+  /// enqueue it, see Create) or a pipeline stage. A tensor-parallel rank without logits
+  /// (ranks > 0) captures its layers alone. The step that captures a graph has run eagerly just
+  /// before and is not replayed as well, so every rank runs each collective exactly once.
   absl::Status EnableDecodeGraphs(const DecodeGraphOptions& options);
+  /// Back to eager decode steps; the captured graphs are released.
+  void DisableDecodeGraphs();
   /// Whether decode graphs are on (EnableDecodeGraphs succeeded and no capture failed since).
   bool decode_graphs_enabled() const { return graphs_enabled_; }
   /// Why decode graphs were switched off after a failed capture (empty otherwise); the failed
@@ -252,6 +260,7 @@ class LlamaModel {
   const ModelWeights* weights_;
   cpu::ThreadPool* pool_;
   AllReduceFn all_reduce_;
+  bool all_reduce_enqueues_ = false;  // all_reduce_ only enqueues on the backend's stream
   std::vector<float> inv_freq_;
   std::unique_ptr<Backend> owned_backend_;  // the CPU backend when none was given
   Backend* backend_ = nullptr;

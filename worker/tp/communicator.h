@@ -39,6 +39,19 @@ class Communicator {
   /// Returns once every rank has called Barrier().
   virtual absl::Status Barrier() = 0;
 
+  /// Whether EnqueueAllReduceSum works: the group's collectives can run on the caller's device
+  /// stream (NCCL), not only on the host (the CPU group).
+  virtual bool enqueues_on_stream() const { return false; }
+
+  /// AllReduceSum enqueued on `stream` (the rank's cudaStream_t, e.g. Backend::native_stream)
+  /// without waiting: the sum is there for whatever the stream runs next, so a device step needs
+  /// no host synchronisation between layers and a CUDA graph can capture the collective. Errors
+  /// of the collective itself show when the stream is next synchronised (or as this call's error
+  /// for a later collective). UNIMPLEMENTED where enqueues_on_stream() is false.
+  virtual absl::Status EnqueueAllReduceSum(float* /*data*/, int64_t /*n*/, void* /*stream*/) {
+    return absl::UnimplementedError("this communicator has no device streams");
+  }
+
   /// Gives up on the group, from any thread: every rank's pending and later calls return
   /// ABORTED (or the transport's error). Used when one rank failed and will not reach the next
   /// collective, so the others do not wait forever. The CPU group can be re-armed afterwards

@@ -133,6 +133,22 @@ absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n) {
   });
 }
 
+absl::Status NcclCommunicator::EnqueueAllReduceSum(float* data, int64_t n, void* stream) {
+  if (n == 0) return absl::OkStatus();
+  Group& g = *impl_->group;
+  std::shared_lock<std::shared_mutex> lock(g.mu);
+  if (g.aborted) return absl::AbortedError("the NCCL group was aborted");
+  cudaSetDevice(impl_->device);
+  ncclResult_t async = ncclSuccess;
+  if (ncclCommGetAsyncError(impl_->comm, &async) == ncclSuccess && async != ncclSuccess &&
+      async != ncclInProgress) {
+    return NcclStatus(async, "an earlier NCCL collective");
+  }
+  return NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum,
+                                  impl_->comm, static_cast<cudaStream_t>(stream)),
+                    "ncclAllReduce");
+}
+
 absl::Status NcclCommunicator::AllGather(const float* send, int64_t n, float* recv) {
   return Collective("ncclAllGather", [&]() -> int {
     return ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat, impl_->comm, impl_->stream);

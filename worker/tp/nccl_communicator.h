@@ -33,6 +33,11 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduceSum(float* data, int64_t n) override;
   absl::Status AllGather(const float* send, int64_t n, float* recv) override;
   absl::Status Barrier() override;
+  bool enqueues_on_stream() const override { return true; }
+  /// ncclAllReduce on `stream` (a stream of this rank's device), not waited for. Fails at once
+  /// when the group was aborted or the communicator holds an asynchronous error from an earlier
+  /// collective.
+  absl::Status EnqueueAllReduceSum(float* data, int64_t n, void* stream) override;
   /// ncclCommAbort on every rank's communicator (once): ranks blocked in a collective return,
   /// and every later call is ABORTED.
   void Abort() override;

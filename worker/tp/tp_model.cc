@@ -120,13 +120,23 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
       rank->pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
     }
     AllReduceFn all_reduce;
+    bool enqueues = false;
     if (tp > 1) {
       rank->comm = device ? model->device_comms_[r].get() : model->group_->communicator(r);
       Communicator* comm = rank->comm;
-      all_reduce = [comm](float* data, int64_t n) { return comm->AllReduceSum(data, n); };
+      void* stream = rank->backend != nullptr ? rank->backend->native_stream() : nullptr;
+      if (stream != nullptr && comm->enqueues_on_stream()) {
+        // NCCL on the rank's own stream: no host synchronisation inside a step.
+        all_reduce = [comm, stream](float* data, int64_t n) {
+          return comm->EnqueueAllReduceSum(data, n, stream);
+        };
+        enqueues = true;
+      } else {
+        all_reduce = [comm](float* data, int64_t n) { return comm->AllReduceSum(data, n); };
+      }
     }
     absl::StatusOr<std::unique_ptr<LlamaModel>> llama = LlamaModel::Create(
-        rank->weights, rank->pool.get(), std::move(all_reduce), rank->backend.get());
+        rank->weights, rank->pool.get(), std::move(all_reduce), rank->backend.get(), enqueues);
     if (!llama.ok()) return llama.status();
     rank->model = std::move(*llama);
     model->ranks_.push_back(std::move(rank));
@@ -221,6 +231,39 @@ absl::Status TensorParallelModel::Forward(const ForwardBatch& batch, ShardedKvCa
 
 bool TensorParallelModel::SendFailedAfterCollectives(const absl::Status& status) const {
   return weights_->config.first_stage() && IsStageLinkError(status);
+}
+
+absl::Status TensorParallelModel::EnableDecodeGraphs(const DecodeGraphOptions& options) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (absl::Status s = ranks_[r]->model->EnableDecodeGraphs(options); !s.ok()) {
+      DisableDecodeGraphs();
+      return r == 0 ? s : absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TensorParallelModel::DisableDecodeGraphs() {
+  for (auto& rank : ranks_) rank->model->DisableDecodeGraphs();
+}
+
+bool TensorParallelModel::decode_graphs_enabled() const {
+  for (const auto& rank : ranks_) {
+    if (!rank->model->decode_graphs_enabled()) return false;
+  }
+  return true;
+}
+
+std::string TensorParallelModel::decode_graph_error() const {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const std::string& e = ranks_[r]->model->decode_graph_error();
+    if (!e.empty()) return absl::StrCat("rank ", r, ": ", e);
+  }
+  return "";
+}
+
+DecodeGraphStats TensorParallelModel::decode_graph_stats(int r) const {
+  return ranks_[r]->model->decode_graph_stats();
 }
 
 absl::Status TensorParallelModel::SetStageLinks(std::vector<std::shared_ptr<StageLink>> links) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -140,6 +141,19 @@ class TensorParallelModel {
   /// after its last collective) the tensor-parallel group stays usable, so the next formation's
   /// links can be set. Empty: back to host hand-overs. Not while Forward runs.
   absl::Status SetStageLinks(std::vector<std::shared_ptr<StageLink>> links);
+
+  /// Decode graphs on every rank (LlamaModel::EnableDecodeGraphs): device ranks whose NCCL
+  /// all-reduce runs on their own stream capture their layers' collectives too; rank 0's graph
+  /// also holds the logits. All or none: a rank that refuses switches the others off.
+  absl::Status EnableDecodeGraphs(const DecodeGraphOptions& options);
+  /// Back to eager decode steps on every rank.
+  void DisableDecodeGraphs();
+  /// Whether every rank replays decode graphs.
+  bool decode_graphs_enabled() const;
+  /// Rank r's capture and replay counts.
+  DecodeGraphStats decode_graph_stats(int r) const;
+  /// Why some rank switched its graphs off after a failed capture ("rank R: ..."), or empty.
+  std::string decode_graph_error() const;
 
  private:
   struct Rank {

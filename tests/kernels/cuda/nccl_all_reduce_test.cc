@@ -117,6 +117,51 @@ TEST(NcclAllReduceTest, AbortWhileAPeerIsInCollectives) {
   EXPECT_TRUE(absl::IsAborted(comms[1]->AllReduceSum(d1.as<float>(), 64)));
 }
 
+// All-reduces enqueued on each rank's backend stream (EnqueueAllReduceSum): the calls return
+// without waiting, the sums land in stream order, and a rank whose stream waits in a collective
+// its peer never joins is released by Abort (the next enqueue says ABORTED).
+TEST(NcclAllReduceTest, EnqueuedOnTheBackendStream) {
+  KVSERVE_REQUIRE_DEVICES(2);
+  std::vector<std::unique_ptr<Backend>> gpus;
+  std::string why;
+  std::vector<std::unique_ptr<Communicator>> comms = TwoRanks(&gpus, &why);
+  ASSERT_FALSE(comms.empty()) << why;
+  ASSERT_TRUE(comms[0]->enqueues_on_stream());
+  ASSERT_NE(gpus[0]->native_stream(), nullptr);
+  std::vector<DeviceBuffer> data;
+  for (int r = 0; r < 2; ++r) {
+    data.push_back(testing_cuda::Upload(gpus[r].get(), std::vector<float>(300, r + 1.0f)));
+  }
+  // Three rounds per rank, enqueued back to back from each rank's thread: 1+2, then doubled.
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      for (int i = 0; i < 3 && status[r].ok(); ++i) {
+        status[r] =
+            comms[r]->EnqueueAllReduceSum(data[r].as<float>(), 300, gpus[r]->native_stream());
+      }
+      if (status[r].ok()) status[r] = gpus[r]->Synchronize();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    const std::vector<float> got = testing_cuda::Download<float>(gpus[r].get(), data[r].get(), 300);
+    EXPECT_EQ(got.front(), 12.0f);  // (1 + 2) * 2 * 2
+    EXPECT_EQ(got.back(), 12.0f);
+  }
+  // Rank 0 enqueues a round rank 1 never joins; its stream waits until the group is aborted.
+  ASSERT_TRUE(
+      comms[0]->EnqueueAllReduceSum(data[0].as<float>(), 300, gpus[0]->native_stream()).ok());
+  std::thread waiter([&] { status[0] = gpus[0]->Synchronize(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  comms[1]->Abort();
+  waiter.join();  // returns: the abort released the stream
+  EXPECT_TRUE(absl::IsAborted(
+      comms[0]->EnqueueAllReduceSum(data[0].as<float>(), 300, gpus[0]->native_stream())));
+}
+
 // A rank that cannot be set up fails the group and frees every communicator already made
 // (LeakSanitizer checks on the simulator's ASan run). Simulator only: a GPU's memory cannot be
 // exhausted repeatably.
