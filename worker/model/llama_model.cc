@@ -284,31 +284,80 @@ absl::Status LlamaModel::PrepareWeights() {
       b.PrepareVector(inv_freq_.data(), static_cast<int64_t>(inv_freq_.size()));
   if (!f.ok()) return f.status();
   inv_freq_dev_ = std::move(*f);
+  // Device backends copy the weights anyway: stack q/k/v and gate/up so each takes one GEMM.
+  // (The CPU reads the mapped file in place, so it keeps them apart.)
+  const bool stack = !b.host_memory();
+  auto stackable = [](std::initializer_list<const TensorView*> parts) {
+    const TensorView& first = **parts.begin();
+    for (const TensorView* p : parts) {
+      if (!p->present() || p->shape.size() != 2 || p->dtype != first.dtype ||
+          p->shape[1] != first.shape[1]) {
+        return false;
+      }
+    }
+    return true;
+  };
+  auto stacked = [&b](std::initializer_list<const TensorView*> parts,
+                      PreparedMatrix* out) -> absl::Status {
+    const TensorView& first = **parts.begin();
+    int64_t rows = 0;
+    for (const TensorView* p : parts) rows += p->shape[0];
+    std::vector<uint8_t> host(static_cast<size_t>(rows * first.row_bytes()));
+    size_t at = 0;
+    for (const TensorView* p : parts) {
+      std::memcpy(host.data() + at, p->data, static_cast<size_t>(p->nbytes()));
+      at += static_cast<size_t>(p->nbytes());
+    }
+    absl::StatusOr<PreparedMatrix> m =
+        b.PrepareMatrix(host.data(), first.dtype, rows, first.shape[1]);
+    if (!m.ok()) return m.status();
+    *out = std::move(*m);
+    return absl::OkStatus();
+  };
   layers_.resize(weights_->layers.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& w = weights_->layers[i];
     Layer& l = layers_[i];
+    const bool biases = w.bq.present() && w.bk.present() && w.bv.present();
+    const bool no_biases = !w.bq.present() && !w.bk.present() && !w.bv.present();
+    if (stack && !c.is_mla() && !c.qk_norm && (biases || no_biases) &&
+        stackable({&w.wq, &w.wk, &w.wv})) {
+      if (absl::Status s = stacked({&w.wq, &w.wk, &w.wv}, &l.w_qkv); !s.ok()) return s;
+      if (biases) {
+        std::vector<float> bias;
+        for (const TensorView* t : {&w.bq, &w.bk, &w.bv}) {
+          const float* f = static_cast<const float*>(t->data);
+          bias.insert(bias.end(), f, f + t->numel());
+        }
+        absl::StatusOr<PreparedVector> v =
+            b.PrepareVector(bias.data(), static_cast<int64_t>(bias.size()));
+        if (!v.ok()) return v.status();
+        l.b_qkv = std::move(*v);
+      }
+    }
+    const bool qkv_stacked = l.w_qkv.rows > 0;
     for (auto [t, v] : {std::pair{&w.attn_norm, &l.attn_norm},
                         {&w.ffn_norm, &l.ffn_norm},
-                        {&w.bq, &l.bq},
-                        {&w.bk, &l.bk},
-                        {&w.bv, &l.bv},
+                        {qkv_stacked ? nullptr : &w.bq, &l.bq},
+                        {qkv_stacked ? nullptr : &w.bk, &l.bk},
+                        {qkv_stacked ? nullptr : &w.bv, &l.bv},
                         {&w.bo, &l.bo},
                         {&w.q_norm, &l.q_norm},
                         {&w.k_norm, &l.k_norm},
                         {&w.q_a_norm, &l.q_a_norm},
                         {&w.kv_a_norm, &l.kv_a_norm}}) {
+      if (t == nullptr) continue;
       if (absl::Status s = vector(*t, v); !s.ok()) return s;
     }
     // Absent matrices (MLA's wk / wv, its wq or q_a / q_b) stay empty.
-    for (auto [t, m] : {std::pair{&w.wq, &l.wq},
-                        {&w.wk, &l.wk},
-                        {&w.wv, &l.wv},
+    for (auto [t, m] : {std::pair{qkv_stacked ? nullptr : &w.wq, &l.wq},
+                        {qkv_stacked ? nullptr : &w.wk, &l.wk},
+                        {qkv_stacked ? nullptr : &w.wv, &l.wv},
                         {&w.wo, &l.wo},
                         {&w.wq_a, &l.wq_a},
                         {&w.wq_b, &l.wq_b},
                         {&w.wkv_a, &l.wkv_a}}) {
-      if (!t->present()) continue;
+      if (t == nullptr || !t->present()) continue;
       if (absl::Status s = matrix(*t, m); !s.ok()) return s;
     }
     if (weights_->config.is_mla()) {
@@ -316,6 +365,11 @@ absl::Status LlamaModel::PrepareWeights() {
     }
     l.moe = weights_->config.is_moe_layer(static_cast<int>(i));
     if (!l.moe) {
+      if (stack && stackable({&w.w_gate, &w.w_up})) {
+        if (absl::Status s = stacked({&w.w_gate, &w.w_up}, &l.w_gate_up); !s.ok()) return s;
+        if (absl::Status s = matrix(w.w_down, &l.w_down); !s.ok()) return s;
+        continue;
+      }
       for (auto [t, m] :
            {std::pair{&w.w_gate, &l.w_gate}, {&w.w_up, &l.w_up}, {&w.w_down, &l.w_down}}) {
         if (absl::Status s = matrix(*t, m); !s.ok()) return s;
@@ -534,6 +588,14 @@ void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedM
   args.n = w.rows;
   args.k = w.cols;
   backend_->Matmul(args);
+}
+
+void LlamaModel::SwiGluStacked(const float* x, const PreparedMatrix& gate_up,
+                               const PreparedMatrix& down, float* out, int64_t rows) {
+  const int64_t width = gate_up.rows / 2;
+  LinearStrided(x, gate_up.cols, gate_up, gate_, 2 * width, rows, PreparedVector{});
+  backend_->SiluMul({gate_, gate_ + width, gate_, rows, width, 2 * width, 2 * width, 2 * width});
+  LinearStrided(gate_, 2 * width, down, out, down.rows, rows, PreparedVector{});
 }
 
 void LlamaModel::SwiGlu(const float* x, const PreparedMatrix& gate, const PreparedMatrix& up,
@@ -905,9 +967,23 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
 
-  Linear(normed_, w.wq, w.bq, q_, t);
-  Linear(normed_, w.wk, w.bk, k_, t);
-  Linear(normed_, w.wv, w.bv, v_, t);
+  // q, k and v: three GEMMs, or one over the stacked matrix writing [t, q | k | v] over q_, k_
+  // and v_ (adjacent in the workspace).
+  float* q = q_;
+  float* k = k_;
+  float* v = v_;
+  int64_t q_stride = q_dim;
+  int64_t kv_stride = kv_dim;
+  if (w.w_qkv.rows > 0) {
+    q_stride = kv_stride = q_dim + 2 * kv_dim;
+    k = q_ + q_dim;
+    v = k + kv_dim;
+    LinearStrided(normed_, c.hidden_size, w.w_qkv, q_, q_stride, t, w.b_qkv);
+  } else {
+    Linear(normed_, w.wq, w.bq, q_, t);
+    Linear(normed_, w.wk, w.bk, k_, t);
+    Linear(normed_, w.wv, w.bv, v_, t);
+  }
   if (c.qk_norm) {
     // Qwen3: every (token, head) vector is one row.
     NormRows(q_, c.head_dim, w.q_norm, c.head_dim, t * c.num_heads);
@@ -915,14 +991,14 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   }
 
   RopeKvWriteArgs rope{};
-  rope.q = q_;
-  rope.k = k_;
-  rope.v = v_;
+  rope.q = q;
+  rope.k = k;
+  rope.v = v;
   rope.num_tokens = t;
   rope.num_heads = c.num_heads;
-  rope.q_stride = q_dim;
-  rope.k_stride = kv_dim;
-  rope.v_stride = kv_dim;
+  rope.q_stride = q_stride;
+  rope.k_stride = kv_stride;
+  rope.v_stride = kv_stride;
   rope.positions = staged.positions;
   rope.inv_freq = inv_freq_dev_.data;
   rope.rope_layout = c.rope_style == RopeStyle::kInterleaved ? cpu::RopeLayout::kInterleaved
@@ -934,8 +1010,8 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   backend_->RopeKvWrite(rope);
 
   cpu::PagedAttentionArgs attn{};
-  attn.q = q_;
-  attn.q_stride = q_dim;
+  attn.q = q;
+  attn.q_stride = q_stride;
   attn.out = attn_out_;
   attn.out_stride = q_dim;
   attn.num_seqs = step.seqs;
@@ -1034,6 +1110,10 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
 }
 
 void LlamaModel::DenseMlp(const Layer& w, int64_t t) {
+  if (w.w_gate_up.rows > 0) {
+    SwiGluStacked(normed_, w.w_gate_up, w.w_down, delta_, t);
+    return;
+  }
   SwiGlu(normed_, w.w_gate, w.w_up, w.w_down, delta_, t);
 }
 

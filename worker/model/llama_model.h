@@ -161,6 +161,11 @@ class LlamaModel {
   struct Layer {
     PreparedVector attn_norm, ffn_norm, bq, bk, bv, bo, q_norm, k_norm;
     PreparedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    // Device backends: q/k/v stacked into one matrix (and their biases into one vector) and
+    // gate/up into another, so each is one GEMM; the separate matrices are then left empty.
+    // Not for MLA or qk-norm (Qwen3) attention, nor for experts.
+    PreparedMatrix w_qkv, w_gate_up;
+    PreparedVector b_qkv;
     bool moe = false;             // a mixture-of-experts MLP (else dense)
     PreparedMatrix router;        // mixture of experts only
     std::vector<Expert> experts;  // mixture of experts only
@@ -250,6 +255,10 @@ class LlamaModel {
   void LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
                      int64_t y_stride, int64_t m, const PreparedVector& bias = PreparedVector{});
   /// out = down(silu(gate x) * up x) over `rows` rows of x (hidden wide), through gate_ / up_.
+  /// SwiGlu with gate and up stacked in one matrix [2 · width, k]: one GEMM writes [rows, 2 ·
+  /// width] over gate_ and up_ (adjacent in the workspace), SiLU·mul runs in place.
+  void SwiGluStacked(const float* x, const PreparedMatrix& gate_up, const PreparedMatrix& down,
+                     float* out, int64_t rows);
   void SwiGlu(const float* x, const PreparedMatrix& gate, const PreparedMatrix& up,
               const PreparedMatrix& down, float* out, int64_t rows);
   void Norm(float* x, const float* residual, const PreparedVector& weight, float* y, int64_t rows);

@@ -110,6 +110,24 @@ std::vector<float> StepLogits(const ModelWeights* weights, Backend* backend, KvC
   return all;
 }
 
+// StepLogits on the CPU and on CUDA, with an f32 and a bf16 cache, within 1e-3 of the largest.
+void ExpectStepLogitsMatchTheCpu(Backend* gpu, const ModelWeights* weights,
+                                 const std::string& what) {
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
+    const std::vector<float> cpu = StepLogits(weights, nullptr, dtype);
+    const std::vector<float> cuda = StepLogits(weights, gpu, dtype);
+    ASSERT_EQ(cuda.size(), cpu.size());
+    float scale = 1.0f, err = 0.0f;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      scale = std::max(scale, std::fabs(cpu[i]));
+      err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+    }
+    std::printf("%s (%s cache): max |logit| %.3f, max CPU/CUDA difference %.3g\n", what.c_str(),
+                std::string(KvCacheDTypeName(dtype)).c_str(), scale, err);
+    EXPECT_LE(err, 1e-3f * scale);
+  }
+}
+
 TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
   KVSERVE_REQUIRE_CUDA(gpu);
   for (const std::string arch : {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"}) {
@@ -142,19 +160,47 @@ TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
     ASSERT_TRUE(out.ok()) << out.status();
     absl::StatusOr<LoadedModel> m = LoadModel(out->hf_dir);
     ASSERT_TRUE(m.ok()) << m.status();
-    for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
-      const std::vector<float> cpu = StepLogits(m->weights.get(), nullptr, dtype);
-      const std::vector<float> cuda = StepLogits(m->weights.get(), gpu, dtype);
-      ASSERT_EQ(cuda.size(), cpu.size());
-      float scale = 1.0f, err = 0.0f;
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        scale = std::max(scale, std::fabs(cpu[i]));
-        err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), arch);
+  }
+}
+
+// Dense models, whose q/k/v (with and without biases) and gate/up take one stacked GEMM each on
+// CUDA; Qwen3's qk-norm keeps q, k and v apart.
+TEST(CudaModelTest, DenseModelsWithStackedProjectionsMatchTheCpu) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  for (const auto& [arch, bias] :
+       {std::pair{"llama", false}, std::pair{"llama", true}, std::pair{"qwen3", false}}) {
+    const std::string what = std::string(arch) + (bias ? " with q/k/v biases" : "");
+    SCOPED_TRACE(what);
+    SynthWriteOptions o;
+    o.model.architecture = arch;
+    o.model.num_layers = 2;
+    o.model.hidden_size = 64;
+    o.model.num_heads = 4;
+    o.model.num_kv_heads = 2;
+    o.model.head_dim = 16;
+    o.model.intermediate_size = 96;
+    o.model.vocab_size = 600;
+    o.model.max_position_embeddings = 64;
+    o.model.seed = 5;
+    o.out_dir = test_util::ScratchPath(what);
+    o.format = SynthFormat::kHf;
+    absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<LoadedModel> m = LoadModel(out->hf_dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    // Qwen2-style biases, added to the loaded weights (the synthesizer writes none).
+    std::vector<std::vector<float>> biases;
+    biases.reserve(3 * m->weights->layers.size());
+    for (LayerWeights& l : m->weights->layers) {
+      if (!bias) break;
+      for (TensorView* t : {&l.bq, &l.bk, &l.bv}) {
+        const int64_t n = (t == &l.bq ? o.model.num_heads : o.model.num_kv_heads) * 16;
+        biases.push_back(testing_cuda::Random(n, 40 + static_cast<uint32_t>(biases.size())));
+        *t = TensorView{"bias", DType::kF32, {n}, biases.back().data()};
       }
-      std::printf("%s (%s cache): max |logit| %.3f, max CPU/CUDA difference %.3g\n", arch.c_str(),
-                  std::string(KvCacheDTypeName(dtype)).c_str(), scale, err);
-      EXPECT_LE(err, 1e-3f * scale);
     }
+    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), what);
   }
 }
 
