@@ -39,6 +39,7 @@ struct Case {
   KvCacheDType dtype;
   bool decode;
   int32_t window = 0;
+  int64_t chunk = 0;  // prefill: query tokens per sequence (0: 37, or 3 at context >= 1000)
 };
 
 // One batch on host memory: the cache written by the CPU, queries, block tables.
@@ -59,7 +60,7 @@ HostBatch Build(const Case& c, uint32_t seed) {
     const int32_t ctx = static_cast<int32_t>(std::max<int64_t>(1, c.context - s % 3));
     // Chunked prefill: a chunk at the end of a cached prefix (shorter for the largest batches
     // so the CPU reference stays fast).
-    const int64_t chunk = c.context >= 1000 && c.batch > 3 ? 3 : 37;
+    const int64_t chunk = c.chunk > 0 ? c.chunk : c.context >= 1000 && c.batch > 3 ? 3 : 37;
     const int32_t ql = c.decode ? 1 : static_cast<int32_t>(std::min<int64_t>(ctx, chunk));
     h.q_start.push_back(static_cast<int32_t>(h.rows));
     h.q_len.push_back(ql);
@@ -158,6 +159,22 @@ float RunCase(Backend* gpu, cpu::ThreadPool* pool, const Case& c, uint32_t seed)
   return MaxAbsDiff(Download<float>(gpu, dout.get(), out_n), want);
 }
 
+// Prefill of f16 / bf16 / int8 / fp8 KV at head dims 64, 128 and 256 runs on tensor cores, which
+// multiply in bf16 (f16 for f16 KV): the queries (times scale) and the softmax weights P are
+// rounded to it, K and V are not (int8 / fp8 codes are exact in bf16). Each rounding is at most
+// 2^-9 relative in bf16 (2^-12 in f16). With |q|, |v| <= 1 and |k| <= 2 here, a score moves by
+// at most 2^-9 * scale * sum |q_d k_d| (about 2^-9 * sqrt(head_dim) / 2 for these random
+// inputs, the errors of the terms partly cancelling) and an output by its P-weighted spread of
+// score errors times |v|, plus 2^-9 |v| from rounding P. Measured on the simulator: at most
+// 4e-3 (bf16 products) and 3e-4 (f16); the tolerances leave a factor 2.5-3. Everything else
+// (f32 KV, other head dims, and decode) is f32 arithmetic in another order: 5e-4.
+float PrefillTolerance(KvCacheDType dtype, int64_t head_dim) {
+  if (dtype == KvCacheDType::kF32 || (head_dim != 64 && head_dim != 128 && head_dim != 256)) {
+    return 5e-4f;
+  }
+  return dtype == KvCacheDType::kF16 ? 1e-3f : 1e-2f;
+}
+
 class CudaAttentionTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaAttentionTest, MatchesCpuAtOddShapesForEveryKvDType) {
@@ -179,8 +196,9 @@ TEST_P(CudaAttentionTest, MatchesCpuAtOddShapesForEveryKvDType) {
           for (int64_t gqa : gqas) {
             const Case c{batch, context, head_dim, gqa, dtype, decode};
             const float diff = RunCase(gpu, &pool, c, ++seed);
-            EXPECT_LT(diff, 5e-4f) << KvCacheDTypeName(dtype) << " batch " << batch << " ctx "
-                                   << context << " d " << head_dim << " gqa " << gqa;
+            const float tolerance = decode ? 5e-4f : PrefillTolerance(dtype, head_dim);
+            EXPECT_LT(diff, tolerance) << KvCacheDTypeName(dtype) << " batch " << batch << " ctx "
+                                       << context << " d " << head_dim << " gqa " << gqa;
           }
         }
       }
@@ -193,12 +211,44 @@ TEST_P(CudaAttentionTest, SlidingWindow) {
   cpu::ThreadPool pool(0);
   for (int32_t window : {1, 7, 40}) {
     const Case c{3, 100, 64, 4, KvCacheDType::kBF16, GetParam(), window};
-    EXPECT_LT(RunCase(gpu, &pool, c, 99), 5e-4f) << "window " << window;
+    const float tolerance = GetParam() ? 5e-4f : PrefillTolerance(c.dtype, c.head_dim);
+    EXPECT_LT(RunCase(gpu, &pool, c, 99), tolerance) << "window " << window;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(DecodeAndPrefill, CudaAttentionTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Decode" : "Prefill"; });
+
+// The tensor-core prefill kernel where its tiling has edges: query counts that are not multiples
+// of its 16-row warp tiles, head dims 64 / 128 / 256 (32-key tiles at 256), GQA groups of 1, 4
+// and 8 (one tile holding rows of several heads), full prefill and chunks over a cached prefix
+// whose keys cross many 16-slot blocks, and sliding windows narrower and wider than a key tile.
+TEST(CudaPrefillAttentionTest, TensorCoreTilesMatchCpu) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::ThreadPool pool(0);
+  struct Shape {
+    int64_t batch, context, chunk, head_dim, gqa;
+    int32_t window;
+  };
+  const std::vector<Shape> shapes = {
+      {1, 45, 45, 64, 1, 0},       // full prefill, 45 queries
+      {2, 97, 97, 128, 4, 0},      // full prefill, 4 heads a token in each tile
+      {1, 150, 150, 64, 8, 0},     // 8 heads a token: 8 tokens a 64-row tile
+      {3, 200, 23, 256, 8, 0},     // 23-token chunks after a 177-token prefix
+      {2, 120, 50, 128, 1, 20},    // window narrower than a key tile
+      {2, 200, 200, 64, 4, 70},    // window wider than a key tile
+      {1, 300, 33, 256, 1, 100}};  // chunk and window at head_dim 256
+  uint32_t seed = 500;
+  for (KvCacheDType dtype : {KvCacheDType::kBF16, KvCacheDType::kF16, KvCacheDType::kInt8}) {
+    for (const Shape& s : shapes) {
+      Case c{s.batch, s.context, s.head_dim, s.gqa, dtype, false, s.window};
+      c.chunk = s.chunk;
+      EXPECT_LT(RunCase(gpu, &pool, c, ++seed), PrefillTolerance(dtype, s.head_dim))
+          << KvCacheDTypeName(dtype) << " batch " << s.batch << " ctx " << s.context << " chunk "
+          << s.chunk << " d " << s.head_dim << " gqa " << s.gqa << " window " << s.window;
+    }
+  }
+}
 
 // A decode run captured in a CUDA graph and replayed after the context lengths changed on the
 // device gives what a fresh CPU run gives: the plan (split count) fixes the work partition.
