@@ -139,6 +139,7 @@ struct Thread {
   BarrierKind barrier_kind = BarrierKind::kPlain;
   int barrier_pred = 0;
   uint64_t value = 0;   // this lane's input to the open collective
+  int arg = 0;          // and its argument (a shuffle's source lane differs per lane)
   uint64_t result = 0;  // its output, written by the lane that completes the collective
   std::vector<AsyncCopyOp> async_open;                // cp.async since the last commit
   std::deque<std::vector<AsyncCopyOp>> async_groups;  // committed, not yet waited for
@@ -592,17 +593,19 @@ const char* OpName(WarpOp op) {
 }
 
 /// The lane whose value lane `lane` receives, or -1 for its own.
-int SourceLane(const Collective& c, int lane) {
+// The lane `lane` reads in shuffle `c`, given its own argument `arg` (__shfl_sync's source lane
+// differs per lane; the up/down/xor deltas are the same in every lane, WarpCollective checks).
+int SourceLane(const Collective& c, int lane, int arg) {
   const int seg = lane & ~(c.width - 1);
   switch (c.op) {
     case WarpOp::kShflIdx:
-      return seg + ((c.arg % c.width) + c.width) % c.width;
+      return seg + ((arg % c.width) + c.width) % c.width;
     case WarpOp::kShflUp:
-      return lane - c.arg >= seg ? lane - c.arg : -1;
+      return lane - arg >= seg ? lane - arg : -1;
     case WarpOp::kShflDown:
-      return lane + c.arg < seg + c.width ? lane + c.arg : -1;
+      return lane + arg < seg + c.width ? lane + arg : -1;
     case WarpOp::kShflXor: {
-      const int src = lane ^ c.arg;
+      const int src = lane ^ arg;
       return src < seg + c.width ? src : -1;
     }
     default:
@@ -626,7 +629,7 @@ void Complete(Block& b, Warp& w, const Collective& c, int warp_index, Thread& ca
       case WarpOp::kShflUp:
       case WarpOp::kShflDown:
       case WarpOp::kShflXor: {
-        const int src = SourceLane(c, l);
+        const int src = SourceLane(c, l, t.arg);
         if (src >= 0 && ((c.mask >> src) & 1u) == 0) {
           KVSIM_FAIL(caller, cudaErrorLaunchFailure,
                      std::string(OpName(c.op)) + " at " + Site(c.file, c.line) + ": lane " +
@@ -838,8 +841,12 @@ void FlushAsyncCopies(Thread& t) {
 void AsyncCopy(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
   Thread* t = tls_thread;
   if (t == nullptr) return;
-  t->async_open.push_back(
-      AsyncCopyOp{dst, src, bytes, std::min(src_bytes, bytes), __builtin_return_address(0)});
+  const void* pc = __builtin_return_address(0);
+  // The GPU may write the bytes any time from here to the wait: the race check sees a write now
+  // (other threads still reading the buffer without a barrier in between race with it) and
+  // again when the copy is made.
+  OnAccess(dst, bytes, true, pc);
+  t->async_open.push_back(AsyncCopyOp{dst, src, bytes, std::min(src_bytes, bytes), pc});
 }
 
 void AsyncCommit() {
@@ -1055,6 +1062,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
                    " (divergent warp collectives)");
   }
   t.value = value;
+  t.arg = arg;
   c->arrived |= 1u << t.lane;
   if (c->arrived == mask) {
     const Collective done = *c;

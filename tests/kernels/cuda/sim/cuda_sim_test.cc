@@ -122,7 +122,7 @@ TEST(CudaSim, WarpCollectives) {
       EXPECT_EQ(g_up[i], l >= 3 ? in[i - 3] : in[i]);
       const int seg_end = (l / 16 + 1) * 16;  // width 16
       EXPECT_EQ(g_down[i], l + 5 < seg_end ? in[i + 5] : in[i]);
-      EXPECT_EQ(g_idx[i], in[w * 32 + 7]);
+      EXPECT_EQ(g_idx[i], in[w * 32 + (7 * i + 3) % 32]);  // a source lane per lane
       EXPECT_EQ(g_ballot[i], votes);
       EXPECT_EQ(g_any[i], has40 ? 1 : 0);
       EXPECT_EQ(g_all[i], 1);

@@ -38,7 +38,8 @@ __global__ void WarpOpsKernel(const int* in, int* xor_sum, int* up, int* down, i
   xor_sum[i] = s;
   up[i] = __shfl_up_sync(0xffffffffu, v, 3);
   down[i] = __shfl_down_sync(0xffffffffu, v, 5, 16);
-  idx[i] = __shfl_sync(0xffffffffu, v, 7);
+  // A source lane of its own for every lane.
+  idx[i] = __shfl_sync(0xffffffffu, v, (7 * i + 3) % 32);
   ballot[i] = __ballot_sync(0xffffffffu, v % 3 == 0);
   any[i] = __any_sync(0xffffffffu, v == 40);
   all[i] = __all_sync(0xffffffffu, v >= 0);
