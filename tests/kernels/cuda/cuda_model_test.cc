@@ -110,9 +110,10 @@ std::vector<float> StepLogits(const ModelWeights* weights, Backend* backend, KvC
   return all;
 }
 
-// StepLogits on the CPU and on CUDA, with an f32 and a bf16 cache, within 1e-3 of the largest.
-void ExpectStepLogitsMatchTheCpu(Backend* gpu, const ModelWeights* weights,
-                                 const std::string& what) {
+// StepLogits on the CPU and on CUDA, with an f32 and a bf16 cache, within 1e-3 of the largest
+// (`bf16_tolerance` with the bf16 cache).
+void ExpectStepLogitsMatchTheCpu(Backend* gpu, const ModelWeights* weights, const std::string& what,
+                                 float bf16_tolerance = 1e-3f) {
   for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
     const std::vector<float> cpu = StepLogits(weights, nullptr, dtype);
     const std::vector<float> cuda = StepLogits(weights, gpu, dtype);
@@ -124,7 +125,7 @@ void ExpectStepLogitsMatchTheCpu(Backend* gpu, const ModelWeights* weights,
     }
     std::printf("%s (%s cache): max |logit| %.3f, max CPU/CUDA difference %.3g\n", what.c_str(),
                 std::string(KvCacheDTypeName(dtype)).c_str(), scale, err);
-    EXPECT_LE(err, 1e-3f * scale);
+    EXPECT_LE(err, (dtype == KvCacheDType::kBF16 ? bf16_tolerance : 1e-3f) * scale);
   }
 }
 
@@ -165,25 +166,34 @@ TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
 }
 
 // Dense models, whose q/k/v (with and without biases) and gate/up take one stacked GEMM each on
-// CUDA; Qwen3's qk-norm keeps q, k and v apart.
+// CUDA; Qwen3's qk-norm keeps q, k and v apart. With head_dim 64 the bf16-cache prefill runs on
+// the tensor-core kernel (Q and P rounded to bf16).
 TEST(CudaModelTest, DenseModelsWithStackedProjectionsMatchTheCpu) {
   KVSERVE_REQUIRE_CUDA(gpu);
-  for (const auto& [arch, bias] :
-       {std::pair{"llama", false}, std::pair{"llama", true}, std::pair{"qwen3", false}}) {
-    const std::string what = std::string(arch) + (bias ? " with q/k/v biases" : "");
+  struct Dense {
+    const char* arch;
+    bool bias;
+    int head_dim;
+  };
+  for (const Dense& d : {Dense{"llama", false, 16}, Dense{"llama", true, 16},
+                         Dense{"qwen3", false, 16}, Dense{"llama", false, 64}}) {
+    const std::string what = std::string(d.arch) + (d.bias ? " with q/k/v biases" : "") +
+                             ", head_dim " + std::to_string(d.head_dim);
+    const bool bias = d.bias;
     SCOPED_TRACE(what);
     SynthWriteOptions o;
-    o.model.architecture = arch;
+    o.model.architecture = d.arch;
     o.model.num_layers = 2;
-    o.model.hidden_size = 64;
+    o.model.hidden_size = 4 * d.head_dim;
     o.model.num_heads = 4;
     o.model.num_kv_heads = 2;
-    o.model.head_dim = 16;
+    o.model.head_dim = d.head_dim;
     o.model.intermediate_size = 96;
     o.model.vocab_size = 600;
     o.model.max_position_embeddings = 64;
     o.model.seed = 5;
-    o.out_dir = test_util::ScratchPath(what);
+    o.out_dir = test_util::ScratchPath(std::string(d.arch) + (d.bias ? "_bias_d" : "_d") +
+                                       std::to_string(d.head_dim));
     o.format = SynthFormat::kHf;
     absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
     ASSERT_TRUE(out.ok()) << out.status();
@@ -195,12 +205,13 @@ TEST(CudaModelTest, DenseModelsWithStackedProjectionsMatchTheCpu) {
     for (LayerWeights& l : m->weights->layers) {
       if (!bias) break;
       for (TensorView* t : {&l.bq, &l.bk, &l.bv}) {
-        const int64_t n = (t == &l.bq ? o.model.num_heads : o.model.num_kv_heads) * 16;
+        const int64_t n = (t == &l.bq ? o.model.num_heads : o.model.num_kv_heads) * d.head_dim;
         biases.push_back(testing_cuda::Random(n, 40 + static_cast<uint32_t>(biases.size())));
         *t = TensorView{"bias", DType::kF32, {n}, biases.back().data()};
       }
     }
-    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), what);
+    // The tensor-core prefill rounds Q and P to bf16 (2^-9 relative): measured 1.4e-3.
+    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), what, d.head_dim == 64 ? 4e-3f : 1e-3f);
   }
 }
 
