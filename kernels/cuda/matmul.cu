@@ -78,11 +78,66 @@ __device__ __forceinline__ void BlockDot(const uint8_t* block, const float* x, i
   }
 }
 
+// Sub-block j (< 8: 32 elements) of a 256-element K-quant super-block against `m` x rows (`x`
+// at the sub-block's first element), in the GGUF layouts cpu::DequantizeRow reads:
+//   q4_K / q5_K: w = d · sc_j · q − dmin · m_j (6-bit sc_j, m_j packed in 12 bytes; q 4 bits,
+//                q5_K's 5th bit from qh), summed as d · sc_j · Σ q·x − dmin · m_j · Σ x;
+//   q6_K:        w = d · scale[e / 16] · (q − 32), two int8 scales a sub-block.
+template <DType W>
+__device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const float* x,
+                                             int64_t x_stride, int m, float* acc) {
+  float q[32];
+  float s0, s1 = 0.0f, bias = 0.0f;  // weights: s0·q (first 16), s1·q (last 16, q6_K), − bias
+  if constexpr (W == DType::kQ6_K) {
+    const int h = j / 4;
+    const int g = j % 4;
+    const uint8_t* ql = block + 64 * h + 32 * (g & 1);
+    const uint8_t* qh = block + 128 + 32 * h;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int nibble = g < 2 ? (ql[l] & 0xf) : (ql[l] >> 4);
+      q[l] = static_cast<float>((nibble | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
+    }
+    const float d = LoadHalfAt(block + 208);
+    s0 = d * static_cast<float>(static_cast<int8_t>(block[192 + 2 * j]));
+    s1 = d * static_cast<float>(static_cast<int8_t>(block[193 + 2 * j]));
+  } else {
+    const uint8_t* sc = block + 4;
+    const int scale = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4));
+    const int min = j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+    const uint8_t* qs = block + (W == DType::kQ5_K ? 48 : 16) + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      int v = (qs[l] >> shift) & 0xf;
+      if constexpr (W == DType::kQ5_K) v |= ((block[16 + l] >> j) & 1) << 4;
+      q[l] = static_cast<float>(v);
+    }
+    s0 = s1 = LoadHalfAt(block) * static_cast<float>(scale);
+    bias = LoadHalfAt(block + 2) * static_cast<float>(min);
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvMaxRows; ++r) {
+    if (r >= m) break;
+    const float4* xr = reinterpret_cast<const float4*>(x + r * x_stride);
+    float lo = 0.0f, hi = 0.0f, sum_x = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = xr[i];
+      const float dot = q[4 * i] * v.x + q[4 * i + 1] * v.y + q[4 * i + 2] * v.z + q[4 * i + 3] * v.w;
+      (i < 4 ? lo : hi) += dot;
+      sum_x += (v.x + v.y) + (v.z + v.w);
+    }
+    acc[r] += s0 * lo + s1 * hi - bias * sum_x;
+  }
+}
+
 // y[r, j] = x[r, :] · W[j, :] (+ bias[j]) for r < m <= kGemvMaxRows, W read in its GGUF blocks:
-// one warp per weight row, a lane per 32-element block (consecutive lanes on consecutive blocks,
-// so a warp reads one contiguous span), each block decoded once for all m x rows. q8_0 and q4_0
-// decode whole blocks; the other formats (q4_1, q5_*, K-quants) go element by element through
-// LoadWeight. The sum runs in f32 over the exact dequantized weights and f32 activations.
+// one warp per weight row, each block decoded once for all m x rows, lanes on consecutive pieces
+// of the row (a warp reads one contiguous span). q8_0 and q4_0: a lane per 32-element block;
+// K-quants: a lane per 32-element sub-block of a 256-element super-block (8 lanes a super-block);
+// q4_1 and q5_* go element by element through LoadWeight. The sum runs in f32 over the exact
+// dequantized weights and f32 activations.
 template <DType W>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
     QuantGemvKernel(cpu::MatmulArgs a, DType dtype, int64_t row_bytes, bool x_vec4) {
@@ -92,19 +147,26 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   const int m = static_cast<int>(a.m);
   const uint8_t* row = static_cast<const uint8_t*>(a.w) + j * row_bytes;
   float acc[kGemvMaxRows] = {};
+  bool blocked = false;  // read by whole blocks (else element by element)
   if constexpr (W == DType::kQ8_0 || W == DType::kQ4_0) {
     if (x_vec4) {
       const int64_t block_bytes = W == DType::kQ8_0 ? 34 : 18;
       for (int64_t b = lane; b < a.k / 32; b += kWarp) {
         BlockDot<W>(row + b * block_bytes, a.x + b * 32, a.x_stride, m, acc);
       }
-    } else {
-      for (int64_t c = lane; c < a.k; c += kWarp) {
-        const float w = LoadWeight(row, dtype, c);
-        for (int r = 0; r < m; ++r) acc[r] += w * a.x[r * a.x_stride + c];
-      }
+      blocked = true;
     }
-  } else {
+  } else if constexpr (W == DType::kQ4_K || W == DType::kQ5_K || W == DType::kQ6_K) {
+    if (x_vec4) {
+      const int64_t block_bytes = W == DType::kQ4_K ? 144 : (W == DType::kQ5_K ? 176 : 210);
+      for (int64_t i = lane; i < a.k / 32; i += kWarp) {
+        SubBlockDotK<W>(row + (i / 8) * block_bytes, static_cast<int>(i % 8), a.x + i * 32,
+                        a.x_stride, m, acc);
+      }
+      blocked = true;
+    }
+  }
+  if (!blocked) {
     for (int64_t c = lane; c < a.k; c += kWarp) {
       const float w = LoadWeight(row, dtype, c);
       for (int r = 0; r < m; ++r) acc[r] += w * a.x[r * a.x_stride + c];
@@ -128,6 +190,15 @@ const char* QuantGemv(const cpu::MatmulArgs& a, cudaStream_t stream) {
                    a.w_dtype, row_bytes, x_vec4);
   } else if (a.w_dtype == DType::kQ4_0) {
     KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ4_0>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  } else if (a.w_dtype == DType::kQ4_K) {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ4_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  } else if (a.w_dtype == DType::kQ5_K) {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ5_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
+                   a.w_dtype, row_bytes, x_vec4);
+  } else if (a.w_dtype == DType::kQ6_K) {
+    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ6_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
                    a.w_dtype, row_bytes, x_vec4);
   } else {
     KVSERVE_LAUNCH(QuantGemvKernel<DType::kF32>, blocks, kGemvWarps * kWarp, 0, stream, a,
