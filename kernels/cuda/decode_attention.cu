@@ -509,14 +509,7 @@ size_t DecodeSharedBytes(int64_t g, int64_t D) {
 
 template <KvCacheDType DT, int kLanes>
 cudaError_t LaunchDecode(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
-  constexpr auto kKernel = DecodeGeneralKernel<DT, kLanes>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  KVSERVE_LAUNCH(kKernel, grid, kThreads, smem, stream, p);
-  return cudaGetLastError();
+  return LaunchWithSharedMemory<DecodeGeneralKernel<DT, kLanes>>(grid, kThreads, smem, stream, p);
 }
 
 // PagedDecodeKernel's partition of a block of `per_block` heads of width D, or false when the
@@ -553,14 +546,7 @@ bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, Dec
 
 template <KvCacheDType DT, int kHpw>
 cudaError_t LaunchBandwidth(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
-  constexpr auto kKernel = PagedDecodeKernel<DT, kHpw>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  KVSERVE_LAUNCH(kKernel, grid, kThreads, smem, stream, p);
-  return cudaGetLastError();
+  return LaunchWithSharedMemory<PagedDecodeKernel<DT, kHpw>>(grid, kThreads, smem, stream, p);
 }
 
 // The instance with the fewest register slots for p.heads_per_warp (8-bit rows stop at 4).

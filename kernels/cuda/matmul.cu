@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/convert_weights.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -185,24 +186,30 @@ const char* QuantGemv(const cpu::MatmulArgs& a, cudaStream_t stream) {
   // float4 reads of x need 16-byte rows and base.
   const bool x_vec4 = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
   const unsigned blocks = static_cast<unsigned>(CeilDiv(a.n, kGemvWarps));
-  if (a.w_dtype == DType::kQ8_0) {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ8_0>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
-  } else if (a.w_dtype == DType::kQ4_0) {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ4_0>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
-  } else if (a.w_dtype == DType::kQ4_K) {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ4_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
-  } else if (a.w_dtype == DType::kQ5_K) {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ5_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
-  } else if (a.w_dtype == DType::kQ6_K) {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kQ6_K>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
-  } else {
-    KVSERVE_LAUNCH(QuantGemvKernel<DType::kF32>, blocks, kGemvWarps * kWarp, 0, stream, a,
-                   a.w_dtype, row_bytes, x_vec4);
+  auto launch = [&](auto format) {
+    KVSERVE_LAUNCH(QuantGemvKernel<decltype(format)::value>, blocks, kGemvWarps * kWarp, 0,
+                   stream, a, a.w_dtype, row_bytes, x_vec4);
+  };
+  // The formats with a block decoder of their own; kF32 stands for the element-wise rest.
+  switch (a.w_dtype) {
+    case DType::kQ8_0:
+      launch(std::integral_constant<DType, DType::kQ8_0>{});
+      break;
+    case DType::kQ4_0:
+      launch(std::integral_constant<DType, DType::kQ4_0>{});
+      break;
+    case DType::kQ4_K:
+      launch(std::integral_constant<DType, DType::kQ4_K>{});
+      break;
+    case DType::kQ5_K:
+      launch(std::integral_constant<DType, DType::kQ5_K>{});
+      break;
+    case DType::kQ6_K:
+      launch(std::integral_constant<DType, DType::kQ6_K>{});
+      break;
+    default:
+      launch(std::integral_constant<DType, DType::kF32>{});
+      break;
   }
   return cudaGetLastError() == cudaSuccess ? nullptr : "quantized GEMV launch failed";
 }

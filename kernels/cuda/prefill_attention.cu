@@ -489,19 +489,12 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillMmaKernel(cpu::PagedAttent
 template <KvCacheDType DT, int D>
 cudaError_t LaunchPrefillMma(const cpu::PagedAttentionArgs& args, const AttentionPlan& plan,
                              cudaStream_t stream) {
-  constexpr auto kKernel = PrefillMmaKernel<DT, D>;
-  constexpr size_t smem = MmaSharedBytes<D, DT>();
   const int64_t group = args.num_heads / args.layout.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(CeilDiv(plan.shape.max_q_len * group, kRowTile)),
                   static_cast<unsigned>(args.layout.num_kv_heads),
                   static_cast<unsigned>(args.num_seqs));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  KVSERVE_LAUNCH(kKernel, grid, kMmaThreads, smem, stream, args);
-  return cudaGetLastError();
+  return LaunchWithSharedMemory<PrefillMmaKernel<DT, D>>(grid, kMmaThreads,
+                                                         MmaSharedBytes<D, DT>(), stream, args);
 }
 
 cudaError_t LaunchPrefillScalar(const cpu::PagedAttentionArgs& args, const AttentionPlan& plan,
@@ -512,13 +505,7 @@ cudaError_t LaunchPrefillScalar(const cpu::PagedAttentionArgs& args, const Atten
   cudaError_t err = cudaSuccess;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType DT = decltype(tag)::value;
-    if (smem > 48 * 1024) {
-      err = cudaFuncSetAttribute(PrefillKernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem));
-      if (err != cudaSuccess) return;
-    }
-    KVSERVE_LAUNCH(PrefillKernel<DT>, grid, kThreads, smem, stream, args);
-    err = cudaGetLastError();
+    err = LaunchWithSharedMemory<PrefillKernel<DT>>(grid, kThreads, smem, stream, args);
   });
   return err;
 }

@@ -202,85 +202,68 @@ __device__ __forceinline__ void LdMatrixTwin(uint32_t (&r)[4], const void* row) 
 }  // namespace ptx_detail
 #endif  // KVSERVE_CUDA_SIM
 
-/// ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 8 b16 matrices from shared memory, `row`
-/// this lane's row address (see the layout above). Every lane of the warp calls it together.
+/// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8 x 8 b16 matrices from shared
+/// memory, each transposed with kTrans; `row` is this lane's row address (see the layout above).
+/// Every lane of the warp calls it together.
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4Of(uint32_t (&r)[4], const void* row) {
+#ifdef KVSERVE_CUDA_SIM
+  ptx_detail::LdMatrixTwin<kTrans>(r, row);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+  }
+#else
+  (void)row;
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
+}
+
+/// ldmatrix .x4 (A fragments, and B fragments of S = Q K^T).
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
-#ifdef KVSERVE_CUDA_SIM
-  ptx_detail::LdMatrixTwin<false>(r, row);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s)
-               : "memory");
-#else
-  (void)row;
-  r[0] = r[1] = r[2] = r[3] = 0;
-  __trap();
-#endif
+  LdMatrixX4Of<false>(r, row);
 }
 
-/// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: as LdMatrixX4, each matrix transposed.
+/// ldmatrix .x4.trans (B fragments of O = P V).
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
-#ifdef KVSERVE_CUDA_SIM
-  ptx_detail::LdMatrixTwin<true>(r, row);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s)
-               : "memory");
-#else
-  (void)row;
-  r[0] = r[1] = r[2] = r[3] = 0;
-  __trap();
-#endif
+  LdMatrixX4Of<true>(r, row);
 }
 
-/// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 in place: d = A B + d, A and B bf16
-/// fragments (see the layout above). Every lane of the warp calls it together.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#ifdef KVSERVE_CUDA_SIM
-  ptx_detail::MmaTwin<MmaType::kBf16>(d, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  (void)d, (void)a, (void)b0, (void)b1;
-  __trap();
-#endif
-}
-
-/// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 in place: as MmaBf16 with f16 A and B.
-__device__ __forceinline__ void MmaF16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1) {
-#ifdef KVSERVE_CUDA_SIM
-  ptx_detail::MmaTwin<MmaType::kF16>(d, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  (void)d, (void)a, (void)b0, (void)b1;
-  __trap();
-#endif
-}
-
-/// MmaBf16 or MmaF16 by the operands' type.
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 in place: d = A B + d, A and
+/// B fragments of type T (see the layout above). Every lane of the warp calls it together.
 template <MmaType T>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
+#ifdef KVSERVE_CUDA_SIM
+  ptx_detail::MmaTwin<T>(d, a, b0, b1);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (T == MmaType::kBf16) {
-    MmaBf16(d, a, b0, b1);
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    MmaF16(d, a, b0, b1);
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+#else
+  (void)d, (void)a, (void)b0, (void)b1;
+  __trap();
+#endif
 }
 
 }  // namespace kvserve::cuda

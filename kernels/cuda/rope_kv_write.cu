@@ -104,14 +104,8 @@ cudaError_t RopeKvWrite(const RopeKvWriteArgs& args, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType D = decltype(tag)::value;
-    if (smem > 48 * 1024) {
-      err = cudaFuncSetAttribute(RopeKvWriteKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem));
-      if (err != cudaSuccess) return;
-    }
-    KVSERVE_LAUNCH(RopeKvWriteKernel<D>, static_cast<unsigned>(args.num_tokens), kThreads, smem,
-                   stream, args);
-    err = cudaGetLastError();
+    err = LaunchWithSharedMemory<RopeKvWriteKernel<D>>(static_cast<unsigned>(args.num_tokens),
+                                                       kThreads, smem, stream, args);
   });
   return err;
 }

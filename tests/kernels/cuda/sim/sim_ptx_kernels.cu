@@ -31,9 +31,9 @@ __global__ void MmaKernel(const uint16_t* a, const uint16_t* b, const float* c, 
   float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
                   c[(g + 8) * 8 + 2 * t + 1]};
   if (f16) {
-    cuda::MmaF16(acc, fa, b0, b1);
+    cuda::Mma<cuda::MmaType::kF16>(acc, fa, b0, b1);
   } else {
-    cuda::MmaBf16(acc, fa, b0, b1);
+    cuda::Mma<cuda::MmaType::kBf16>(acc, fa, b0, b1);
   }
   d[g * 8 + 2 * t] = acc[0];
   d[g * 8 + 2 * t + 1] = acc[1];
@@ -83,10 +83,10 @@ __global__ void LdMatrixMmaKernel(const uint16_t* a, const uint16_t* kt, const u
   uint32_t vb[4];
   LdMatrixX4Trans(vb, vs + (lane / 8 % 2 * 8 + lane % 8) * kS + lane / 16 * 8);
   float acc[4][4] = {};
-  cuda::MmaBf16(acc[0], fa, kb[0], kb[1]);
-  cuda::MmaBf16(acc[1], fa, kb[2], kb[3]);
-  cuda::MmaBf16(acc[2], fa, vb[0], vb[1]);
-  cuda::MmaBf16(acc[3], fa, vb[2], vb[3]);
+  cuda::Mma<cuda::MmaType::kBf16>(acc[0], fa, kb[0], kb[1]);
+  cuda::Mma<cuda::MmaType::kBf16>(acc[1], fa, kb[2], kb[3]);
+  cuda::Mma<cuda::MmaType::kBf16>(acc[2], fa, vb[0], vb[1]);
+  cuda::Mma<cuda::MmaType::kBf16>(acc[3], fa, vb[2], vb[3]);
   const int g = lane / 4;
   const int t = lane % 4;
   for (int n = 0; n < 2; ++n) {
