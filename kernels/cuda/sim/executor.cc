@@ -827,12 +827,16 @@ void PerformAsyncCopy(const AsyncCopyOp& c) {
   std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
 }
 
-void FlushAsyncCopies(Thread& t) {
-  for (const std::vector<AsyncCopyOp>& g : t.async_groups) {
-    for (const AsyncCopyOp& c : g) PerformAsyncCopy(c);
+// Not inlined into FiberMain, whose frame never returns (the fiber ends by switching away): under
+// AddressSanitizer, scope-poisoned slots of an earlier fiber's FiberMain on the reused stack
+// would flag this loop's temporaries (stack-use-after-scope).
+__attribute__((noinline)) void FlushAsyncCopies(Thread& t) {
+  while (!t.async_groups.empty()) {
+    const std::vector<AsyncCopyOp>& g = t.async_groups.front();
+    for (size_t i = 0; i < g.size(); ++i) PerformAsyncCopy(g[i]);
+    t.async_groups.pop_front();
   }
-  t.async_groups.clear();
-  for (const AsyncCopyOp& c : t.async_open) PerformAsyncCopy(c);
+  for (size_t i = 0; i < t.async_open.size(); ++i) PerformAsyncCopy(t.async_open[i]);
   t.async_open.clear();
 }
 
