@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -192,6 +193,48 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
 
 }  // namespace
 
+void QuantizeActivationRowAvx2(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
+                               int32_t* sums) {
+  constexpr float kRound = 12582912.0f;  // QuantizeActivationRow's rounding constant
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 round = _mm256_set1_ps(kRound);
+  const __m256 lo = _mm256_set1_ps(-127.0f);
+  const __m256 hi = _mm256_set1_ps(127.0f);
+  const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / scale_block; ++b) {
+    const float* xb = x + b * scale_block;
+    // max(|x|, m) keeps m when |x| is NaN, as std::max(m, |x|) does in the portable version.
+    __m256 vmax = _mm256_setzero_ps();
+    for (int64_t j = 0; j < scale_block; j += 8) {
+      vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j), abs_mask), vmax);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    float amax = 0.0f;
+    for (float m : lanes) amax = std::max(amax, m);
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    d[b] = amax / 127.0f;
+    for (int64_t j = 0; j < scale_block; j += 32) {
+      __m256i v[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256 r = _mm256_sub_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8 * i), inv), round), round);
+        v[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+      }
+      const __m256i s =
+          _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      sums[(b * scale_block + j) / 32] =
+          _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+      const __m256i bytes =
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * scale_block + j),
+                          _mm256_permutevar8x32_epi32(bytes, unshuffle));
+    }
+  }
+}
+
 void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                        int64_t n_end) {
   if (Int8Matmul(args, plan, n_begin, n_end)) return;
@@ -216,6 +259,11 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
 #else  // not built with the target flags (non-x86): never selected, forwards to scalar
 
 namespace kvserve::cpu::internal {
+
+void QuantizeActivationRowAvx2(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
+                               int32_t* sums) {
+  QuantizeActivationRow(x, k, scale_block, q, d, sums);
+}
 
 void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                        int64_t n_end) {

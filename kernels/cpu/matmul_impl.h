@@ -74,6 +74,9 @@ struct MatmulPlan {
 /// matmul.h).
 void QuantizeActivationRow(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
                            int32_t* sums);
+/// The same bits in AVX2 (used by the AVX2 and AVX-512 paths).
+void QuantizeActivationRowAvx2(const float* x, int64_t k, int64_t scale_block, int8_t* q, float* d,
+                               int32_t* sums);
 
 using MatmulColumnsFn = void (*)(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                                  int64_t n_end);

@@ -312,8 +312,11 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   }
   const ScopedIsa scoped(CpuIsa::kAvx512);
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    // k = 1024 and an odd block count (k = 288: 9 blocks of 32) for the paired VNNI kernel.
-    for (int64_t k : {int64_t{1024}, DTypeBlockElems(dtype) == 256 ? int64_t{768} : int64_t{288}}) {
+    // k = 1024 and block counts that leave 1, 2 and 3 blocks after the VNNI kernels' steps of
+    // two (q8_0) or four (q4_0) blocks: 9, 10 and 11 blocks of 32.
+    std::vector<int64_t> ks = {1024, 768};
+    if (DTypeBlockElems(dtype) == 32) ks = {1024, 288, 320, 352};
+    for (int64_t k : ks) {
       for (int64_t m : {1, 5, 70}) {
         SCOPED_TRACE(std::string(DTypeName(dtype)) + " m=" + std::to_string(m) +
                      " k=" + std::to_string(k));
@@ -334,6 +337,37 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
     }
   }
   SetAvx512VnniOverride(std::nullopt);
+}
+
+// The SIMD activation quantizer gives the portable one's bits: random rows, a zero block, exact
+// ties (x / d = n + 0.5), values at +-max, and scale blocks of 32 and 256.
+TEST(MatmulTest, SimdActivationQuantizerMatchesPortable) {
+  if (!CpuSupportsIsa(CpuIsa::kAvx2)) {
+    GTEST_SKIP() << "no AVX2 on this CPU" << testing_ci::DeclaredCiSkip("CI machines may lack it");
+  }
+  for (int64_t scale_block : {int64_t{32}, int64_t{256}}) {
+    const int64_t k = 1024;
+    std::mt19937 rng(3);
+    std::vector<float> x = RandomFloats(static_cast<size_t>(k), rng);
+    for (int64_t i = 0; i < scale_block; ++i) x[static_cast<size_t>(scale_block + i)] = 0.0f;
+    for (int64_t i = 0; i < scale_block; ++i) {  // max 127: every n + 0.5 is a tie
+      x[static_cast<size_t>(2 * scale_block + i)] =
+          i == 0 ? 127.0f : static_cast<float>(i % 254 - 127) + 0.5f;
+    }
+    x[static_cast<size_t>(3 * scale_block)] = -5.0e4f;
+    std::vector<int8_t> q_ref(static_cast<size_t>(k)), q_simd(static_cast<size_t>(k));
+    std::vector<float> d_ref(static_cast<size_t>(k / scale_block)), d_simd(d_ref.size());
+    std::vector<int32_t> s_ref(static_cast<size_t>(k / 32)), s_simd(s_ref.size());
+    internal::QuantizeActivationRow(x.data(), k, scale_block, q_ref.data(), d_ref.data(),
+                                    s_ref.data());
+    internal::QuantizeActivationRowAvx2(x.data(), k, scale_block, q_simd.data(), d_simd.data(),
+                                        s_simd.data());
+    EXPECT_EQ(q_ref, q_simd) << "scale block " << scale_block;
+    EXPECT_EQ(0, std::memcmp(d_ref.data(), d_simd.data(), d_ref.size() * sizeof(float)));
+    EXPECT_EQ(s_ref, s_simd);
+    EXPECT_EQ(d_ref[1], 0.0f);
+    EXPECT_EQ(q_ref[static_cast<size_t>(2 * scale_block + 1)], -126);  // -126.5 to even
+  }
 }
 
 TEST(MatmulTest, EmptyShapesDoNothing) {
