@@ -49,7 +49,8 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
 }
 
 // Random bytes are a valid weight matrix for every dtype once the scales are sane: fp16 scales
-// of quantized blocks are overwritten with 0.01; f16/bf16/f32 elements are written from floats.
+// of quantized blocks (d, and dmin of q4_k/q5_k; q6_k keeps d at byte 208) are overwritten with
+// 0.01; f16/bf16/f32 elements are written from floats.
 std::vector<uint8_t> RandomWeights(DType dtype, int64_t n, int64_t k) {
   const int64_t row_bytes = DTypeRowBytes(dtype, k);
   std::vector<uint8_t> w(static_cast<size_t>(n * row_bytes));
@@ -69,7 +70,12 @@ std::vector<uint8_t> RandomWeights(DType dtype, int64_t n, int64_t k) {
   if (DTypeBlockElems(dtype) > 1) {
     const uint16_t scale = FloatToHalf(0.01f);
     for (size_t off = 0; off < w.size(); off += DTypeBlockBytes(dtype)) {
+      if (dtype == DType::kQ6_K) {
+        std::memcpy(&w[off + 208], &scale, 2);
+        continue;
+      }
       std::memcpy(&w[off], &scale, 2);
+      if (dtype == DType::kQ4_K || dtype == DType::kQ5_K) std::memcpy(&w[off + 2], &scale, 2);
     }
   }
   return w;
@@ -126,7 +132,9 @@ void BM_MatmulInCache(benchmark::State& state) { BM_Matmul(state); }
 BENCHMARK(BM_MatmulInCache)
     ->ArgNames({"dtype", "m", "n", "k"})
     ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16),
-                    static_cast<int>(DType::kQ8_0), static_cast<int>(DType::kQ4_0)},
+                    static_cast<int>(DType::kQ8_0), static_cast<int>(DType::kQ4_0),
+                    static_cast<int>(DType::kQ4_K), static_cast<int>(DType::kQ5_K),
+                    static_cast<int>(DType::kQ6_K)},
                    {1, 32, 128},
                    {256},
                    {1024}})
