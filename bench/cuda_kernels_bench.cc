@@ -435,6 +435,16 @@ void PrefillCase(Bench& bench, int64_t len, KvCacheDType dt, Target target) {
 
 // ---- GEMMs and the small ops --------------------------------------------------------------------
 
+/// `rows` sampling rows as a serving engine sends them: row r samples logits row r with
+/// top-k 64, top-p 0.9 at temperature 1, its uniform climbing through [0, 1).
+std::vector<SampleRowParams> SampleParams(int64_t rows) {
+  std::vector<SampleRowParams> params(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    params[r] = {.row = r, .uniform = (r + 0.5) / rows, .top_p = 0.9f, .top_k = 64};
+  }
+  return params;
+}
+
 /// y[m, n] = x[m, k] W[n, k]^T through the backend (bf16 weights, f32 activations converted to
 /// bf16 inside, f32 output). Bytes: W (bf16) + x + y (f32); FLOPs: 2 m n k.
 void GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, Target target) {
@@ -542,20 +552,21 @@ void SmallOpCases(Bench& bench, int64_t rows) {
   if (bench.Wanted(name)) {
     // One read of the logits counted; the radix selection reads them twice (the second read
     // may come from L2), a fully masked row four times.
-    std::vector<float> logits_h(rows * m.vocab), u(rows);
+    std::vector<float> logits_h(rows * m.vocab);
     std::mt19937 rng(1);
     std::normal_distribution<float> dist(0.0f, 3.0f);
     for (float& l : logits_h) l = dist(rng);
-    for (int64_t r = 0; r < rows; ++r) u[r] = (static_cast<float>(r) + 0.5f) / rows;
+    const std::vector<SampleRowParams> params = SampleParams(rows);
+    const int64_t params_bytes = rows * static_cast<int64_t>(sizeof(SampleRowParams));
     std::optional<DeviceBuffer> logits = bench.Alloc(rows * m.vocab * 4, 0),
-                                du = bench.Alloc(rows * 4, 0), ids = bench.Alloc(rows * 4, 0);
-    if (logits && du && ids) {
+                                dp = bench.Alloc(params_bytes, 0), ids = bench.Alloc(rows * 4, 0);
+    if (logits && dp && ids) {
       (void)b.CopyToDevice(logits->get(), logits_h.data(), rows * m.vocab * 4);
-      (void)b.CopyToDevice(du->get(), u.data(), rows * 4);
+      (void)b.CopyToDevice(dp->get(), params.data(), params_bytes);
       const double bytes = 4.0 * rows * m.vocab;
       const double s = bench.TimePerCall(bench.CallsFor(bytes / 4.8e12, 1), [&](int) {
-        b.SampleTopKTopP(logits->as<float>(), rows, m.vocab, m.vocab, 64, 0.9f, 1.0f,
-                         du->as<float>(), ids->as<int32_t>());
+        b.SampleTopKTopP({logits->as<float>(), m.vocab, m.vocab, dp->as<SampleRowParams>(), rows,
+                          ids->as<int32_t>()});
       });
       bench.Row(name, s, bytes, 0, none);
     }
@@ -635,8 +646,8 @@ class DecodeStep {
         !alloc(&k_, batch * kvd * 4) || !alloc(&v_, batch * kvd * 4) ||
         !alloc(&attn_, batch * qd * 4) || !alloc(&gate_, batch * m_.ffn * 4) ||
         !alloc(&up_, batch * m_.ffn * 4) || !alloc(&logits_, batch * m_.vocab * 4) ||
-        !alloc(&uniforms_, batch * 4) || !alloc(&ids_, batch * 4) ||
-        !alloc(&positions_, batch * 4) || !alloc(&slots_, batch * 8)) {
+        !alloc(&uniforms_, batch * static_cast<int64_t>(sizeof(SampleRowParams))) ||
+        !alloc(&ids_, batch * 4) || !alloc(&positions_, batch * 4) || !alloc(&slots_, batch * 8)) {
       *why = "out of device memory";
       return false;
     }
@@ -652,6 +663,8 @@ class DecodeStep {
     }
     (void)b.CopyToDevice(positions_.get(), pos.data(), batch * 4);
     (void)b.CopyToDevice(slots_.get(), slot.data(), batch * 8);
+    const std::vector<SampleRowParams> params = SampleParams(batch);
+    (void)b.CopyToDevice(uniforms_.get(), params.data(), params.size() * sizeof(SampleRowParams));
     plan_ = b.PlanAttention({batch, m_.heads, 1, ctx, kv_.layout, ctx});
     return true;
   }
@@ -696,8 +709,8 @@ class DecodeStep {
     }
     norm(delta_.as<float>());
     gemm(normed_.as<float>(), w_.lm_head, logits_.as<float>(), m_.vocab, h);
-    b.SampleTopKTopP(logits_.as<float>(), B, m_.vocab, m_.vocab, 64, 0.9f, 1.0f,
-                     uniforms_.as<float>(), ids_.as<int32_t>());
+    b.SampleTopKTopP({logits_.as<float>(), m_.vocab, m_.vocab, uniforms_.as<SampleRowParams>(), B,
+                      ids_.as<int32_t>()});
   }
 
   /// Bytes a step must move: every weight once, every layer's KV, the logits written and read.

@@ -30,6 +30,7 @@
 #include "kernels/dtype.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/op_args.h"
+#include "kernels/sampling_args.h"
 
 namespace kvserve {
 
@@ -56,6 +57,10 @@ struct BackendOptions {
   bool enable_graphs = false;
   /// Load the simulated CUDA backend (libkvserve_cuda_sim.so) instead of the real one.
   bool simulator = false;
+  /// Keep activations in f32 between ops (the escape hatch: CUDA's default is bf16, see
+  /// Backend::activation_dtype). The environment variable KVSERVE_CUDA_F32_ACTIVATIONS=1 does the
+  /// same for every CUDA backend of the process.
+  bool f32_activations = false;
 };
 
 /// Device memory owned by a backend; freed on destruction. Move-only.
@@ -117,6 +122,13 @@ class Backend {
   virtual std::string description() const = 0;
   /// Whether device memory is host memory (ops take host pointers directly).
   virtual bool host_memory() const = 0;
+  /// The dtype a model keeps its activations in between ops (GEMM inputs and outputs, q/k/v,
+  /// attention output, SiLU·mul): kF32 on the CPU; kBF16 on CUDA (unless
+  /// BackendOptions::f32_activations), where GEMMs and norms still accumulate in f32. The
+  /// residual stream, the attention-output and MLP-down projections that add into it, router
+  /// logits and the logits stay f32 on every backend (docs/gpu.md, "Activations in bf16"). Ops
+  /// take the dtype in their args (default kF32); a backend rejects one it cannot serve.
+  virtual DType activation_dtype() const { return DType::kF32; }
 
   // ---- Memory ---------------------------------------------------------------------------------
   /// Allocates `bytes` (contents undefined, 256-byte aligned). RESOURCE_EXHAUSTED when full.
@@ -187,12 +199,12 @@ class Backend {
   /// out[r] = the first index of the largest of logits[r, 0 .. vocab) (NaN never wins).
   virtual void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                       int32_t* out) = 0;
-  /// Sampling helper: per row, the top `k` logits (1 <= k <= 64; ties to the lower index) are
-  /// softmaxed at `temperature` (> 0), cut to the smallest prefix whose probability reaches
-  /// `top_p`, and token out[r] is drawn with the uniform uniforms[r] in [0, 1).
-  virtual void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
-                              int32_t k, float top_p, float temperature, const float* uniforms,
-                              int32_t* out) = 0;
+  /// Sampling on the device: for each SampleRowParams r, out[r] is the token the host Sampler
+  /// (worker/engine/sampler.cc) draws from logits row params[r].row with uniform
+  /// params[r].uniform: the top_k best under (temperature-scaled logit, lower index), TopPStep's
+  /// nucleus cut, then Sampler::Pick's inverse CDF, with the same arithmetic (SampleRowParams).
+  /// -1 for a row the host sampler refuses (NaN, +inf, or every logit -inf).
+  virtual void SampleTopKTopP(const SampleTopKTopPArgs& args) = 0;
 
   // ---- Graphs: record a sequence of queued ops once, replay it many times --------------------
   // CUDA captures the stream into a CUDA graph; the CPU backend (its twin) records the op calls

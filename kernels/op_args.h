@@ -13,33 +13,40 @@
 
 namespace kvserve {
 
-/// Embedding gather: out[i, :] = float(table[ids[i], :]).
+/// Embedding gather: out[i, :] = table[ids[i], :] in out_dtype (also a row gather of
+/// activations: a kF32 or kBF16 table).
 struct EmbeddingArgs {
   const void* table;  // [vocab, dim] in `dtype` (quantized: dim % 32 == 0)
   DType dtype;
   int64_t dim;
   const int32_t* ids;  // [n], each in [0, vocab) (validated by the caller)
   int64_t n;
-  float* out;  // [n, dim] contiguous
+  float* out;                     // [n, dim] contiguous, in out_dtype
+  DType out_dtype = DType::kF32;  // kF32, or kBF16 on device backends (the CPU takes f32)
 };
 
 /// out[r, i] = silu(gate[r, i]) * up[r, i]; `out` may alias `gate` or `up` exactly.
 struct SiluMulArgs {
-  const float* gate;
+  const float* gate;  // all three in `dtype` (pointers to 16-bit elements for kBF16)
   const float* up;
   float* out;
   int64_t rows, dim;
   int64_t gate_stride, up_stride, out_stride;  // elements
+  DType dtype = DType::kF32;  // kF32, or kBF16 on device backends (computed in f32, rounded once)
 };
 
 /// RoPE on q and k (in place), then k and v written to the paged cache at slot_mapping
 /// (converted / quantized to layout.dtype): cpu::ApplyRope twice and cpu::WriteKvCache, fused.
 /// q heads are layout.head_dim wide, like the cache rows. MLA: rotary_dim is the rope part at
 /// the end of each row, and v / v_cache are null (the cache holds K rows only).
+///
+/// Biases (Qwen2's q/k/v), when given, are added first, in f32: q and k become RoPE(q + bq) and
+/// RoPE(k + bk) in place, and v + bv goes to the cache (v itself is not written). Fusing them
+/// here spares the GEMM that made q/k/v a bias pass and, in bf16, a second rounding.
 struct RopeKvWriteArgs {
-  float* q;  // [num_tokens, q_stride]: num_heads heads of head_dim
-  float* k;  // [num_tokens, k_stride]: num_kv_heads heads of head_dim
-  const float* v;
+  float* q;        // [num_tokens, q_stride]: num_heads heads of head_dim, in `dtype`
+  float* k;        // [num_tokens, k_stride]: num_kv_heads heads of head_dim, in `dtype`
+  const float* v;  // in `dtype`
   int64_t num_tokens, num_heads;
   int64_t q_stride, k_stride, v_stride;  // elements
   const int32_t* positions;              // [num_tokens]
@@ -50,12 +57,17 @@ struct RopeKvWriteArgs {
   cpu::KvCacheBuffer k_cache;
   cpu::KvCacheBuffer v_cache;
   int64_t rotary_dim = 0;  // elements rotated at the end of each head; 0: layout.head_dim
+  DType dtype = DType::kF32;      // of q, k, v: kF32, or kBF16 on device backends
+  const float* q_bias = nullptr;  // [num_heads * head_dim] f32, or null
+  const float* k_bias = nullptr;  // [num_kv_heads * head_dim] f32, or null
+  const float* v_bias = nullptr;  // [num_kv_heads * head_dim] f32, or null
 };
 
 /// Mixture-of-experts combine: out[t, :] = sum over j in [0, k) of weights[t * k + j] *
 /// rows[slots[t * k + j], :], accumulated from 0 in j order (a negative slot adds nothing). The
 /// caller orders each token's slots (ascending expert, then the shared experts), which fixes the
-/// summation order whatever the batch.
+/// summation order whatever the batch. f32 on every backend: the rows are the experts' down
+/// projections, which feed the f32 residual stream (Backend::activation_dtype).
 struct MoeCombineArgs {
   const float* rows;     // [n, dim]: every expert's outputs, one row per (expert, token)
   const int32_t* slots;  // [tokens * k]

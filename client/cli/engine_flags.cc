@@ -88,6 +88,11 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
                 "load; twice the memory, arithmetic next to the CPU's (for checking a GPU)");
   app->add_flag("!--enforce-eager", e.cuda_graphs,
                 "CUDA: launch every op of every decode step instead of replaying CUDA graphs");
+  app->add_flag("!--host-sampling", e.device_sampling,
+                "CUDA: copy every step's logits to the host and sample there, instead of sampling "
+                "on the device the steps whose requests its kernel serves exactly (greedy or "
+                "top-k <= 64, no logprobs, penalties, min-p or constraints; the same tokens "
+                "either way)");
   app->add_option("--tp", e.tensor_parallel_size,
                   "Tensor-parallel ranks: CPU threads, or with --device cuda one GPU each (NCCL)")
       ->check(CLI::Range(1, 256))

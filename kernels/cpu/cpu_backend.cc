@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/logits.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rms_norm.h"
@@ -93,29 +95,66 @@ absl::StatusOr<PreparedVector> CpuBackend::PrepareVector(const float* host, int6
   return v;
 }
 
+bool CpuBackend::F32Only(const char* op, std::initializer_list<DType> dtypes) {
+  for (DType d : dtypes) {
+    if (d == DType::kF32) continue;
+    if (error_.empty()) {
+      error_ = absl::StrCat(op, ": the CPU backend keeps activations in f32, not ",
+                            std::string(DTypeName(d)), " (Backend::activation_dtype)");
+    }
+    return false;
+  }
+  return true;
+}
+
 void CpuBackend::Embedding(const EmbeddingArgs& a) {
+  if (!F32Only("embedding", {a.out_dtype})) return;
   Queue([a] { EmbeddingGather(a.table, a.dtype, a.dim, a.ids, a.n, a.out); });
 }
 
 void CpuBackend::RmsNorm(const RmsNormArgs& args) {
+  if (!F32Only("rms_norm", {args.x_dtype, args.y_dtype})) return;
   Queue([args, pool = pool_] { cpu::RmsNorm(args, pool); });
 }
 
 void CpuBackend::Matmul(const MatmulArgs& args) {
+  if (!F32Only("matmul", {args.x_dtype, args.y_dtype})) return;
   Queue([args, pool = pool_] { cpu::Matmul(args, pool); });
 }
 
 void CpuBackend::RopeKvWrite(const RopeKvWriteArgs& args) {
+  if (!F32Only("rope_kv_write", {args.dtype})) return;
   Queue([args] { RopeKvWriteNow(args); });
 }
 
 void CpuBackend::RopeKvWriteNow(const RopeKvWriteArgs& a) {
   const int64_t head_dim = a.layout.head_dim;
+  const int64_t kv_dim = a.layout.num_kv_heads * head_dim;
+  // Biases first, in place on q and k (RoPE rotates them there anyway); v's into a copy.
+  auto add_bias = [&](float* x, int64_t stride, const float* bias, int64_t width) {
+    for (int64_t t = 0; bias != nullptr && t < a.num_tokens; ++t) {
+      for (int64_t i = 0; i < width; ++i) x[t * stride + i] += bias[i];
+    }
+  };
+  add_bias(a.q, a.q_stride, a.q_bias, a.num_heads * head_dim);
+  add_bias(a.k, a.k_stride, a.k_bias, kv_dim);
+  const float* v = a.v;
+  int64_t v_stride = a.v_stride;
+  std::vector<float> biased_v;
+  if (a.v != nullptr && a.v_bias != nullptr) {
+    biased_v.resize(static_cast<size_t>(a.num_tokens * kv_dim));
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      std::copy_n(a.v + t * a.v_stride, kv_dim, biased_v.data() + t * kv_dim);
+    }
+    add_bias(biased_v.data(), kv_dim, a.v_bias, kv_dim);
+    v = biased_v.data();
+    v_stride = kv_dim;
+  }
   ApplyRope({a.q, a.num_tokens, a.num_heads, head_dim, a.q_stride, a.positions, a.inv_freq,
              a.rope_layout, a.rotary_dim});
   ApplyRope({a.k, a.num_tokens, a.layout.num_kv_heads, head_dim, a.k_stride, a.positions,
              a.inv_freq, a.rope_layout, a.rotary_dim});
-  WriteKvCache(a.k, a.v, a.num_tokens, a.k_stride, a.v_stride, a.slot_mapping, a.layout, a.k_cache,
+  WriteKvCache(a.k, v, a.num_tokens, a.k_stride, v_stride, a.slot_mapping, a.layout, a.k_cache,
                a.v_cache);
 }
 
@@ -127,10 +166,12 @@ AttentionPlan CpuBackend::PlanAttention(const AttentionShape& shape) const {
 }
 
 void CpuBackend::RunAttention(const AttentionPlan& /*plan*/, const PagedAttentionArgs& args) {
+  if (!F32Only("attention", {args.act_dtype})) return;
   Queue([args, pool = pool_] { PagedAttention(args, pool); });
 }
 
 void CpuBackend::SiluMul(const SiluMulArgs& a) {
+  if (!F32Only("silu_mul", {a.dtype})) return;
   Queue([a, pool = pool_] {
     cpu::SiluMul(a.gate, a.up, a.out, a.rows, a.dim, a.gate_stride, a.up_stride, a.out_stride,
                  pool);
@@ -179,60 +220,102 @@ void CpuBackend::ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int
   }
 }
 
-void CpuBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
-                                int32_t k, float top_p, float temperature, const float* uniforms,
-                                int32_t* out) {
-  Queue([=] {
-    SampleTopKTopPNow(logits, rows, vocab, stride, k, top_p, temperature, uniforms, out);
-  });
+void CpuBackend::SampleTopKTopP(const SampleTopKTopPArgs& args) {
+  Queue([=] { SampleTopKTopPNow(args); });
 }
 
-void CpuBackend::SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab,
-                                   int64_t stride, int32_t k, float top_p, float temperature,
-                                   const float* uniforms, int32_t* out) {
-  const int64_t kk = std::min<int64_t>(std::max(k, 1), vocab);
-  std::vector<int64_t> ids(static_cast<size_t>(vocab));
-  std::vector<float> e(static_cast<size_t>(kk));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits + r * stride;
-    for (int64_t i = 0; i < vocab; ++i) ids[i] = i;
-    std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
-                      [row](int64_t a, int64_t b) { return RanksBefore(row[a], a, row[b], b); });
-    // Softmax over the candidates, accumulated in rank order (the CUDA twin does the same).
-    const float top = row[ids[0]];
-    float sum = 0.0f;
-    for (int64_t i = 0; i < kk; ++i) {
-      e[i] = std::exp((row[ids[i]] - top) / temperature);
-      sum += e[i];
+namespace {
+
+// The host Sampler's draw over `n` candidates already in rank order (values after its
+// temperature step): TopPStep, then Sampler::Draw and Pick, with the same functions
+// (kernels/cpu/logits.h) and the same float and double operations. The CUDA kernel repeats it
+// operation for operation.
+int64_t PickCandidate(const float* v, int64_t n, float top_p, double uniform) {
+  if (top_p < 1.0f) {
+    const double max_logit = v[0];
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) total += std::exp(static_cast<double>(v[i]) - max_logit);
+    const double mass_limit = static_cast<double>(top_p) * total;
+    double mass_above = 0.0;
+    int64_t keep = 0;
+    while (keep < n && mass_above < mass_limit) {
+      mass_above += std::exp(static_cast<double>(v[keep]) - max_logit);
+      ++keep;
     }
-    // Nucleus: the smallest prefix whose share reaches top_p.
-    int64_t n = kk;
-    float cum = 0.0f;
-    for (int64_t i = 0; i < kk; ++i) {
-      cum += e[i];
-      if (cum / sum >= top_p) {
-        n = i + 1;
-        break;
-      }
+    n = std::max<int64_t>(keep, 1);
+  }
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max_logit = std::max(max_logit, v[i]);
+  float w[kMaxSampleTopK];
+  for (int64_t i = 0; i < n; ++i) w[i] = v[i] - max_logit;
+  // Pick(w, n, shift 0, scale 1, uniform).
+  constexpr int64_t kBlock = cpu::kExpBlock;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  float sums[kMaxSampleTopK / kBlock];
+  cpu::ExpBlockSums(w, n, 0.0f, 1.0f, sums);
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) total += sums[b];
+  const double target = uniform * total;
+  double before = 0.0;
+  int64_t b = 0;
+  for (; b + 1 < blocks && !(before + sums[b] > target); ++b) before += sums[b];
+  while (sums[b] == 0.0f && b > 0) before -= sums[--b];
+  const int64_t first = b * kBlock;
+  float e[kBlock] = {};
+  cpu::ExpShifted(w + first, std::min(kBlock, n - first), 0.0f, 1.0f, e);
+  const cpu::ExpBlockTree tree = cpu::BuildExpBlockTree(e);
+  int64_t node = 0;
+  const float* levels[] = {tree.l3, tree.l2, tree.l1, e};
+  for (const float* level : levels) {
+    const float left = level[2 * node];
+    if (before + left > target && left > 0.0f) {
+      node = 2 * node;
+    } else {
+      before += left;
+      node = 2 * node + 1;
     }
-    float kept = 0.0f;
-    for (int64_t i = 0; i < n; ++i) kept += e[i];
-    const float target = uniforms[r] * kept;
-    int64_t pick = n - 1;
-    float walk = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      walk += e[i];
-      if (walk > target) {
-        pick = i;
-        break;
-      }
+  }
+  while (e[node] == 0.0f && node > 0) --node;
+  while (e[node] == 0.0f && node + 1 < kBlock) ++node;
+  return first + node;
+}
+
+}  // namespace
+
+void CpuBackend::SampleTopKTopPNow(const SampleTopKTopPArgs& a) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<int64_t> ids(static_cast<size_t>(a.vocab));
+  std::vector<float> scaled;
+  float cand[kMaxSampleTopK];
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const SampleRowParams& p = a.params[r];
+    const float* row = a.logits + p.row * a.stride;
+    a.out[r] = -1;
+    if (a.vocab <= 0 || std::any_of(row, row + a.vocab, [](float x) { return !(x < kInf); })) {
+      continue;  // NaN or +inf: the host sampler refuses the row
     }
-    out[r] = static_cast<int32_t>(ids[pick]);
+    const float* keys = row;
+    if (p.temperature != 1.0f) {
+      // TemperatureStep: (logit - max) * (1 / temperature), in float.
+      const float max_logit = *std::max_element(row, row + a.vocab);
+      const float scale = 1.0f / p.temperature;
+      scaled.resize(static_cast<size_t>(a.vocab));
+      for (int64_t i = 0; i < a.vocab; ++i) scaled[i] = (row[i] - max_logit) * scale;
+      keys = scaled.data();
+    }
+    const int64_t k = std::min<int64_t>(std::clamp(p.top_k, 1, kMaxSampleTopK), a.vocab);
+    for (int64_t i = 0; i < a.vocab; ++i) ids[i] = i;
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [keys](int64_t x, int64_t y) { return RanksBefore(keys[x], x, keys[y], y); });
+    if (!(keys[ids[0]] > -kInf)) continue;  // every logit -inf (NaN after the temperature step)
+    for (int64_t i = 0; i < k; ++i) cand[i] = keys[ids[i]];
+    a.out[r] = static_cast<int32_t>(ids[PickCandidate(cand, k, p.top_p, p.uniform)]);
   }
 }
 
 absl::Status CpuBackend::Synchronize() {
   if (capturing_) return NotWhileCapturing("Synchronize");
+  if (!error_.empty()) return absl::FailedPreconditionError(std::exchange(error_, std::string()));
   return absl::OkStatus();
 }
 

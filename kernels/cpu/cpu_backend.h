@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,7 +16,9 @@ namespace kvserve::cpu {
 
 /// The Backend on the CPU kernels: every op calls its kernel in kernels/cpu with the same
 /// arguments the model used to pass directly, so results are bit-for-bit those kernels'.
-/// Memory is host memory; weights are used in place in their stored dtype.
+/// Memory is host memory; weights are used in place in their stored dtype. Activations are f32
+/// only: an op asked for another activation dtype does nothing, and the next Synchronize
+/// reports FAILED_PRECONDITION naming it.
 ///
 /// Graphs (the twin of CUDA graphs, on when constructed with `enable_graphs`): between
 /// BeginCapture and EndCapture each op is recorded with its arguments instead of run, and
@@ -54,8 +57,7 @@ class CpuBackend final : public Backend {
   void MoeCombine(const MoeCombineArgs& args) override;
   void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
               int32_t* out) override;
-  void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,
-                      float top_p, float temperature, const float* uniforms, int32_t* out) override;
+  void SampleTopKTopP(const SampleTopKTopPArgs& args) override;
 
   bool supports_graphs() const override { return enable_graphs_; }
   absl::Status BeginCapture() override;
@@ -69,9 +71,7 @@ class CpuBackend final : public Backend {
   static void MoeCombineNow(const MoeCombineArgs& args, ThreadPool* pool);
   static void ArgMaxNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
                         int32_t* out);
-  static void SampleTopKTopPNow(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
-                                int32_t k, float top_p, float temperature,
-                                const float* uniforms, int32_t* out);
+  static void SampleTopKTopPNow(const SampleTopKTopPArgs& args);
   /// Runs `op` now, or records it while capturing (no std::function is made when running).
   template <class F>
   void Queue(F&& op) {
@@ -83,6 +83,11 @@ class CpuBackend final : public Backend {
   }
   /// FAILED_PRECONDITION naming `call` while capturing (it cannot be recorded).
   absl::Status NotWhileCapturing(const char* call) const;
+  /// Whether every dtype in `dtypes` is kF32; otherwise notes that `op` was refused (reported
+  /// by the next Synchronize) and returns false.
+  bool F32Only(const char* op, std::initializer_list<DType> dtypes);
+
+  std::string error_;  // first refused op since the last Synchronize
 
   ThreadPool* pool_;
   bool enable_graphs_ = false;

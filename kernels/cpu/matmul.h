@@ -9,15 +9,21 @@
 namespace kvserve::cpu {
 
 /// y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n] if non-null), fp32 accumulation.
+///
+/// x and y are f32 unless x_dtype / y_dtype say bf16 (device backends, Backend::
+/// activation_dtype): the pointers then address 16-bit elements (strides still count elements)
+/// and y is rounded once, after the bias. The CPU kernels take f32 only.
 struct MatmulArgs {
-  const float* x;    // [m, k] fp32, row i at x + i * x_stride
+  const float* x;    // [m, k] in x_dtype, row i at x + i * x_stride
   int64_t x_stride;  // elements
   const void* w;     // [n, k] row-major in w_dtype; quantized rows are whole blocks (k % 32 == 0)
   DType w_dtype;
   const float* bias;  // [n] or nullptr
-  float* y;           // [m, n] fp32, row i at y + i * y_stride; must not alias x or w
+  float* y;           // [m, n] in y_dtype, row i at y + i * y_stride; must not alias x or w
   int64_t y_stride;   // elements
   int64_t m, n, k;
+  DType x_dtype = DType::kF32;  // kF32 or kBF16
+  DType y_dtype = DType::kF32;  // kF32 or kBF16
 };
 
 /// Runs the matmul on the ActiveCpuIsa() path, parallel over n on `pool` (nullptr = inline).

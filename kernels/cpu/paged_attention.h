@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
 #include "kernels/kv_dtype.h"
 
 namespace kvserve::cpu {
@@ -82,6 +83,9 @@ struct PagedAttentionArgs {
   PagedKvLayout layout;
   float scale;             // usually 1 / sqrt(head_dim)
   int32_t sliding_window;  // 0 = none
+  // Element type of q and out: kF32, or kBF16 on device backends (Backend::activation_dtype;
+  // the pointers then address 16-bit elements). Scores and sums stay f32. The CPU takes f32.
+  DType act_dtype = DType::kF32;
 };
 
 /// Runs attention on the ActiveCpuIsa() path, reading K/V in layout.dtype (dequantized in the

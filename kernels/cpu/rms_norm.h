@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
 
 namespace kvserve::cpu {
 
@@ -20,6 +21,11 @@ struct RmsNormArgs {
   float eps;
   int64_t x_stride, y_stride;   // elements
   int64_t residual_stride = 0;  // elements; 0 means dim (contiguous rows)
+  // kF32, or kBF16 on device backends (Backend::activation_dtype): x and residual in x_dtype,
+  // y in y_dtype (the same when y is x); the sums run in f32 and y is rounded once. The CPU
+  // kernel takes f32 only.
+  DType x_dtype = DType::kF32;
+  DType y_dtype = DType::kF32;
 };
 
 /// Runs RmsNorm over rows, in parallel on `pool` (nullptr = inline). Each row's result depends

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
         absl::StrCat("CUDA device ", options.device_index, " requested, ", count, " present"));
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  const char* f32_env = std::getenv("KVSERVE_CUDA_F32_ACTIVATIONS");
+  const bool f32_activations =
+      options.f32_activations || (f32_env != nullptr && std::strcmp(f32_env, "1") == 0);
+  b->activation_dtype_ = f32_activations ? DType::kF32 : DType::kBF16;
   if ((err = cudaSetDevice(options.device_index)) != cudaSuccess) {
     return CudaError(err, "cudaSetDevice");
   }
@@ -56,7 +61,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   b->description_ =
       absl::StrCat("cuda:", options.device_index, " ", prop.name, " (sm_", prop.major, prop.minor,
                    ", ", prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 20,
-                   " MiB, driver CUDA ", driver / 1000, ".", driver % 1000 / 10, ")");
+                   " MiB, driver CUDA ", driver / 1000, ".", driver % 1000 / 10, ", ",
+                   std::string(DTypeName(b->activation_dtype_)), " activations)");
   if ((err = cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking)) != cudaSuccess) {
     return CudaError(err, "cudaStreamCreate");
   }
@@ -325,11 +331,8 @@ void CudaBackend::ArgMax(const float* logits, int64_t rows, int64_t vocab, int64
   Note(cuda::ArgMax(logits, rows, vocab, stride, out, stream_), "argmax");
 }
 
-void CudaBackend::SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
-                                 int32_t k, float top_p, float temperature, const float* uniforms,
-                                 int32_t* out) {
+void CudaBackend::SampleTopKTopP(const SampleTopKTopPArgs& args) {
   Bind();
-  const SampleArgs args{logits, rows, vocab, stride, k, top_p, temperature, uniforms, out};
   Note(cuda::SampleTopKTopP(args, stream_), "sample_top_k_top_p");
 }
 
@@ -404,4 +407,9 @@ extern "C" __attribute__((visibility("default"))) kvserve::Backend* kvserve_crea
     return nullptr;
   }
   return b->release();
+}
+
+// Matmul's activation conversion passes so far (cuda::ActivationConversions), for tests.
+extern "C" __attribute__((visibility("default"))) long long kvserve_cuda_activation_conversions() {
+  return static_cast<long long>(kvserve::cuda::ActivationConversions());
 }

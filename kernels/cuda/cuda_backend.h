@@ -20,7 +20,9 @@ namespace kvserve::cuda {
 ///
 /// Weights: f16 / bf16 and GGUF quantized matrices are copied as stored (quantized ones stay
 /// packed: cuda::Matmul reads their blocks); f32 ones are converted to bf16 on the device at load
-/// (kept as f32 with keep_f32_weights). Accumulation is fp32 (cuBLAS, or the quantized GEMV). The
+/// (kept as f32 with keep_f32_weights). Activations are bf16 between ops (activation_dtype; f32
+/// with BackendOptions::f32_activations or KVSERVE_CUDA_F32_ACTIVATIONS=1), each op reading and
+/// writing the dtype its args name. Accumulation is fp32 (cuBLAS, or the quantized GEMV). The
 /// first error of queued ops is reported by the next Synchronize / CopyToHost and then cleared: a
 /// failure that leaves the device usable (a launch refused, an allocation or capture that failed)
 /// breaks nothing after it, while a fault that breaks the device keeps coming back from CUDA
@@ -34,6 +36,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   std::string description() const override { return description_; }
   bool host_memory() const override { return false; }
+  DType activation_dtype() const override { return activation_dtype_; }
 
   absl::StatusOr<void*> Alloc(size_t bytes) override;
   void Free(void* ptr) override;
@@ -62,8 +65,7 @@ class CudaBackend final : public Backend {
   void MoeCombine(const MoeCombineArgs& args) override;
   void ArgMax(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
               int32_t* out) override;
-  void SampleTopKTopP(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int32_t k,
-                      float top_p, float temperature, const float* uniforms, int32_t* out) override;
+  void SampleTopKTopP(const SampleTopKTopPArgs& args) override;
 
   bool supports_graphs() const override { return options_.enable_graphs; }
   void* native_stream() override { return stream_; }
@@ -92,6 +94,7 @@ class CudaBackend final : public Backend {
   std::string TakeError();
 
   BackendOptions options_;
+  DType activation_dtype_ = DType::kBF16;
   std::string description_;
   int num_sms_ = 1;
   cudaStream_t stream_ = nullptr;

@@ -46,6 +46,21 @@ __device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+// Activations between ops (Backend::activation_dtype) are f32 or bf16; `p` addresses elements of
+// that type whatever its static type, and i counts elements. A kernel takes the dtype as a
+// runtime flag where the branch is uniform and cheap, or as a template argument in inner loops.
+__device__ __forceinline__ float LoadAct(const void* p, int64_t i, bool bf16) {
+  return bf16 ? Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void StoreAct(void* p, int64_t i, float v, bool bf16) {
+  if (bf16) {
+    static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
 // OCP FP8 E4M3FN -> float (cpu::Fp8E4M3ToFloat).
 __device__ __forceinline__ float Fp8ToFloat(uint8_t code) {
   const uint32_t e = (code >> 3) & 0xfu;

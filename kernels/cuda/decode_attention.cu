@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t n_tiles = k1 > k0 ? (k1 - k0 + T - 1) / T : 0;
   const int64_t qrow = a.q_start[s];
+  const bool out_bf16 = a.act_dtype == DType::kBF16;
   const int32_t* table = a.block_tables + s * a.block_table_stride;
   const uint8_t* k_data = static_cast<const uint8_t*>(a.k_cache.data);
   const uint8_t* v_data = static_cast<const uint8_t*>(a.v_cache.data);
@@ -186,8 +187,20 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   };
 
   const float q_scale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units
-  for (int64_t i = tid; i < G * D; i += kThreads) {
-    q_s[i] = a.q[qrow * a.q_stride + head0 * D + i] * q_scale;
+  if (a.act_dtype == DType::kBF16) {
+    // Two bf16 a load (PlanBandwidthKernel checked the 4-byte alignment): no 16-bit loads.
+    const uint32_t* q2 = reinterpret_cast<const uint32_t*>(
+        static_cast<const uint16_t*>(static_cast<const void*>(a.q)) + qrow * a.q_stride +
+        head0 * D);
+    for (int64_t i = tid; i < G * D / 2; i += kThreads) {
+      const uint32_t two = q2[i];
+      q_s[2 * i] = __uint_as_float(two << 16) * q_scale;
+      q_s[2 * i + 1] = __uint_as_float(two & 0xffff0000u) * q_scale;
+    }
+  } else {
+    for (int64_t i = tid; i < G * D; i += kThreads) {
+      q_s[i] = a.q[qrow * a.q_stride + head0 * D + i] * q_scale;
+    }
   }
   for (int64_t t = 0; t < kStages - 1 && t < n_tiles; ++t) write_rows(t);
   __syncthreads();
@@ -315,16 +328,17 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
     if (i >= hpw || h >= G) continue;
     const int64_t head = head0 + h;
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    float* dst;
     if (p.num_splits == 1) {
-      dst = a.out + qrow * a.out_stride + head * D;
-    } else {
-      const int64_t slot = (s * a.num_heads + head) * p.num_splits + split;
-      dst = p.partial_out + slot * D;
-      if (lane == 0) {
-        p.partial_lse[slot] =
-            l[i] > 0.0f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : -INFINITY;  // ln 2
-      }
+      const int64_t at = qrow * a.out_stride + head * D + part * kVec;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) StoreAct(a.out, at + e, acc[i][e] * inv, out_bf16);
+      continue;
+    }
+    const int64_t slot = (s * a.num_heads + head) * p.num_splits + split;
+    float* dst = p.partial_out + slot * D;
+    if (lane == 0) {
+      p.partial_lse[slot] =
+          l[i] > 0.0f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : -INFINITY;  // ln 2
     }
 #pragma unroll
     for (int e = 0; e < kVec; ++e) dst[part * kVec + e] = acc[i][e] * inv;
@@ -368,8 +382,9 @@ __global__ void DecodeGeneralKernel(DecodeParams p) {
   const int64_t k0 = start + split * chunk;
   const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t qrow = a.q_start[s];
+  const bool bf16 = a.act_dtype == DType::kBF16;  // q and out
   for (int64_t i = threadIdx.x; i < G * D; i += blockDim.x) {
-    q_s[i] = a.q[qrow * a.q_stride + head0 * D + i];
+    q_s[i] = LoadAct(a.q, qrow * a.q_stride + head0 * D + i, bf16);
     acc[i] = 0.0f;
   }
   for (int64_t g = threadIdx.x; g < G; g += blockDim.x) {
@@ -442,7 +457,7 @@ __global__ void DecodeGeneralKernel(DecodeParams p) {
     const float l = l_s[g];
     const float o = l > 0.0f ? acc[i] / l : 0.0f;
     if (p.num_splits == 1) {
-      a.out[qrow * a.out_stride + h * D + i % D] = o;
+      StoreAct(a.out, qrow * a.out_stride + h * D + i % D, o, bf16);
     } else {
       const int64_t slot = (s * a.num_heads + h) * p.num_splits + split;
       p.partial_out[slot * D + i % D] = o;
@@ -460,7 +475,8 @@ __global__ void MergeKernel(DecodeParams p) {
   const int64_t base = (s * a.num_heads + h) * p.num_splits;
   float mx = -INFINITY;
   for (int32_t i = 0; i < p.num_splits; ++i) mx = fmaxf(mx, p.partial_lse[base + i]);
-  float* out = a.out + static_cast<int64_t>(a.q_start[s]) * a.out_stride + h * D;
+  const int64_t out0 = static_cast<int64_t>(a.q_start[s]) * a.out_stride + h * D;
+  const bool bf16 = a.act_dtype == DType::kBF16;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float num = 0.0f;
     float den = 0.0f;
@@ -471,7 +487,7 @@ __global__ void MergeKernel(DecodeParams p) {
       num += w * p.partial_out[(base + i) * D + d];
       den += w;
     }
-    out[d] = den > 0.0f ? num / den : 0.0f;
+    StoreAct(a.out, out0 + d, den > 0.0f ? num / den : 0.0f, bf16);
   }
 }
 
@@ -527,6 +543,11 @@ bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, Dec
   if (lanes > kWarp || (lanes & (lanes - 1)) != 0) return false;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(args.k_cache.data) || !aligned(args.v_cache.data)) return false;
+  // bf16 q is read two elements (4 bytes) at a time.
+  if (args.act_dtype == DType::kBF16 &&
+      (reinterpret_cast<uintptr_t>(args.q) % 4 != 0 || args.q_stride % 2 != 0 || D % 2 != 0)) {
+    return false;
+  }
   // q and the accumulators take 2 · heads_per_warp · vec registers a lane: at most 128.
   const int64_t max_hpw = std::min<int64_t>(8, 64 / vec);
   const int64_t per_block = std::min(group, 4 * max_hpw);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/convert_weights.h"
@@ -9,22 +10,35 @@
 namespace kvserve::cuda {
 namespace {
 
-// x [m, k] (row stride x_stride) -> dense [m, k] in 16-bit `to_bf16 ? bf16 : f16`.
-__global__ void ConvertActivations(const float* x, int64_t x_stride, int64_t m, int64_t k,
-                                   bool to_bf16, uint16_t* out) {
-  const int64_t total = m * k;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const float v = x[(e / k) * x_stride + e % k];
-    out[e] = to_bf16 ? FloatToBf16Bits(v) : __half_as_ushort(__float2half_rn(v));
-  }
+// Launches of ConvertRows since the library loaded (kvserve_cuda_activation_conversions).
+std::atomic<int64_t> g_conversions{0};
+
+// An activation element of `type` (f32, bf16 or f16) at p[i], as f32.
+__device__ __forceinline__ float LoadTyped(const void* p, int64_t i, DType type) {
+  if (type == DType::kF32) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  return type == DType::kBF16 ? Bf16BitsToFloat(bits) : HalfBitsToFloat(bits);
 }
 
-__global__ void AddBias(float* y, int64_t y_stride, int64_t m, int64_t n, const float* bias) {
+// The one activation pass outside the GEMMs, for what cuBLAS cannot do in one call:
+// dst[r, c] = src[r, c] (+ bias[c]) for r < m, c < n, converted from src_type to dst_type (f32,
+// bf16, f16; rounded once). Rows are strided (elements); dst may be src itself (same type).
+// Used to give a GEMM x in the weights' type, and to add a bias to (and round) an f32 result.
+__global__ void ConvertRows(const void* src, DType src_type, int64_t src_stride, const float* bias,
+                            void* dst, DType dst_type, int64_t dst_stride, int64_t m, int64_t n) {
   const int64_t total = m * n;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    y[(e / n) * y_stride + e % n] += bias[e % n];
+    const int64_t r = e / n;
+    const int64_t c = e % n;
+    const float v = LoadTyped(src, r * src_stride + c, src_type) + (bias != nullptr ? bias[c] : 0.0f);
+    const int64_t at = r * dst_stride + c;
+    if (dst_type == DType::kF32) {
+      static_cast<float*>(dst)[at] = v;
+    } else {
+      static_cast<uint16_t*>(dst)[at] =
+          dst_type == DType::kBF16 ? FloatToBf16Bits(v) : __half_as_ushort(__float2half_rn(v));
+    }
   }
 }
 
@@ -39,9 +53,31 @@ constexpr int kGemvWarps = 4;    // output columns per 128-thread block
 // Weight rows dequantized to bf16 per GEMM slab, for larger m: at most this many bytes of scratch.
 constexpr int64_t kSlabBytes = int64_t{8} << 20;
 
+// Four consecutive activations of x (f32: 16-byte aligned; bf16: 8-byte aligned) as f32.
+template <typename X>
+__device__ __forceinline__ float4 LoadX4(const X* p) {
+  if constexpr (std::is_same_v<X, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);  // bf16 pairs, low half first
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+  }
+}
+
+// One activation of x (float, or uint16_t bits of a bf16) as f32.
+template <typename X>
+__device__ __forceinline__ float LoadX(const X* p, int64_t i) {
+  if constexpr (std::is_same_v<X, float>) {
+    return p[i];
+  } else {
+    return Bf16BitsToFloat(p[i]);
+  }
+}
+
 // One 32-element q8_0 / q4_0 block of a weight row against `m` x rows: acc[r] += d · Σ q·x.
-template <DType W>
-__device__ __forceinline__ void BlockDot(const uint8_t* block, const float* x, int64_t x_stride,
+template <DType W, typename X>
+__device__ __forceinline__ void BlockDot(const uint8_t* block, const X* x, int64_t x_stride,
                                          int m, float* acc) {
   const float d = LoadHalfAt(block);
   float q[32];
@@ -68,11 +104,11 @@ __device__ __forceinline__ void BlockDot(const uint8_t* block, const float* x, i
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
     if (r >= m) break;
-    const float4* xr = reinterpret_cast<const float4*>(x + r * x_stride);
+    const X* xr = x + r * x_stride;
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float4 v = xr[i];
+      const float4 v = LoadX4(xr + 4 * i);
       sum += q[4 * i] * v.x + q[4 * i + 1] * v.y + q[4 * i + 2] * v.z + q[4 * i + 3] * v.w;
     }
     acc[r] += d * sum;
@@ -84,8 +120,8 @@ __device__ __forceinline__ void BlockDot(const uint8_t* block, const float* x, i
 //   q4_K / q5_K: w = d · sc_j · q − dmin · m_j (6-bit sc_j, m_j packed in 12 bytes; q 4 bits,
 //                q5_K's 5th bit from qh), summed as d · sc_j · Σ q·x − dmin · m_j · Σ x;
 //   q6_K:        w = d · scale[e / 16] · (q − 32), two int8 scales a sub-block.
-template <DType W>
-__device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const float* x,
+template <DType W, typename X>
+__device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const X* x,
                                              int64_t x_stride, int m, float* acc) {
   float q[32];
   float s0, s1 = 0.0f, bias = 0.0f;  // weights: s0·q (first 16), s1·q (last 16, q6_K), − bias
@@ -120,11 +156,11 @@ __device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const 
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
     if (r >= m) break;
-    const float4* xr = reinterpret_cast<const float4*>(x + r * x_stride);
+    const X* xr = x + r * x_stride;
     float lo = 0.0f, hi = 0.0f, sum_x = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float4 v = xr[i];
+      const float4 v = LoadX4(xr + 4 * i);
       const float dot = q[4 * i] * v.x + q[4 * i + 1] * v.y + q[4 * i + 2] * v.z + q[4 * i + 3] * v.w;
       (i < 4 ? lo : hi) += dot;
       sum_x += (v.x + v.y) + (v.z + v.w);
@@ -138,22 +174,24 @@ __device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const 
 // of the row (a warp reads one contiguous span). q8_0 and q4_0: a lane per 32-element block;
 // K-quants: a lane per 32-element sub-block of a 256-element super-block (8 lanes a super-block);
 // q4_1 and q5_* go element by element through LoadWeight. The sum runs in f32 over the exact
-// dequantized weights and f32 activations.
-template <DType W>
+// dequantized weights and the activations x (X = float, or uint16_t for bf16); y is f32 or bf16
+// (y_bf16), rounded once after the bias.
+template <DType W, typename X>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
-    QuantGemvKernel(cpu::MatmulArgs a, DType dtype, int64_t row_bytes, bool x_vec4) {
+    QuantGemvKernel(cpu::MatmulArgs a, DType dtype, int64_t row_bytes, bool x_vec4, bool y_bf16) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (j >= a.n) return;
   const int m = static_cast<int>(a.m);
   const uint8_t* row = static_cast<const uint8_t*>(a.w) + j * row_bytes;
+  const X* x = reinterpret_cast<const X*>(a.x);
   float acc[kGemvMaxRows] = {};
   bool blocked = false;  // read by whole blocks (else element by element)
   if constexpr (W == DType::kQ8_0 || W == DType::kQ4_0) {
     if (x_vec4) {
       const int64_t block_bytes = W == DType::kQ8_0 ? 34 : 18;
       for (int64_t b = lane; b < a.k / 32; b += kWarp) {
-        BlockDot<W>(row + b * block_bytes, a.x + b * 32, a.x_stride, m, acc);
+        BlockDot<W>(row + b * block_bytes, x + b * 32, a.x_stride, m, acc);
       }
       blocked = true;
     }
@@ -161,7 +199,7 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
     if (x_vec4) {
       const int64_t block_bytes = W == DType::kQ4_K ? 144 : (W == DType::kQ5_K ? 176 : 210);
       for (int64_t i = lane; i < a.k / 32; i += kWarp) {
-        SubBlockDotK<W>(row + (i / 8) * block_bytes, static_cast<int>(i % 8), a.x + i * 32,
+        SubBlockDotK<W>(row + (i / 8) * block_bytes, static_cast<int>(i % 8), x + i * 32,
                         a.x_stride, m, acc);
       }
       blocked = true;
@@ -170,25 +208,37 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   if (!blocked) {
     for (int64_t c = lane; c < a.k; c += kWarp) {
       const float w = LoadWeight(row, dtype, c);
-      for (int r = 0; r < m; ++r) acc[r] += w * a.x[r * a.x_stride + c];
+      for (int r = 0; r < m; ++r) acc[r] += w * LoadX(x, r * a.x_stride + c);
     }
   }
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
     if (r >= m) break;
     const float v = WarpSum(acc[r]);
-    if (lane == 0) a.y[r * a.y_stride + j] = v + (a.bias != nullptr ? a.bias[j] : 0.0f);
+    if (lane == 0) {
+      StoreAct(a.y, r * a.y_stride + j, v + (a.bias != nullptr ? a.bias[j] : 0.0f), y_bf16);
+    }
   }
 }
 
 const char* QuantGemv(const cpu::MatmulArgs& a, cudaStream_t stream) {
   const int64_t row_bytes = DTypeRowBytes(a.w_dtype, a.k);
-  // float4 reads of x need 16-byte rows and base.
-  const bool x_vec4 = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
+  const bool x_bf16 = a.x_dtype == DType::kBF16;
+  const bool y_bf16 = a.y_dtype == DType::kBF16;
+  // Four-element reads of x (float4, or 8 bytes of bf16) need aligned rows and base.
+  const int64_t x4_bytes = x_bf16 ? 8 : 16;
+  const bool x_vec4 = reinterpret_cast<uintptr_t>(a.x) % x4_bytes == 0 && a.x_stride % 4 == 0;
   const unsigned blocks = static_cast<unsigned>(CeilDiv(a.n, kGemvWarps));
+  cudaError_t err = cudaSuccess;
   auto launch = [&](auto format) {
-    KVSERVE_LAUNCH(QuantGemvKernel<decltype(format)::value>, blocks, kGemvWarps * kWarp, 0,
-                   stream, a, a.w_dtype, row_bytes, x_vec4);
+    constexpr DType W = decltype(format)::value;
+    if (x_bf16) {
+      err = LaunchWithSharedMemory<QuantGemvKernel<W, uint16_t>>(blocks, kGemvWarps * kWarp, 0, stream,
+                                                           a, a.w_dtype, row_bytes, x_vec4, y_bf16);
+    } else {
+      err = LaunchWithSharedMemory<QuantGemvKernel<W, float>>(blocks, kGemvWarps * kWarp, 0, stream, a,
+                                                        a.w_dtype, row_bytes, x_vec4, y_bf16);
+    }
   };
   // The formats with a block decoder of their own; kF32 stands for the element-wise rest.
   switch (a.w_dtype) {
@@ -211,7 +261,7 @@ const char* QuantGemv(const cpu::MatmulArgs& a, cudaStream_t stream) {
       launch(std::integral_constant<DType, DType::kF32>{});
       break;
   }
-  return cudaGetLastError() == cudaSuccess ? nullptr : "quantized GEMV launch failed";
+  return err == cudaSuccess ? nullptr : "quantized GEMV launch failed";
 }
 
 // Weight rows per slab when quantized weights meet more than kGemvMaxRows x rows.
@@ -219,75 +269,128 @@ int64_t SlabRows(const cpu::MatmulArgs& a) {
   return std::clamp<int64_t>(kSlabBytes / (2 * std::max<int64_t>(a.k, 1)), 64, a.n);
 }
 
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t ElemBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+cudaDataType_t CudaType(DType t) {
+  return t == DType::kF32 ? CUDA_R_32F : (t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F);
+}
+
+// How Matmul runs a call. cublasGemmEx takes x in the weights' type (bf16 for dequantized
+// slabs) and writes a bf16 y only from bf16 inputs; a bias must be in before a bf16 y is
+// rounded. What the GEMM cannot take or give directly goes through the scratch and ConvertRows.
+struct GemmPlan {
+  bool gemv = false;        // quantized weights at m <= kGemvMaxRows: QuantGemv does it all
+  DType in = DType::kF32;   // the GEMM's input type
+  bool convert_x = false;   // x is not in `in`: converted into the scratch first
+  bool stage_y = false;     // the GEMM writes f32 into the scratch; bias + rounding then into y
+  bool bias_after = false;  // the bias is added in place to an f32 y after the GEMM
+  int64_t n_part = 0;       // weight rows per GEMM (a slab for quantized weights, else n)
+};
+
+GemmPlan PlanGemm(const cpu::MatmulArgs& a) {
+  GemmPlan p;
+  const bool quantized = DTypeIsQuantized(a.w_dtype);
+  if (quantized && a.m <= kGemvMaxRows) {
+    p.gemv = true;
+    return p;
+  }
+  p.in = quantized ? DType::kBF16 : a.w_dtype;
+  p.convert_x = a.x_dtype != p.in;
+  p.n_part = quantized ? SlabRows(a) : a.n;
+  p.stage_y = a.y_dtype != DType::kF32 && (p.in != DType::kBF16 || a.bias != nullptr);
+  p.bias_after = a.bias != nullptr && !p.stage_y;
+  return p;
+}
+
+// Launches ConvertRows (counted in g_conversions).
+const char* Convert(const void* src, DType src_type, int64_t src_stride, const float* bias,
+                    void* dst, DType dst_type, int64_t dst_stride, int64_t m, int64_t n,
+                    cudaStream_t stream) {
+  g_conversions.fetch_add(1, std::memory_order_relaxed);
+  KVSERVE_LAUNCH(ConvertRows, Blocks(m * n), 256, 0, stream, src, src_type, src_stride, bias, dst,
+                 dst_type, dst_stride, m, n);
+  return cudaGetLastError() == cudaSuccess ? nullptr : "activation conversion launch failed";
+}
+
 }  // namespace
 
 size_t MatmulScratchBytes(const cpu::MatmulArgs& a) {
-  if (a.w_dtype == DType::kF32) return 0;
-  if (DTypeIsQuantized(a.w_dtype)) {
-    if (a.m <= kGemvMaxRows) return 0;
-    return sizeof(uint16_t) * (a.m * a.k + SlabRows(a) * a.k);
-  }
-  return sizeof(uint16_t) * a.m * a.k;
+  const GemmPlan p = PlanGemm(a);
+  if (p.gemv) return 0;
+  int64_t bytes = 0;
+  if (p.convert_x) bytes += Aligned(a.m * a.k * ElemBytes(p.in));
+  if (DTypeIsQuantized(a.w_dtype)) bytes += Aligned(p.n_part * a.k * 2);
+  if (p.stage_y) bytes += Aligned(a.m * p.n_part * 4);
+  return static_cast<size_t>(bytes);
 }
+
+int64_t ActivationConversions() { return g_conversions.load(std::memory_order_relaxed); }
 
 const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratch,
                    cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0) return nullptr;
+  const GemmPlan p = PlanGemm(a);
+  if (p.gemv) return QuantGemv(a, stream);
   const float alpha = 1.0f;
   const float beta = 0.0f;
+  const bool quantized = DTypeIsQuantized(a.w_dtype);
+  auto* next = static_cast<uint8_t*>(scratch);
   // Row-major y[m, n] is column-major y^T [n, m] = W [n, k] (column-major W^T, ld k, transposed)
   // times x^T [k, m] (column-major, ld x_stride).
   const void* x = a.x;
   int64_t ldx = a.x_stride;
-  cudaDataType_t type = CUDA_R_32F;
-  if (DTypeIsQuantized(a.w_dtype)) {
-    if (a.m <= kGemvMaxRows) return QuantGemv(a, stream);
-    // Larger batches: x to bf16 once, then each slab of weight rows dequantized to bf16 in the
-    // scratch and multiplied there (the packed weights stay the only copy in memory).
-    uint16_t* xb = static_cast<uint16_t*>(scratch);
-    uint16_t* slab = xb + a.m * a.k;
-    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k,
-                   true, xb);
-    if (cudaGetLastError() != cudaSuccess) return "activation conversion launch failed";
-    const int64_t row_bytes = DTypeRowBytes(a.w_dtype, a.k);
-    const int64_t slab_rows = SlabRows(a);
-    for (int64_t r0 = 0; r0 < a.n; r0 += slab_rows) {
-      const int64_t rows = std::min(slab_rows, a.n - r0);
+  if (p.convert_x) {
+    if (const char* e = Convert(a.x, a.x_dtype, a.x_stride, nullptr, next, p.in, a.k, a.m, a.k,
+                                stream)) {
+      return e;
+    }
+    x = next;
+    ldx = a.k;
+    next += Aligned(a.m * a.k * ElemBytes(p.in));
+  }
+  // Quantized weights: each slab of weight rows dequantized to bf16 here and multiplied (the
+  // packed weights stay the only copy in memory).
+  uint8_t* slab = nullptr;
+  if (quantized) {
+    slab = next;
+    next += Aligned(p.n_part * a.k * 2);
+  }
+  float* staged = p.stage_y ? reinterpret_cast<float*>(next) : nullptr;  // [m, rows] f32
+  const int64_t row_bytes = DTypeRowBytes(a.w_dtype, a.k);
+  auto* y = reinterpret_cast<uint8_t*>(a.y);
+  for (int64_t r0 = 0; r0 < a.n; r0 += p.n_part) {
+    const int64_t rows = std::min(p.n_part, a.n - r0);
+    const void* w = a.w;
+    if (quantized) {
       if (ConvertWeights(static_cast<const uint8_t*>(a.w) + r0 * row_bytes, a.w_dtype, rows, a.k,
                          DType::kBF16, slab, stream) != cudaSuccess) {
         return "weight slab conversion launch failed";
       }
-      const cublasStatus_t st = cublasGemmEx(
-          handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(a.m),
-          static_cast<int>(a.k), &alpha, slab, CUDA_R_16BF, static_cast<int>(a.k), xb,
-          CUDA_R_16BF, static_cast<int>(a.k), &beta, a.y + r0, CUDA_R_32F,
-          static_cast<int>(a.y_stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
+      w = slab;
     }
-    if (a.bias != nullptr) {
-      KVSERVE_LAUNCH(AddBias, Blocks(a.m * a.n), 256, 0, stream, a.y, a.y_stride, a.m, a.n, a.bias);
-      if (cudaGetLastError() != cudaSuccess) return "bias launch failed";
+    void* c = p.stage_y ? static_cast<void*>(staged) : y + r0 * ElemBytes(a.y_dtype);
+    const cudaDataType_t c_type = p.stage_y ? CUDA_R_32F : CudaType(a.y_dtype);
+    const int64_t ldc = p.stage_y ? rows : a.y_stride;
+    const cublasStatus_t st =
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                     static_cast<int>(a.m), static_cast<int>(a.k), &alpha, w, CudaType(p.in),
+                     static_cast<int>(a.k), x, CudaType(p.in), static_cast<int>(ldx), &beta, c,
+                     c_type, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
+    if (p.stage_y) {
+      if (const char* e = Convert(staged, DType::kF32, rows,
+                                  a.bias != nullptr ? a.bias + r0 : nullptr,
+                                  y + r0 * ElemBytes(a.y_dtype), a.y_dtype, a.y_stride, a.m, rows,
+                                  stream)) {
+        return e;
+      }
     }
-    return nullptr;
   }
-  if (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) {
-    const bool bf16 = a.w_dtype == DType::kBF16;
-    KVSERVE_LAUNCH(ConvertActivations, Blocks(a.m * a.k), 256, 0, stream, a.x, a.x_stride, a.m, a.k,
-                   bf16, static_cast<uint16_t*>(scratch));
-    if (cudaGetLastError() != cudaSuccess) return "activation conversion launch failed";
-    x = scratch;
-    ldx = a.k;
-    type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  }
-  const cublasStatus_t st =
-      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n), static_cast<int>(a.m),
-                   static_cast<int>(a.k), &alpha, a.w, type, static_cast<int>(a.k), x, type,
-                   static_cast<int>(ldx), &beta, a.y, CUDA_R_32F, static_cast<int>(a.y_stride),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
-  if (a.bias != nullptr) {
-    KVSERVE_LAUNCH(AddBias, Blocks(a.m * a.n), 256, 0, stream, a.y, a.y_stride, a.m, a.n, a.bias);
-    if (cudaGetLastError() != cudaSuccess) return "bias launch failed";
+  if (p.bias_after) {
+    return Convert(a.y, DType::kF32, a.y_stride, a.bias, a.y, DType::kF32, a.y_stride, a.m, a.n,
+                   stream);
   }
   return nullptr;
 }

@@ -50,9 +50,10 @@ __global__ void PrefillKernel(cpu::PagedAttentionArgs a) {
   float* alpha_s = l_s + kQTile;
 
   const int64_t row0 = a.q_start[s] + q0;
+  const bool bf16 = a.act_dtype == DType::kBF16;  // q and out
   for (int64_t i = threadIdx.x; i < kQTile * D; i += blockDim.x) {
     const int64_t r = i / D;
-    Qs[i] = r < nq ? a.q[(row0 + r) * a.q_stride + h * D + i % D] : 0.0f;
+    Qs[i] = r < nq ? LoadAct(a.q, (row0 + r) * a.q_stride + h * D + i % D, bf16) : 0.0f;
     acc[i] = 0.0f;
   }
   for (int64_t r = threadIdx.x; r < kQTile; r += blockDim.x) {
@@ -130,7 +131,7 @@ __global__ void PrefillKernel(cpu::PagedAttentionArgs a) {
   for (int64_t i = threadIdx.x; i < nq * D; i += blockDim.x) {
     const int64_t r = i / D;
     const float l = l_s[r];
-    a.out[(row0 + r) * a.out_stride + h * D + i % D] = l > 0.0f ? acc[i] / l : 0.0f;
+    StoreAct(a.out, (row0 + r) * a.out_stride + h * D + i % D, l > 0.0f ? acc[i] / l : 0.0f, bf16);
   }
 }
 
@@ -208,6 +209,7 @@ __device__ __forceinline__ void LoadQTile(const cpu::PagedAttentionArgs& a, cons
                                           uint16_t* qs) {
   constexpr int kChunks = D / 8;
   const float q_scale = a.scale * kLog2e;
+  const bool bf16 = a.act_dtype == DType::kBF16;
   for (int i = threadIdx.x; i < kRowTile * kChunks; i += kMmaThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
@@ -215,7 +217,10 @@ __device__ __forceinline__ void LoadQTile(const cpu::PagedAttentionArgs& a, cons
     uint4 v = make_uint4(0, 0, 0, 0);
     if (f < b.rows) {
       const int64_t head = b.kv_head * b.group + f % b.group;
-      const float* q = a.q + (b.q_row + f / b.group) * a.q_stride + head * D + c * 8;
+      const int64_t q0 = (b.q_row + f / b.group) * a.q_stride + head * D + c * 8;
+      float q[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[e] = LoadAct(a.q, q0 + e, bf16);
       v.x = PackB16<T>(q[0] * q_scale, q[1] * q_scale);
       v.y = PackB16<T>(q[2] * q_scale, q[3] * q_scale);
       v.z = PackB16<T>(q[4] * q_scale, q[5] * q_scale);
@@ -477,11 +482,12 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillMmaKernel(cpu::PagedAttent
     const int64_t f = warp_row0 + lane / 4 + 8 * h;
     if (f >= b.rows) continue;
     const int64_t head = b.kv_head * b.group + f % b.group;
-    float* out = a.out + (b.q_row + f / b.group) * a.out_stride + head * D + 2 * t;
+    const int64_t out0 = (b.q_row + f / b.group) * a.out_stride + head * D + 2 * t;
+    const bool bf16 = a.act_dtype == DType::kBF16;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      out[8 * n] = l > 0.0f ? w.o[n][2 * h] / l : 0.0f;
-      out[8 * n + 1] = l > 0.0f ? w.o[n][2 * h + 1] / l : 0.0f;
+      StoreAct(a.out, out0 + 8 * n, l > 0.0f ? w.o[n][2 * h] / l : 0.0f, bf16);
+      StoreAct(a.out, out0 + 8 * n + 1, l > 0.0f ? w.o[n][2 * h + 1] / l : 0.0f, bf16);
     }
   }
 }

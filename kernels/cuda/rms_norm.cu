@@ -7,17 +7,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per row: residual add (x becomes the new stream), sum of squares, scale.
+// One block per row: residual add (x becomes the new stream), sum of squares, scale. x (and the
+// residual) in x_dtype, y in y_dtype (f32 or bf16); the sum runs in f32 on the values as
+// stored, so a bf16 y is rounded once.
 __global__ void RmsNormKernel(cpu::RmsNormArgs a, int64_t residual_stride) {
   const int64_t r = blockIdx.x;
-  float* x = a.x + r * a.x_stride;
-  const float* res = a.residual != nullptr ? a.residual + r * residual_stride : nullptr;
+  const bool x_bf16 = a.x_dtype == DType::kBF16;
+  const bool y_bf16 = a.y_dtype == DType::kBF16;
+  const int64_t x_row = r * a.x_stride;
+  const int64_t res_row = r * residual_stride;
   float sq = 0.0f;
   for (int64_t i = threadIdx.x; i < a.dim; i += blockDim.x) {
-    float v = x[i];
-    if (res != nullptr) {
-      v += res[i];
-      x[i] = v;
+    float v = LoadAct(a.x, x_row + i, x_bf16);
+    if (a.residual != nullptr) {
+      v += LoadAct(a.residual, res_row + i, x_bf16);
+      StoreAct(a.x, x_row + i, v, x_bf16);
+      if (x_bf16) v = LoadAct(a.x, x_row + i, true);  // the stream as stored
     }
     sq += v * v;
   }
@@ -32,8 +37,10 @@ __global__ void RmsNormKernel(cpu::RmsNormArgs a, int64_t residual_stride) {
   }
   __syncthreads();
   const float inv = 1.0f / sqrtf(warp_sums[0] / static_cast<float>(a.dim) + a.eps);
-  float* y = a.y + r * a.y_stride;
-  for (int64_t i = threadIdx.x; i < a.dim; i += blockDim.x) y[i] = x[i] * inv * a.weight[i];
+  const int64_t y_row = r * a.y_stride;
+  for (int64_t i = threadIdx.x; i < a.dim; i += blockDim.x) {
+    StoreAct(a.y, y_row + i, LoadAct(a.x, x_row + i, x_bf16) * inv * a.weight[i], y_bf16);
+  }
 }
 
 }  // namespace

@@ -7,23 +7,50 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Rotates pair i of the last `rotary` elements of every head of one token in place.
-__device__ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, int64_t rotary,
-                            float pos, const float* inv_freq, bool interleaved) {
+// One token's heads of x (f32 or bf16, in place), each head_dim wide: the bias added (f32, may
+// be null), then the last `rotary` elements of every head rotated; a bf16 x is rounded once.
+// With `copy` (f32 shared memory, [num_heads * head_dim]) every element's final value also goes
+// there; without a bias or a copy only the rotated pairs are touched.
+__device__ void RopeHeads(float* x, bool bf16, int64_t num_heads, int64_t head_dim, int64_t rotary,
+                          float pos, const float* inv_freq, bool interleaved, const float* bias,
+                          float* copy) {
   const int64_t half = rotary / 2;
-  for (int64_t idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
-    const int64_t h = idx / half;
-    const int64_t i = idx % half;
-    float* head = x + h * head_dim + (head_dim - rotary);
-    float* pa = interleaved ? head + 2 * i : head + i;
-    float* pb = interleaved ? head + 2 * i + 1 : head + i + half;
+  // Per head: the head_dim - rotary elements before the rope part (only with a bias or a copy),
+  // then the rotated pairs.
+  const int64_t plain = bias != nullptr || copy != nullptr ? head_dim - rotary : 0;
+  const int64_t units = plain + half;
+  for (int64_t idx = threadIdx.x; idx < num_heads * units; idx += blockDim.x) {
+    const int64_t h = idx / units;
+    const int64_t u = idx % units;
+    const int64_t head = h * head_dim;
+    if (u < plain) {
+      float v = LoadAct(x, head + u, bf16);
+      if (bias != nullptr) {
+        v += bias[head + u];
+        StoreAct(x, head + u, v, bf16);
+      }
+      if (copy != nullptr) copy[head + u] = bf16 ? LoadAct(x, head + u, true) : v;
+      continue;
+    }
+    const int64_t i = u - plain;
+    const int64_t rope0 = head + (head_dim - rotary);
+    const int64_t ia = interleaved ? rope0 + 2 * i : rope0 + i;
+    const int64_t ib = interleaved ? rope0 + 2 * i + 1 : rope0 + i + half;
     const float angle = pos * inv_freq[i];
     const float c = cosf(angle);
     const float s = sinf(angle);
-    const float a = *pa;
-    const float b = *pb;
-    *pa = a * c - b * s;
-    *pb = a * s + b * c;
+    float a = LoadAct(x, ia, bf16);
+    float b = LoadAct(x, ib, bf16);
+    if (bias != nullptr) {
+      a += bias[ia];
+      b += bias[ib];
+    }
+    StoreAct(x, ia, a * c - b * s, bf16);
+    StoreAct(x, ib, a * s + b * c, bf16);
+    if (copy != nullptr) {
+      copy[ia] = LoadAct(x, ia, bf16);
+      copy[ib] = LoadAct(x, ib, bf16);
+    }
   }
 }
 
@@ -63,35 +90,43 @@ __device__ void EncodeRow(const float* x, int64_t head_dim, int64_t row, cpu::Kv
 
 template <KvCacheDType D>
 __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
-  // [2][num_kv_heads * head_dim]: rotated k, then v (MLA: k only)
+  // [2][num_kv_heads * head_dim] f32: rotated k, then v (MLA: k only), as the cache receives them
   KVSERVE_DYNAMIC_SHARED(float, smem);
   const int64_t t = blockIdx.x;
+  const bool bf16 = a.dtype == DType::kBF16;
   const int64_t head_dim = a.layout.head_dim;
   const int64_t kv_heads = a.layout.num_kv_heads;
   const int64_t kv_dim = kv_heads * head_dim;
   const float pos = static_cast<float>(a.positions[t]);
   const bool interleaved = a.rope_layout == cpu::RopeLayout::kInterleaved;
   const int64_t rotary = a.rotary_dim > 0 ? a.rotary_dim : head_dim;
-  RotateHeads(a.q + t * a.q_stride, a.num_heads, head_dim, rotary, pos, a.inv_freq, interleaved);
-  float* k = a.k + t * a.k_stride;
-  RotateHeads(k, kv_heads, head_dim, rotary, pos, a.inv_freq, interleaved);
-  __syncthreads();  // each thread rotated pairs that others read below
   const int64_t slot = a.slot_mapping[t];
-  if (slot < 0) return;
   float* ks = smem;
   float* vs = smem + kv_dim;
-  const float* v = a.v == nullptr ? nullptr : a.v + t * a.v_stride;
-  for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-    ks[i] = k[i];
-    if (v != nullptr) vs[i] = v[i];
+  // Element offsets of this token's rows; the pointers address f32 or bf16 elements.
+  const int64_t elem = bf16 ? 2 : 4;
+  auto row = [&](const float* base, int64_t stride) {
+    return reinterpret_cast<float*>(const_cast<char*>(reinterpret_cast<const char*>(base)) +
+                                    t * stride * elem);
+  };
+  RopeHeads(row(a.q, a.q_stride), bf16, a.num_heads, head_dim, rotary, pos, a.inv_freq,
+            interleaved, a.q_bias, nullptr);
+  RopeHeads(row(a.k, a.k_stride), bf16, kv_heads, head_dim, rotary, pos, a.inv_freq, interleaved,
+            a.k_bias, slot >= 0 ? ks : nullptr);
+  if (slot < 0) return;
+  if (a.v != nullptr) {
+    const float* v = row(a.v, a.v_stride);
+    for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+      vs[i] = LoadAct(v, i, bf16) + (a.v_bias != nullptr ? a.v_bias[i] : 0.0f);
+    }
   }
-  __syncthreads();
+  __syncthreads();  // each thread staged elements that others encode below
   const int64_t block = slot / a.layout.block_size;
   const int64_t offset = slot % a.layout.block_size;
   for (int64_t h = threadIdx.x / kWarp; h < kv_heads; h += blockDim.x / kWarp) {
-    const int64_t row = (block * kv_heads + h) * a.layout.block_size + offset;
-    EncodeRow<D>(ks + h * head_dim, head_dim, row, a.k_cache);
-    if (v != nullptr) EncodeRow<D>(vs + h * head_dim, head_dim, row, a.v_cache);
+    const int64_t cache_row = (block * kv_heads + h) * a.layout.block_size + offset;
+    EncodeRow<D>(ks + h * head_dim, head_dim, cache_row, a.k_cache);
+    if (a.v != nullptr) EncodeRow<D>(vs + h * head_dim, head_dim, cache_row, a.v_cache);
   }
 }
 

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "kernels/cpu/logits_exp.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ranking.cuh"
@@ -8,9 +9,119 @@
 namespace kvserve::cuda {
 namespace {
 
+// ExpShifted's constants (kernels/cpu/logits_exp.h), as scalars: device code cannot index a
+// host array at run time.
+namespace ec = cpu::internal::exp_constants;
+constexpr float kExpLowest = ec::kLowest, kLog2e = ec::kLog2e, kLn2Hi = ec::kLn2Hi,
+                kLn2Lo = ec::kLn2Lo, kP0 = ec::kP[0], kP1 = ec::kP[1], kP2 = ec::kP[2],
+                kP3 = ec::kP[3], kP4 = ec::kP[4], kP5 = ec::kP[5];
+constexpr int kExpBlock = 16;  // cpu::kExpBlock
+
+// Float adds and multiplies rounded one by one, never fused: the CPU's ExpShifted and the
+// host sampler use no FMA, and nvcc would contract a * b + c.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float Mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float Add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float Sub(float a, float b) { return __fsub_rn(a, b); }
+#else
+__device__ __forceinline__ float Mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float Add(float a, float b) { return a + b; }
+__device__ __forceinline__ float Sub(float a, float b) { return a - b; }
+#endif
+
+// One value of cpu::ExpShifted(x, shift 0, scale 1), operation for operation (logits.cc's
+// ExpOne): Cody-Waite reduction, the degree-6 polynomial, the exact multiply by 2^k.
+__device__ float ExpOne(float x) {
+  const float v = Mul(Sub(x, 0.0f), 1.0f);
+  if (!(v >= kExpLowest)) return 0.0f;
+  const float t = Add(Mul(v, kLog2e), 0.5f);
+  float k = static_cast<float>(static_cast<int32_t>(t));
+  if (k > t) k = Sub(k, 1.0f);
+  float r = Sub(v, Mul(k, kLn2Hi));
+  r = Sub(r, Mul(k, kLn2Lo));
+  float y = kP0;
+  y = Add(Mul(y, r), kP1);
+  y = Add(Mul(y, r), kP2);
+  y = Add(Mul(y, r), kP3);
+  y = Add(Mul(y, r), kP4);
+  y = Add(Mul(y, r), kP5);
+  y = Add(Add(Mul(y, Mul(r, r)), r), 1.0f);
+  return Mul(y, __int_as_float((static_cast<int32_t>(k) + 127) << 23));
+}
+
+// cpu::BuildExpBlockTree's pairwise sum of a block's 16 values.
+__device__ float BlockSum(const float* e) {
+  float l1[8], l2[4];
+  for (int j = 0; j < 8; ++j) l1[j] = Add(e[2 * j], e[2 * j + 1]);
+  for (int j = 0; j < 4; ++j) l2[j] = Add(l1[2 * j], l1[2 * j + 1]);
+  return Add(Add(l2[0], l2[1]), Add(l2[2], l2[3]));
+}
+
+// The host Sampler's draw over the n best candidates v[0, n) in rank order (values after its
+// temperature step): TopPStep, then Sampler::Draw and Pick, with its float and double
+// arithmetic (CpuBackend's PickCandidate is the same code on the CPU). `w` is scratch for n
+// floats. Returns the candidate's position.
+__device__ int32_t PickCandidate(const float* v, int32_t n, float top_p, double uniform, float* w) {
+  if (top_p < 1.0f) {
+    const double max_logit = v[0];
+    double total = 0.0;
+    for (int32_t i = 0; i < n; ++i) total += exp(static_cast<double>(v[i]) - max_logit);
+    const double mass_limit = static_cast<double>(top_p) * total;
+    double mass_above = 0.0;
+    int32_t keep = 0;
+    while (keep < n && mass_above < mass_limit) {
+      mass_above += exp(static_cast<double>(v[keep]) - max_logit);
+      ++keep;
+    }
+    n = keep > 1 ? keep : 1;
+  }
+  float max_logit = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) max_logit = max_logit < v[i] ? v[i] : max_logit;
+  for (int32_t i = 0; i < n; ++i) w[i] = Sub(v[i], max_logit);
+  // Pick(w, n, shift 0, scale 1, uniform): block sums of 16 (zeros past n), their double
+  // total, the block the inverse CDF lands in, then a descent of that block's tree.
+  const int32_t blocks = (n + kExpBlock - 1) / kExpBlock;
+  float sums[kMaxSampleTopK / kExpBlock];
+  float e[kExpBlock];
+  for (int32_t b = 0; b < blocks; ++b) {
+    for (int j = 0; j < kExpBlock; ++j) {
+      const int32_t i = b * kExpBlock + j;
+      e[j] = i < n ? ExpOne(w[i]) : 0.0f;
+    }
+    sums[b] = BlockSum(e);
+  }
+  double total = 0.0;
+  for (int32_t b = 0; b < blocks; ++b) total += sums[b];
+  const double target = uniform * total;
+  double before = 0.0;
+  int32_t b = 0;
+  for (; b + 1 < blocks && !(before + sums[b] > target); ++b) before += sums[b];
+  while (sums[b] == 0.0f && b > 0) before -= sums[--b];
+  const int32_t first = b * kExpBlock;
+  for (int j = 0; j < kExpBlock; ++j) e[j] = first + j < n ? ExpOne(w[first + j]) : 0.0f;
+  float l1[8], l2[4], l3[2];
+  for (int j = 0; j < 8; ++j) l1[j] = Add(e[2 * j], e[2 * j + 1]);
+  for (int j = 0; j < 4; ++j) l2[j] = Add(l1[2 * j], l1[2 * j + 1]);
+  for (int j = 0; j < 2; ++j) l3[j] = Add(l2[2 * j], l2[2 * j + 1]);
+  const float* levels[] = {l3, l2, l1, e};
+  int32_t node = 0;
+  for (const float* level : levels) {
+    const float left = level[2 * node];
+    if (before + left > target && left > 0.0f) {
+      node = 2 * node;
+    } else {
+      before += left;
+      node = 2 * node + 1;
+    }
+  }
+  while (e[node] == 0.0f && node > 0) --node;
+  while (e[node] == 0.0f && node + 1 < kExpBlock) ++node;
+  return first + node;
+}
+
 constexpr int kThreads = 256;  // a multiple of the warp size that divides kBins (FindBoundary)
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kMaxK = 64;
+constexpr int kMaxK = kMaxSampleTopK;
 // Histogram bins: the widest digit. 16 KiB of counters.
 constexpr int kDigitBits = 12;
 constexpr int kBins = 1 << kDigitBits;
@@ -111,19 +222,53 @@ __device__ void SortCandidates(float* cand_v, int32_t* cand_i, int n) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k) {
+// The largest of row[0, vocab) (NaN ignored), in every thread.
+__device__ float BlockMax(const float* row, int64_t vocab, float* warp_max) {
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) m = row[i] > m ? row[i] : m;
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, m, o);
+    m = other > m ? other : m;
+  }
+  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  float all = warp_max[0];
+  for (int w = 1; w < kWarps; ++w) all = warp_max[w] > all ? warp_max[w] : all;
+  __syncthreads();
+  return all;
+}
+
+// A row's candidates rank and weigh by the host sampler's temperature step: (logit - max) *
+// (1 / temperature) in float, or the logit itself at temperature 1 (no step).
+struct Scaling {
+  bool on;
+  float max, scale;
+  __device__ float operator()(float v) const { return on ? Mul(Sub(v, max), scale) : v; }
+};
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(SampleTopKTopPArgs a) {
   __shared__ uint32_t hist[kBins];
   __shared__ float cand_v[kCapacity];
   __shared__ int32_t cand_i[kCapacity];
   __shared__ uint32_t warp_sums[kWarps];
+  __shared__ float warp_max[kWarps];
   __shared__ Boundary boundary;
   __shared__ uint32_t filled;
-  const float* row = a.logits + blockIdx.x * a.stride;
+  const SampleRowParams p = a.params[blockIdx.x];
+  const float* row = a.logits + p.row * a.stride;
   if (a.vocab <= 0) {
     if (threadIdx.x == 0) a.out[blockIdx.x] = -1;
     return;
   }
+  const int64_t top_k = p.top_k < 1 ? 1 : p.top_k > kMaxK ? kMaxK : p.top_k;
+  const int32_t k = static_cast<int32_t>(top_k < a.vocab ? top_k : a.vocab);
   if (threadIdx.x == 0) filled = 0;
+  // The temperature step needs the row's maximum first: one more pass, only when it applies.
+  Scaling scaled{p.temperature != 1.0f, 0.0f, 0.0f};
+  if (scaled.on) {
+    scaled.max = BlockMax(row, a.vocab, warp_max);
+    scaled.scale = 1.0f / p.temperature;
+  }
 
   // Radix selection of the threshold: each level histograms the next digit of the keys that
   // share the digits chosen so far (`prefix` under `mask`), then picks the digit holding the
@@ -139,8 +284,11 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k
     // Each thread adds a run of one bin at once: a crowded bin (a masked vocabulary is mostly
     // -inf) would otherwise serialize the whole row on one shared counter.
     uint32_t run_bin = 0, run = 0;
+    bool bad = false;  // NaN or +inf: the host sampler refuses the row
     for (int64_t i = threadIdx.x; i < a.vocab; i += blockDim.x) {
-      const uint32_t key = RankKey(row[i]);
+      const float raw = row[i];
+      bad = bad || !(raw < INFINITY);
+      const uint32_t key = RankKey(scaled(raw));
       if ((key & mask) != prefix) continue;
       const uint32_t bin = (key >> shift) & digit_mask;
       if (bin != run_bin && run > 0) {
@@ -151,7 +299,11 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k
       ++run;
     }
     if (run > 0) atomicAdd(&hist[run_bin], run);
-    __syncthreads();
+    // Level 0 reads every logit: the block agrees there whether the row is refused.
+    if (__syncthreads_or(bad)) {
+      if (threadIdx.x == 0) a.out[blockIdx.x] = -1;
+      return;
+    }
     const Boundary b = FindBoundary(hist, uk - above, warp_sums, &boundary);
     above += b.above;
     prefix |= b.digit << shift;
@@ -161,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k
     // Gather: everything that ranks above the boundary bin (< k, all taken) and the bin itself;
     // the k best are among them.
     for (int64_t i = threadIdx.x; i < a.vocab; i += blockDim.x) {
-      const float v = row[i];
+      const float v = scaled(row[i]);
       if ((RankKey(v) & mask) >= prefix) {
         const uint32_t slot = atomicAdd(&filled, 1u);
         cand_v[slot] = v;
@@ -184,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k
     uint32_t found = 0;  // ties seen in earlier tiles; the same in every thread
     for (int64_t base = 0; base < a.vocab; base += blockDim.x) {
       const int64_t i = base + threadIdx.x;
-      const float v = i < a.vocab ? row[i] : 0.0f;
+      const float v = i < a.vocab ? scaled(row[i]) : 0.0f;
       const uint32_t key = i < a.vocab ? RankKey(v) : 0u;
       const bool tie = i < a.vocab && key == prefix;
       if (i < a.vocab && key > prefix) {
@@ -212,46 +364,21 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a, int32_t k
   }
 
   if (threadIdx.x != 0) return;
-  // The CPU's softmax, nucleus cut and draw over the k best in rank order, operation for
-  // operation, so the pick is the CPU's bit for bit.
-  float e[kMaxK];
-  const float top = cand_v[0];
-  float sum = 0.0f;
-  for (int32_t i = 0; i < k; ++i) {
-    e[i] = expf((cand_v[i] - top) / a.temperature);
-    sum += e[i];
+  // Every logit -inf (NaN after the temperature step): the host sampler refuses the row.
+  if (!(cand_v[0] > -INFINITY)) {
+    a.out[blockIdx.x] = -1;
+    return;
   }
-  int32_t n = k;
-  float cum = 0.0f;
-  for (int32_t i = 0; i < k; ++i) {
-    cum += e[i];
-    if (cum / sum >= a.top_p) {
-      n = i + 1;
-      break;
-    }
-  }
-  float kept = 0.0f;
-  for (int32_t i = 0; i < n; ++i) kept += e[i];
-  const float target = a.uniforms[blockIdx.x] * kept;
-  int32_t pick = n - 1;
-  float walk = 0.0f;
-  for (int32_t i = 0; i < n; ++i) {
-    walk += e[i];
-    if (walk > target) {
-      pick = i;
-      break;
-    }
-  }
+  // The histogram is free again: the draw's k weights go there.
+  const int32_t pick = PickCandidate(cand_v, k, p.top_p, p.uniform, reinterpret_cast<float*>(hist));
   a.out[blockIdx.x] = cand_i[pick];
 }
 
 }  // namespace
 
-cudaError_t SampleTopKTopP(const SampleArgs& args, cudaStream_t stream) {
+cudaError_t SampleTopKTopP(const SampleTopKTopPArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return cudaSuccess;
-  const int32_t k = static_cast<int32_t>(
-      std::min<int64_t>(std::clamp(args.k, 1, kMaxK), std::max<int64_t>(args.vocab, 1)));
-  KVSERVE_LAUNCH(SampleKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args, k);
+  KVSERVE_LAUNCH(SampleKernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args);
   return cudaGetLastError();
 }
 

@@ -5,17 +5,9 @@
 
 #include <cstdint>
 
-namespace kvserve::cuda {
+#include "kernels/sampling_args.h"
 
-/// Top-k / top-p sampling parameters (see Backend::SampleTopKTopP).
-struct SampleArgs {
-  const float* logits;  // [rows, stride], device
-  int64_t rows, vocab, stride;
-  int32_t k;  // 1..64
-  float top_p, temperature;
-  const float* uniforms;  // [rows], device, in [0, 1)
-  int32_t* out;           // [rows], device
-};
+namespace kvserve::cuda {
 
 /// GPU twin of CpuBackend::SampleTopKTopP, one launch for all rows, one block per row. The block
 /// selects the k best logits by a radix threshold instead of sorting the vocabulary: logits map
@@ -28,7 +20,12 @@ struct SampleArgs {
 /// better logits and the first ties in index order. Model-like logits take two passes over the
 /// row, crowded ones three, and none more than four. Then one thread does the softmax, nucleus
 /// cut and draw in the CPU's order, so the pick is the CPU's bit for bit.
-cudaError_t SampleTopKTopP(const SampleArgs& args, cudaStream_t stream);
+///
+/// Each row has its own parameters (SampleRowParams). At a temperature other than 1 the keys are
+/// the host sampler's scaled logits, (logit - max) * (1 / temperature), so ties that the scaling
+/// creates rank by index as on the host; that costs one more pass, for the maximum. A row with
+/// NaN or +inf (seen in the first histogram pass) or only -inf yields -1.
+cudaError_t SampleTopKTopP(const SampleTopKTopPArgs& args, cudaStream_t stream);
 
 }  // namespace kvserve::cuda
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -296,6 +297,7 @@ absl::Status Engine::CreateModel() {
       LlamaModel::Create(&weights, nullptr, nullptr, backend_.get());
   if (!llama.ok()) return llama.status();
   device_model_ = std::move(*llama);
+  if (options_.device_sampling) device_sampler_ = std::make_unique<DeviceSampler>(backend_.get());
   if (options_.cuda_graphs && backend_->supports_graphs()) {
     if (absl::Status s = device_model_->EnableDecodeGraphs(DecodeGraphOptionsFor(weights));
         !s.ok()) {
@@ -761,11 +763,17 @@ void Engine::Launch(SchedulerOutput out) {
     if (s.wants_logits) f.sampled.push_back(seq);
     seq->in_flight = pipelined;
   }
+  // The whole step samples on the device or none of it: one copy of the logits either way.
+  f.device_sampling = device_sampler_ != nullptr && !f.sampled.empty() &&
+                      std::all_of(f.sampled.begin(), f.sampled.end(),
+                                  [this](const Sequence* seq) { return DeviceSampleable(seq); });
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  f.logits.resize(f.sampled.size() * vocab);
+  if (!f.device_sampling) f.logits.resize(f.sampled.size() * vocab);
   const Clock::time_point forward_start = Clock::now();
   const ForwardBatch batch = builder_.Build();
-  if (device_model_ != nullptr) {
+  if (f.device_sampling) {
+    f.status = device_model_->ForwardKeepingLogits(batch, *device_cache_);
+  } else if (device_model_ != nullptr) {
     f.status = device_model_->Forward(batch, *device_cache_, f.logits.data());
   } else if (pipelined && options_.pipeline->device_hand_over()) {
     // Every stage gets the step first, so that stage 1 waits for this stage's hand-over while
@@ -885,17 +893,23 @@ void Engine::FinishStep(Flight& f, const absl::Status& status) {
   std::vector<PendingSample> pending;
   for (size_t i = 0; i < f.sampled.size(); ++i) {
     Sequence* seq = f.sampled[i];
-    std::span<const float> logits(f.logits.data() + i * vocab, vocab);
+    std::span<const float> logits;
+    if (!f.device_sampling) logits = std::span<const float>(f.logits.data() + i * vocab, vocab);
+    const int64_t row = static_cast<int64_t>(i);
     auto* state = seq->request;
     if (!state->forked && state->request.n > 1) ForkSamples(seq);
     if (state->forked && seq->sample_index == 0 && seq->num_output_tokens() == 0) {
       // All samples of the request start from the prompt's last logits.
-      for (auto& sibling : state->sequences) pending.push_back({sibling.get(), logits});
+      for (auto& sibling : state->sequences) pending.push_back({sibling.get(), logits, row});
     } else {
-      pending.push_back({seq, logits});
+      pending.push_back({seq, logits, row});
     }
   }
-  SampleAll(pending);
+  if (f.device_sampling) {
+    SampleOnDevice(pending);
+  } else {
+    SampleAll(pending);
+  }
   for (PendingSample& p : pending) Emit(p);
 }
 
@@ -936,6 +950,54 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
     sample(0, n);
   }
   for (const PendingSample& p : pending) constraint_seconds_ += p.constraint_seconds;
+}
+
+bool Engine::DeviceSampleable(const Sequence* seq) const {
+  const RequestState* state = seq->request;
+  return state->constraint == nullptr &&
+         DeviceSampler::RowParams(state->request.params, model_->config().vocab_size).has_value();
+}
+
+void Engine::SampleOnDevice(std::vector<PendingSample>& pending) {
+  for (PendingSample& p : pending) {
+    if (!p.seq->sampler.has_value()) InitSampling(p.seq);
+  }
+  // One kernel row per live sequence; forks of one request read the same logits row. Each
+  // non-greedy row takes its uniform from its own sampler's RNG here, in place of the draw
+  // Sampler::Sample would make.
+  const int32_t vocab = model_->config().vocab_size;
+  std::vector<SampleRowParams> rows;
+  std::vector<PendingSample*> owners;
+  for (PendingSample& p : pending) {
+    Sequence* seq = p.seq;
+    if (seq->status != Sequence::Status::kRunning || !seq->sampler.has_value()) continue;
+    const SamplingParams& params = seq->request->request.params;
+    std::optional<SampleRowParams> row = DeviceSampler::RowParams(params, vocab);
+    if (!row.has_value()) {  // Launch checked every sampled sequence: a bug
+      p.result = absl::InternalError("device sampling was chosen for a request it cannot serve");
+      continue;
+    }
+    row->row = p.row;
+    if (!params.IsGreedy()) row->uniform = seq->sampler->NextUniform();
+    rows.push_back(*row);
+    owners.push_back(&p);
+  }
+  std::vector<int32_t> tokens(rows.size());
+  const absl::Status status =
+      device_sampler_->Sample(device_model_->device_logits(), vocab, rows, tokens);
+  for (size_t i = 0; i < owners.size(); ++i) {
+    if (!status.ok()) {
+      owners[i]->result = absl::InternalError(absl::StrCat("device sampling: ", status.message()));
+    } else if (tokens[i] < 0) {
+      // What Sampler::Sample answers for such logits (it checks them before drawing).
+      owners[i]->result = absl::InvalidArgumentError(
+          "logits hold NaN or +inf, or are all -inf (sampled on the device)");
+    } else {
+      owners[i]->result = SampleResult{.token = tokens[i]};
+      ++device_sampled_tokens_;
+      ++step_metrics_.device_sampled_tokens;
+    }
+  }
 }
 
 void Engine::ForkSamples(Sequence* parent) {
@@ -1188,6 +1250,7 @@ void Engine::PublishStats() {
   stats_.forward_seconds = forward_seconds_;
   stats_.local_stage_seconds = local_stage_seconds_;
   stats_.constraint_seconds = constraint_seconds_;
+  stats_.device_sampled_tokens = device_sampled_tokens_;
   stats_.first_violation = first_violation_;
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_dtype.h"
+#include "worker/engine/device_sampler.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
@@ -87,6 +88,12 @@ struct EngineOptions {
   bool cuda_graphs = true;
   /// CUDA: keep f32 weights in f32 (BackendOptions::keep_f32_weights) instead of bf16.
   bool keep_f32_weights = false;
+  /// CUDA (one GPU, no pipeline): a step whose every sampled sequence the device kernel serves
+  /// exactly (DeviceSampler::RowParams, no constraint) is sampled where its logits are, and only
+  /// the token ids come back to the host; the tokens are the host sampler's. False
+  /// (`--host-sampling`) copies the logits and samples on the host always. The CPU backend
+  /// samples on the host either way (its sampler is the faster there).
+  bool device_sampling = true;
   /// Tests: after every step check the pool's invariants and that no live sequence holds more
   /// than block_size - 1 allocated-but-unused slots; violations are counted in EngineStats.
   bool check_invariants = false;
@@ -135,6 +142,8 @@ struct EngineStats {
   /// Part of step_seconds spent on constrained decoding: token masks and parser advances,
   /// summed over the sequences (parallel sampling threads add up, so it can exceed the wall).
   double constraint_seconds = 0.0;
+  /// Tokens sampled on the device (EngineOptions::device_sampling) rather than on the host.
+  int64_t device_sampled_tokens = 0;
   std::string first_violation;
 };
 
@@ -227,7 +236,9 @@ class Engine {
   struct Flight {
     SchedulerOutput out;
     std::vector<Sequence*> sampled;  // sequences whose logits rows the step yields, in order
-    std::vector<float> logits;
+    std::vector<float> logits;  // [sampled, vocab] on the host; empty when sampled on the device
+    /// The logits stayed on the device (device_model_->device_logits()) to be sampled there.
+    bool device_sampling = false;
     StepMetrics metrics;
     int64_t prompt_tokens = 0;
     double forward_seconds = 0.0;  // this process's forward pass plus the wait for the stages
@@ -253,6 +264,7 @@ class Engine {
   struct PendingSample {
     Sequence* seq = nullptr;
     std::span<const float> logits;
+    int64_t row = 0;  // the logits row (its index in Flight::sampled)
     absl::StatusOr<SampleResult> result = absl::UnknownError("not sampled");
     /// Time spent on this sequence's token mask.
     double constraint_seconds = 0.0;
@@ -262,6 +274,11 @@ class Engine {
   void InitSampling(Sequence* seq);
   /// Draws the next token of every pending sequence, in parallel over the vocabulary-sized work.
   void SampleAll(std::vector<PendingSample>& pending);
+  /// Whether `seq`'s next token can be sampled on the device (EngineOptions::device_sampling).
+  bool DeviceSampleable(const Sequence* seq) const;
+  /// SampleAll for a step whose logits stayed on the device: one kernel launch for every
+  /// pending sequence, each drawing its uniform from its own sampler's RNG.
+  void SampleOnDevice(std::vector<PendingSample>& pending);
   /// Appends the drawn token, streams its text and finishes the sequence if it stops; in order.
   void Emit(PendingSample& p);
   /// Forks the remaining samples of a request off its first sequence after prefill.
@@ -319,6 +336,9 @@ class Engine {
 
   /// Samples a step's sequences in parallel; null with one thread.
   std::unique_ptr<cpu::ThreadPool> sampling_pool_;
+  /// Samples device_model_'s logits where they are; null when the engine samples on the host.
+  std::unique_ptr<DeviceSampler> device_sampler_;
+  int64_t device_sampled_tokens_ = 0;  // EngineStats::device_sampled_tokens
 
   // Loop-thread state.
   absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;

@@ -77,6 +77,8 @@ struct StepMetrics {
   int32_t prompt_tokens = 0;
   /// Tokens sampled in the step, over every sample.
   int32_t generation_tokens = 0;
+  /// The part of generation_tokens sampled on the device (EngineOptions::device_sampling).
+  int32_t device_sampled_tokens = 0;
   /// Per request that got its first token: seconds from Submit to that token.
   std::vector<double> time_to_first_token_seconds;
   /// Per later token of a sample: seconds since that sample's previous token.

@@ -65,6 +65,12 @@ class Sampler {
   /// A uniform double in [0, 1) from the top 53 bits of one 64-bit draw (exact, portable).
   static double UniformFromBits(uint64_t bits);
 
+  /// The uniform the next non-greedy Sample would draw its token with, consumed from the RNG as
+  /// Sample consumes it (one 64-bit draw per token): for a device kernel that reproduces Sample
+  /// (worker/engine/device_sampler.h), so that a request's tokens do not depend on where it was
+  /// sampled. Greedy requests draw nothing.
+  double NextUniform() { return UniformFromBits(rng_()); }
+
  private:
   Sampler(const SamplingParams& params, int32_t vocab_size, uint64_t seed);
 

@@ -235,6 +235,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
     backend = model->owned_backend_.get();
   }
   model->backend_ = backend;
+  model->act_dtype_ = backend->activation_dtype();
+  if (model->act_dtype_ != DType::kF32 && model->act_dtype_ != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("LlamaModel: activations in ",
+                                                   std::string(DTypeName(model->act_dtype_)),
+                                                   " are not supported (f32 or bf16)"));
+  }
+  model->act_bytes_ = model->act_dtype_ == DType::kF32 ? 4 : 2;
   model->inv_freq_ = ComputeRopeInvFreq(weights->config, weights->rope_freqs);
   if (absl::Status s = model->PrepareWeights(); !s.ok()) return s;
   return model;
@@ -477,13 +484,22 @@ absl::Status LlamaModel::EnsureWorkspace(int64_t num_tokens) {
                       &v_,           &attn_out_,      &gate_,      &up_,         &final_rows_,
                       &final_delta_, &router_logits_, &expert_in_, &expert_out_, &q_lora_,
                       &q_heads_,     &latent_out_};
+  // The residual stream, what adds into it, and the router logits are f32 on every backend; the
+  // rest holds activations (act_dtype_).
+  auto element_bytes = [this](float** slice) -> int64_t {
+    const bool f32 = slice == &hidden_ || slice == &delta_ || slice == &final_rows_ ||
+                     slice == &final_delta_ || slice == &router_logits_ || slice == &expert_out_;
+    return f32 ? int64_t{sizeof(float)} : act_bytes_;
+  };
   int64_t bytes = 0;
-  for (int64_t n : sizes) bytes += Aligned(num_tokens * n * int64_t{sizeof(float)});
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    bytes += Aligned(num_tokens * sizes[i] * element_bytes(slices[i]));
+  }
   if (absl::Status s = GrowTracked(&workspace_, bytes); !s.ok()) return s;
   auto* base = workspace_.as<uint8_t>();
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *slices[i] = reinterpret_cast<float*>(base);
-    base += Aligned(num_tokens * sizes[i] * int64_t{sizeof(float)});
+    base += Aligned(num_tokens * sizes[i] * element_bytes(slices[i]));
   }
   workspace_tokens_ = num_tokens;
   return absl::OkStatus();
@@ -570,12 +586,12 @@ absl::StatusOr<LlamaModel::StagedBatch> LlamaModel::Stage(const ForwardBatch& b)
 }
 
 void LlamaModel::Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias,
-                        float* y, int64_t m) {
-  LinearStrided(x, w.cols, w, y, w.rows, m, bias);
+                        float* y, int64_t m, Out out) {
+  LinearStrided(x, w.cols, w, y, w.rows, m, bias, out);
 }
 
 void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
-                               int64_t y_stride, int64_t m, const PreparedVector& bias) {
+                               int64_t y_stride, int64_t m, const PreparedVector& bias, Out out) {
   cpu::MatmulArgs args{};
   args.x = x;
   args.x_stride = x_stride;
@@ -587,6 +603,8 @@ void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedM
   args.m = m;
   args.n = w.rows;
   args.k = w.cols;
+  args.x_dtype = act_dtype_;
+  args.y_dtype = out == Out::kF32 ? DType::kF32 : act_dtype_;
   backend_->Matmul(args);
 }
 
@@ -594,8 +612,9 @@ void LlamaModel::SwiGluStacked(const float* x, const PreparedMatrix& gate_up,
                                const PreparedMatrix& down, float* out, int64_t rows) {
   const int64_t width = gate_up.rows / 2;
   LinearStrided(x, gate_up.cols, gate_up, gate_, 2 * width, rows, PreparedVector{});
-  backend_->SiluMul({gate_, gate_ + width, gate_, rows, width, 2 * width, 2 * width, 2 * width});
-  LinearStrided(gate_, 2 * width, down, out, down.rows, rows, PreparedVector{});
+  backend_->SiluMul({gate_, ActAt(gate_, width), gate_, rows, width, 2 * width, 2 * width,
+                     2 * width, act_dtype_});
+  LinearStrided(gate_, 2 * width, down, out, down.rows, rows, PreparedVector{}, Out::kF32);
 }
 
 void LlamaModel::SwiGlu(const float* x, const PreparedMatrix& gate, const PreparedMatrix& up,
@@ -603,8 +622,8 @@ void LlamaModel::SwiGlu(const float* x, const PreparedMatrix& gate, const Prepar
   const int64_t width = gate.rows;
   Linear(x, gate, PreparedVector{}, gate_, rows);
   Linear(x, up, PreparedVector{}, up_, rows);
-  backend_->SiluMul({gate_, up_, gate_, rows, width, width, width, width});
-  Linear(gate_, down, PreparedVector{}, out, rows);
+  backend_->SiluMul({gate_, up_, gate_, rows, width, width, width, width, act_dtype_});
+  Linear(gate_, down, PreparedVector{}, out, rows, Out::kF32);
 }
 
 void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& weight, float* y,
@@ -620,6 +639,7 @@ void LlamaModel::Norm(float* x, const float* residual, const PreparedVector& wei
   args.eps = c.rms_norm_eps;
   args.x_stride = c.hidden_size;
   args.y_stride = c.hidden_size;
+  args.y_dtype = act_dtype_;  // x and the residual are the f32 stream
   backend_->RmsNorm(args);
 }
 
@@ -635,6 +655,8 @@ void LlamaModel::NormRows(float* x, int64_t stride, const PreparedVector& weight
   args.eps = weights_->config.rms_norm_eps;
   args.x_stride = stride;
   args.y_stride = stride;
+  args.x_dtype = act_dtype_;
+  args.y_dtype = act_dtype_;
   backend_->RmsNorm(args);
 }
 
@@ -713,7 +735,22 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   const int64_t bytes = step.logits_rows * c.vocab_size * int64_t{sizeof(float)};
   if (absl::Status s = GrowTracked(&device_logits_, bytes); !s.ok()) return s;
   if (absl::Status s = Enqueue(step, cache, device_logits_.as<float>(), io); !s.ok()) return s;
+  if (keep_logits_) return backend_->Synchronize();
   return backend_->CopyToHost(logits, device_logits_.get(), static_cast<size_t>(bytes));
+}
+
+absl::Status LlamaModel::ForwardKeepingLogits(const ForwardBatch& batch, KvCache& cache) {
+  if (backend_->host_memory()) {
+    return absl::FailedPreconditionError(
+        "logits stay on the device only on a backend with device memory");
+  }
+  // Forward computes the rows into device_logits_ (eagerly or from a decode graph) and, with
+  // keep_logits_, leaves them there: `unused` is never written.
+  float unused = 0.0f;
+  keep_logits_ = true;
+  const absl::Status status = Forward(batch, cache, &unused);
+  keep_logits_ = false;
+  return status;
 }
 
 absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device_logits,
@@ -744,7 +781,7 @@ absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device
   backend_->Embedding({hidden_, DType::kF32, h, step.staged.logits_rows, rows, final_rows_});
   backend_->Embedding({delta_, DType::kF32, h, step.staged.logits_rows, rows, final_delta_});
   Norm(final_rows_, final_delta_, final_norm_, normed_, rows);
-  Linear(normed_, output_, PreparedVector{}, device_logits, rows);
+  Linear(normed_, output_, PreparedVector{}, device_logits, rows, Out::kF32);
   return absl::OkStatus();
 }
 
@@ -848,7 +885,7 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
     if (absl::Status s = backend_->LaunchGraph(graph.handle); !s.ok()) return s;
     ++graph_stats_.replays;
   }
-  if (logits == nullptr) return backend_->Synchronize();
+  if (logits == nullptr || keep_logits_) return backend_->Synchronize();
   return backend_->CopyToHost(logits, out,
                               static_cast<size_t>(n * c.vocab_size * int64_t{sizeof(float)}));
 }
@@ -932,7 +969,7 @@ absl::Status LlamaModel::RunLayer(int layer, const Step& step, KvCache& cache) {
   } else {
     Attention(layer, step, cache);
   }
-  Linear(attn_out_, w.wo, w.bo, delta_, t);
+  Linear(attn_out_, w.wo, w.bo, delta_, t, Out::kF32);
   // Under tensor parallelism each rank holds some heads: their output projections add up.
   if (all_reduce_) {
     if (!all_reduce_enqueues_) {
@@ -968,7 +1005,15 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
 
   // q, k and v: three GEMMs, or one over the stacked matrix writing [t, q | k | v] over q_, k_
-  // and v_ (adjacent in the workspace).
+  // and v_ (adjacent in the workspace). On device backends their biases go to the RoPE + KV
+  // write, which reads q/k/v anyway: no bias pass after the GEMM, and a bf16 q/k/v is rounded
+  // once more there instead of in a kernel of its own (the CPU adds them in its matmul, as
+  // before). Qwen3's qk-norm needs them before the norm, so it keeps them in the GEMMs.
+  const bool bias_in_rope = !backend_->host_memory() && !c.qk_norm;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const PreparedVector none;
   float* q = q_;
   float* k = k_;
   float* v = v_;
@@ -976,13 +1021,23 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   int64_t kv_stride = kv_dim;
   if (w.w_qkv.rows > 0) {
     q_stride = kv_stride = q_dim + 2 * kv_dim;
-    k = q_ + q_dim;
-    v = k + kv_dim;
-    LinearStrided(normed_, c.hidden_size, w.w_qkv, q_, q_stride, t, w.b_qkv);
+    k = ActAt(q_, q_dim);
+    v = ActAt(k, kv_dim);
+    LinearStrided(normed_, c.hidden_size, w.w_qkv, q_, q_stride, t, bias_in_rope ? none : w.b_qkv);
+    if (bias_in_rope && w.b_qkv.data != nullptr) {
+      q_bias = w.b_qkv.data;
+      k_bias = w.b_qkv.data + q_dim;
+      v_bias = w.b_qkv.data + q_dim + kv_dim;
+    }
   } else {
-    Linear(normed_, w.wq, w.bq, q_, t);
-    Linear(normed_, w.wk, w.bk, k_, t);
-    Linear(normed_, w.wv, w.bv, v_, t);
+    Linear(normed_, w.wq, bias_in_rope ? none : w.bq, q_, t);
+    Linear(normed_, w.wk, bias_in_rope ? none : w.bk, k_, t);
+    Linear(normed_, w.wv, bias_in_rope ? none : w.bv, v_, t);
+    if (bias_in_rope) {
+      q_bias = w.bq.data;
+      k_bias = w.bk.data;
+      v_bias = w.bv.data;
+    }
   }
   if (c.qk_norm) {
     // Qwen3: every (token, head) vector is one row.
@@ -1007,6 +1062,10 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   rope.layout = cache.layout();
   rope.k_cache = cache.k(layer);
   rope.v_cache = cache.v(layer);
+  rope.dtype = act_dtype_;
+  rope.q_bias = q_bias;
+  rope.k_bias = k_bias;
+  rope.v_bias = v_bias;
   backend_->RopeKvWrite(rope);
 
   cpu::PagedAttentionArgs attn{};
@@ -1026,6 +1085,7 @@ void LlamaModel::Attention(int layer, const Step& step, KvCache& cache) {
   attn.layout = cache.layout();
   attn.scale = c.attention_scale();
   attn.sliding_window = c.sliding_window;
+  attn.act_dtype = act_dtype_;
   backend_->RunAttention(step.plan, attn);
 }
 
@@ -1062,7 +1122,8 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
   Linear(normed_, w.wkv_a, PreparedVector{}, k_, t);
   NormRows(k_, row, w.kv_a_norm, rank, t);  // the latent part of each new row
   for (int64_t h = 0; h < heads; ++h) {
-    LinearStrided(q_heads_ + h * qk, heads * qk, w.w_q_absorb[h], q_ + h * row, heads * row, t);
+    LinearStrided(ActAt(q_heads_, h * qk), heads * qk, w.w_q_absorb[h], ActAt(q_, h * row),
+                  heads * row, t);
   }
 
   RopeKvWriteArgs rope{};
@@ -1082,6 +1143,7 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
   rope.layout = cache.layout();
   rope.k_cache = cache.k(layer);
   rope.rotary_dim = c.qk_rope_head_dim;
+  rope.dtype = act_dtype_;
   backend_->RopeKvWrite(rope);
 
   cpu::PagedAttentionArgs attn{};
@@ -1101,10 +1163,11 @@ void LlamaModel::MlaAttention(int layer, const Step& step, KvCache& cache) {
   attn.layout = cache.layout();
   attn.scale = c.attention_scale();
   attn.sliding_window = 0;
+  attn.act_dtype = act_dtype_;
   backend_->RunAttention(step.plan, attn);
 
   for (int64_t h = 0; h < heads; ++h) {
-    LinearStrided(latent_out_ + h * row, heads * row, w.w_uv[h], attn_out_ + h * v_dim,
+    LinearStrided(ActAt(latent_out_, h * row), heads * row, w.w_uv[h], ActAt(attn_out_, h * v_dim),
                   heads * v_dim, t);
   }
 }
@@ -1208,7 +1271,7 @@ absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
   const ModelConfig& c = weights_->config;
   const int64_t h = c.hidden_size;
   const int k = c.num_experts_per_tok;
-  Linear(normed_, w.router, PreparedVector{}, router_logits_, t);
+  Linear(normed_, w.router, PreparedVector{}, router_logits_, t, Out::kF32);
   const int64_t logit_count = t * c.num_experts;
   const float* logits = router_logits_;
   if (backend_->host_memory()) {
@@ -1271,15 +1334,15 @@ absl::Status LlamaModel::MoeMlp(const Layer& w, int64_t t) {
     route_weights = reinterpret_cast<const float*>(base + gather_bytes + slot_bytes);
   }
 
-  // Gather every routed row once (an f32 "embedding" of the normed stream), run each expert
-  // over its rows, then each token's weighted sum.
-  backend_->Embedding({normed_, DType::kF32, h, gather, t * k, expert_in_});
+  // Gather every routed row once (an "embedding" of the normed activations), run each expert
+  // over its rows, then each token's weighted sum (the experts' outputs are f32).
+  backend_->Embedding({normed_, act_dtype_, h, gather, t * k, expert_in_, act_dtype_});
   int64_t offset = 0;
   for (size_t e = 0; e < routes_.size(); ++e) {
     const int64_t n = static_cast<int64_t>(routes_[e].size());
     if (n == 0) continue;
     const Expert& x = w.experts[e];
-    SwiGlu(expert_in_ + offset * h, x.w_gate, x.w_up, x.w_down, expert_out_ + offset * h, n);
+    SwiGlu(ActAt(expert_in_, offset * h), x.w_gate, x.w_up, x.w_down, expert_out_ + offset * h, n);
     offset += n;
   }
   if (shared) {

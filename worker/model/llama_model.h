@@ -86,12 +86,13 @@ std::vector<int32_t> DecodeGraphBatchSizes(int32_t max_batch);
 /// AllReduceSum); every rank must call it at the same points with the same n.
 using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
 
-/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM) with fp32
-/// activations, running every op through a Backend (kernels/backend.h): by default the CPU
-/// backend, whose kernels read weights in their stored dtype and fan out over the thread pool;
-/// or a CUDA backend, whose weights are prepared (uploaded, converted) once at Create and whose
-/// activations, workspace and KV cache live in device memory. Not thread-safe: one engine loop
-/// drives it.
+/// A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM) running every op
+/// through a Backend (kernels/backend.h): by default the CPU backend, whose kernels read weights
+/// in their stored dtype and fan out over the thread pool; or a CUDA backend, whose weights are
+/// prepared (uploaded, converted) once at Create and whose activations, workspace and KV cache
+/// live in device memory. Activations between ops are in the backend's activation_dtype (f32 on
+/// the CPU, bf16 on CUDA); the residual stream, the o / down projections added into it, router
+/// logits and logits are f32 everywhere. Not thread-safe: one engine loop drives it.
 ///
 /// Tensor parallelism: given the weights of one rank's shard (worker/tp/shard.h: its config has
 /// the rank's head counts and MLP rows) and an `all_reduce` hook, the model computes that rank's
@@ -124,6 +125,14 @@ class LlamaModel {
   /// and writes its hand-over to io.output.
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, float* logits,
                        const StageIo& io = {});
+
+  /// Forward whose logits stay on the device: the `batch.logits_rows.size()` rows land in
+  /// device_logits() instead of being copied to the host, for sampling there
+  /// (worker/engine/device_sampler.h), and stay valid until the next forward pass. Device
+  /// backends only (FAILED_PRECONDITION on one whose memory is host memory).
+  absl::Status ForwardKeepingLogits(const ForwardBatch& batch, KvCache& cache);
+  /// The [logits rows, vocab_size] logits of the last ForwardKeepingLogits, in device memory.
+  const float* device_logits() const { return device_logits_.as<float>(); }
 
   /// The backend the ops run on.
   Backend& backend() { return *backend_; }
@@ -249,12 +258,22 @@ class LlamaModel {
   /// The mixture-of-experts MLP of `w` on normed_, into delta_. Routing runs on the host (the
   /// router's logits are read back), so the step synchronizes once per MoE layer.
   absl::Status MoeMlp(const Layer& w, int64_t tokens);
+  /// What a Linear writes: an activation (act_dtype_) or f32 (the projections into the
+  /// residual stream, router logits, logits).
+  enum class Out : uint8_t { kActivation, kF32 };
+  /// y = x W^T (+ bias) over m rows; x in act_dtype_.
   void Linear(const float* x, const PreparedMatrix& w, const PreparedVector& bias, float* y,
-              int64_t m);
+              int64_t m, Out out = Out::kActivation);
   /// Linear with explicit row strides (elements) of x and y.
   void LinearStrided(const float* x, int64_t x_stride, const PreparedMatrix& w, float* y,
-                     int64_t y_stride, int64_t m, const PreparedVector& bias = PreparedVector{});
-  /// out = down(silu(gate x) * up x) over `rows` rows of x (hidden wide), through gate_ / up_.
+                     int64_t y_stride, int64_t m, const PreparedVector& bias = PreparedVector{},
+                     Out out = Out::kActivation);
+  /// `p` advanced by `elems` activations (act_dtype_ elements, whatever p's static type).
+  float* ActAt(float* p, int64_t elems) const {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(p) + elems * act_bytes_);
+  }
+  /// out (f32) = down(silu(gate x) * up x) over `rows` rows of x (hidden wide, act_dtype_),
+  /// through gate_ / up_.
   /// SwiGlu with gate and up stacked in one matrix [2 · width, k]: one GEMM writes [rows, 2 ·
   /// width] over gate_ and up_ (adjacent in the workspace), SiLU·mul runs in place.
   void SwiGluStacked(const float* x, const PreparedMatrix& gate_up, const PreparedMatrix& down,
@@ -273,6 +292,8 @@ class LlamaModel {
   std::vector<float> inv_freq_;
   std::unique_ptr<Backend> owned_backend_;  // the CPU backend when none was given
   Backend* backend_ = nullptr;
+  DType act_dtype_ = DType::kF32;  // backend_->activation_dtype(): f32 or bf16
+  int64_t act_bytes_ = 4;          // bytes of one activation
 
   // Weights in backend form (views of the file's bytes on the CPU).
   PreparedMatrix embedding_;
@@ -282,10 +303,12 @@ class LlamaModel {
   std::vector<Layer> layers_;
 
   // Activation workspace in backend memory, grown to the largest batch seen; rows are tokens.
+  // Slices marked "f32" are f32 on every backend; the others hold act_dtype_ elements (bf16 on
+  // CUDA: the pointers then address 16-bit elements; offset them with ActAt).
   int64_t workspace_tokens_ = 0;
   DeviceBuffer workspace_;
-  float* hidden_ = nullptr;       // [T, hidden] residual stream
-  float* delta_ = nullptr;        // [T, hidden] output of the last attention / MLP block
+  float* hidden_ = nullptr;       // [T, hidden] residual stream, f32
+  float* delta_ = nullptr;        // [T, hidden] output of the last attention / MLP block, f32
   float* normed_ = nullptr;       // [T, hidden]
   float* q_ = nullptr;            // [T, heads * head_dim]
   float* k_ = nullptr;            // [T, kv_heads * head_dim]
@@ -293,10 +316,10 @@ class LlamaModel {
   float* attn_out_ = nullptr;     // [T, heads * head_dim]
   float* gate_ = nullptr;         // [T, intermediate]
   float* up_ = nullptr;           // [T, intermediate]
-  float* final_rows_ = nullptr;   // [logits rows, hidden] hidden rows that need logits
-  float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs
+  float* final_rows_ = nullptr;   // [logits rows, hidden] hidden rows that need logits, f32
+  float* final_delta_ = nullptr;  // [logits rows, hidden] their pending block outputs, f32
   // Mixture of experts only (empty slices otherwise).
-  float* router_logits_ = nullptr;  // [T, num_experts]
+  float* router_logits_ = nullptr;  // [T, num_experts] f32
   // Multi-head latent attention only (empty slices otherwise).
   float* q_lora_ = nullptr;      // [T, q_lora_rank]
   float* q_heads_ = nullptr;     // [T, heads * (nope + rope)]: q before absorption
@@ -304,7 +327,7 @@ class LlamaModel {
   // Host copies of MLA's absorbed-query matrices (the CPU backend's prepared views point here).
   std::vector<std::vector<uint8_t>> absorb_storage_;
   float* expert_in_ = nullptr;   // [T * k, hidden] the routed rows, gathered expert by expert
-  float* expert_out_ = nullptr;  // [T * (k + 1), hidden] the experts' outputs (shared ones last)
+  float* expert_out_ = nullptr;  // [T * (k + 1), hidden] the experts' outputs (shared last), f32
   // Per expert, the tokens routed to it this layer in token order, with their weights.
   std::vector<std::vector<Route>> routes_;
   // MoeMlp's host arrays (router logits read back from a device; the rows to gather, and each
@@ -318,6 +341,7 @@ class LlamaModel {
   // (graph replays use device_logits_ on every backend).
   DeviceBuffer staging_;
   DeviceBuffer device_logits_;
+  bool keep_logits_ = false;  // inside ForwardKeepingLogits: no copy to the host
   // Bumped whenever workspace_ or device_logits_ moves (graphs point into them).
   uint64_t buffers_epoch_ = 0;
 

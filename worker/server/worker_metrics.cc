@@ -140,6 +140,9 @@ WorkerMetrics::WorkerMetrics(const Engine* engine, const ServingCounters* counte
                               "Prompt tokens of requests that produced their first token.");
   generation_tokens_ =
       AddCounter(r, CounterName(kSub, "generation", "tokens"), "Tokens generated (all samples).");
+  device_sampled_tokens_ =
+      AddCounter(r, CounterName(kSub, "device_sampled", "tokens"),
+                 "Tokens sampled on the device, where the logits are (the rest: on the host).");
   finished_family_ = &prometheus::BuildCounter()
                           .Name(CounterName(kSub, "requests_finished"))
                           .Help("Requests that ended, by finish_reason: stop, length, abort "
@@ -260,6 +263,9 @@ void WorkerMetrics::OnStep(const StepMetrics& step) {
   step_tokens_->Observe(step.num_tokens);
   if (step.prompt_tokens > 0) prompt_tokens_->Increment(step.prompt_tokens);
   if (step.generation_tokens > 0) generation_tokens_->Increment(step.generation_tokens);
+  if (step.device_sampled_tokens > 0) {
+    device_sampled_tokens_->Increment(step.device_sampled_tokens);
+  }
   for (double s : step.time_to_first_token_seconds) ttft_->Observe(s);
   for (double s : step.inter_token_latency_seconds) itl_->Observe(s);
 }

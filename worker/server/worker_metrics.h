@@ -92,6 +92,7 @@ class WorkerMetrics final : public EngineObserver {
   prometheus::Histogram* kv_pull_seconds_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
+  prometheus::Counter* device_sampled_tokens_;
   prometheus::Family<prometheus::Counter>* finished_family_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;

@@ -2,6 +2,7 @@
 // always yields a working backend, and an explicit cuda request without a usable GPU fails with
 // a reason instead of aborting.
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -70,15 +71,20 @@ TEST(BackendSelectTest, AutoAlwaysGivesAWorkingBackend) {
 TEST(BackendSelectTest, CpuSamplingHelperFollowsTopKAndTopP) {
   cpu::CpuBackend cpu(nullptr);
   const std::vector<float> logits = {1.0f, 5.0f, 4.0f, -3.0f, 4.5f};
-  int32_t out = -1;
-  const float u0 = 0.0f;
-  cpu.SampleTopKTopP(logits.data(), 1, 5, 5, 3, 1.0f, 1.0f, &u0, &out);
-  EXPECT_EQ(out, 1);  // u = 0 takes the best candidate
-  const float u1 = 0.999f;
-  cpu.SampleTopKTopP(logits.data(), 1, 5, 5, 3, 1.0f, 1.0f, &u1, &out);
-  EXPECT_EQ(out, 2);  // the last of the top 3 (5, 4.5, 4)
-  cpu.SampleTopKTopP(logits.data(), 1, 5, 5, 3, 0.1f, 1.0f, &u1, &out);
-  EXPECT_EQ(out, 1);  // top_p 0.1: only the best survives
+  auto sample = [&](double uniform, float top_p) {
+    const SampleRowParams p{.uniform = uniform, .top_p = top_p, .top_k = 3};
+    int32_t out = -2;
+    cpu.SampleTopKTopP({logits.data(), 5, 5, &p, 1, &out});
+    return out;
+  };
+  EXPECT_EQ(sample(0.0, 1.0f), 1);    // u = 0 takes the best candidate
+  EXPECT_EQ(sample(0.999, 1.0f), 2);  // the last of the top 3 (5, 4.5, 4)
+  EXPECT_EQ(sample(0.999, 0.1f), 1);  // top_p 0.1: only the best survives
+  const std::vector<float> bad = {1.0f, std::nanf(""), 2.0f};
+  const SampleRowParams p{.top_k = 2};
+  int32_t out = 0;
+  cpu.SampleTopKTopP({bad.data(), 3, 3, &p, 1, &out});
+  EXPECT_EQ(out, -1);  // the host sampler refuses NaN logits
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ struct Case {
   bool decode;
   int32_t window = 0;
   int64_t chunk = 0;  // prefill: query tokens per sequence (0: 37, or 3 at context >= 1000)
+  DType act = DType::kF32;  // q and out: f32, or bf16 (the CPU reads the rounded q in f32)
 };
 
 // One batch on host memory: the cache written by the CPU, queries, block tables.
@@ -136,7 +137,13 @@ AttentionShape ShapeOf(const HostBatch& h, const Case& c) {
 
 // Runs one case on both backends; returns the largest output difference.
 float RunCase(Backend* gpu, cpu::ThreadPool* pool, const Case& c, uint32_t seed) {
-  const HostBatch h = Build(c, seed);
+  HostBatch h = Build(c, seed);
+  const bool bf16 = c.act == DType::kBF16;
+  std::vector<uint16_t> q_bf16(bf16 ? h.q.size() : 0);
+  for (size_t i = 0; i < q_bf16.size(); ++i) {
+    q_bf16[i] = FloatToBF16(h.q[i]);
+    h.q[i] = BF16ToFloat(q_bf16[i]);
+  }
   cpu::CpuBackend cpu(pool);
   const size_t out_n = h.q.size();
   std::vector<float> want(out_n);
@@ -145,7 +152,8 @@ float RunCase(Backend* gpu, cpu::ThreadPool* pool, const Case& c, uint32_t seed)
       cpu.PlanAttention(shape),
       Args(h, c, h.q.data(), want.data(), h.q_start.data(), h.q_len.data(), h.ctx.data(),
            h.tables.data(), {h.k.data(), h.k_scales.data()}, {h.v.data(), h.v_scales.data()}));
-  DeviceBuffer dq = Upload(gpu, h.q), dout = Upload(gpu, std::vector<float>(out_n));
+  DeviceBuffer dq = bf16 ? Upload(gpu, q_bf16) : Upload(gpu, h.q);
+  DeviceBuffer dout = Upload(gpu, std::vector<float>(out_n));
   DeviceBuffer dqs = Upload(gpu, h.q_start), dql = Upload(gpu, h.q_len), dctx = Upload(gpu, h.ctx);
   DeviceBuffer dt = Upload(gpu, h.tables), dk = Upload(gpu, h.k), dv = Upload(gpu, h.v);
   DeviceBuffer dks = Upload(gpu, h.k_scales), dvs = Upload(gpu, h.v_scales);
@@ -153,10 +161,16 @@ float RunCase(Backend* gpu, cpu::ThreadPool* pool, const Case& c, uint32_t seed)
   // A prefill batch whose every chunk is one token (context 1) is planned as decode.
   EXPECT_EQ(plan.decode, shape.max_q_len == 1);
   EXPECT_TRUE(!c.decode || plan.decode);
-  gpu->RunAttention(plan, Args(h, c, dq.as<float>(), dout.as<float>(), dqs.as<int32_t>(),
-                               dql.as<int32_t>(), dctx.as<int32_t>(), dt.as<int32_t>(),
-                               {dk.get(), dks.as<float>()}, {dv.get(), dvs.as<float>()}));
-  return MaxAbsDiff(Download<float>(gpu, dout.get(), out_n), want);
+  cpu::PagedAttentionArgs args = Args(h, c, dq.as<float>(), dout.as<float>(), dqs.as<int32_t>(),
+                                      dql.as<int32_t>(), dctx.as<int32_t>(), dt.as<int32_t>(),
+                                      {dk.get(), dks.as<float>()}, {dv.get(), dvs.as<float>()});
+  args.act_dtype = c.act;
+  gpu->RunAttention(plan, args);
+  if (!bf16) return MaxAbsDiff(Download<float>(gpu, dout.get(), out_n), want);
+  const std::vector<uint16_t> got = Download<uint16_t>(gpu, dout.get(), out_n);
+  std::vector<float> widened(out_n);
+  for (size_t i = 0; i < out_n; ++i) widened[i] = BF16ToFloat(got[i]);
+  return MaxAbsDiff(widened, want);
 }
 
 // Prefill of f16 / bf16 / int8 / fp8 KV at head dims 64, 128 and 256 runs on tensor cores, which
@@ -213,6 +227,35 @@ TEST_P(CudaAttentionTest, SlidingWindow) {
     const Case c{3, 100, 64, 4, KvCacheDType::kBF16, GetParam(), window};
     const float tolerance = GetParam() ? 5e-4f : PrefillTolerance(c.dtype, c.head_dim);
     EXPECT_LT(RunCase(gpu, &pool, c, 99), tolerance) << "window " << window;
+  }
+}
+
+// bf16 activations (the CUDA model's default): q read as bf16 (the bandwidth decode kernel two at
+// a time), out written as bf16 by every kernel -- the bandwidth and general decode kernels, the
+// split merge, the CUDA-core and the tensor-core prefill. The CPU reads the same rounded q; out
+// is rounded once more (|out| <= 1: 2^-9), on top of each path's f32 tolerance.
+TEST_P(CudaAttentionTest, Bf16QueriesAndOutput) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  cpu::ThreadPool pool(0);
+  const bool decode = GetParam();
+  struct Shape {
+    int64_t batch, context, head_dim, gqa;
+    KvCacheDType dtype;
+  };
+  const std::vector<Shape> shapes = {
+      {3, 17, 128, 4, KvCacheDType::kBF16},     // bandwidth decode / tensor-core prefill
+      {1, 300, 64, 8, KvCacheDType::kFp8E4M3},  // splits + merge at decode
+      {3, 40, 96, 1, KvCacheDType::kBF16},      // general decode kernel / CUDA-core prefill
+      {2, 33, 64, 4, KvCacheDType::kF32}};      // CUDA-core prefill
+  uint32_t seed = 700;
+  for (const Shape& s : shapes) {
+    Case c{s.batch, s.context, s.head_dim, s.gqa, s.dtype, decode};
+    c.act = DType::kBF16;
+    const float tolerance =
+        (decode ? 5e-4f : PrefillTolerance(s.dtype, s.head_dim)) + 1.0f / 256.0f;
+    EXPECT_LT(RunCase(gpu, &pool, c, ++seed), tolerance)
+        << KvCacheDTypeName(s.dtype) << " batch " << s.batch << " ctx " << s.context << " d "
+        << s.head_dim << " gqa " << s.gqa;
   }
 }
 

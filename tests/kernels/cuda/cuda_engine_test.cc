@@ -1,17 +1,24 @@
 // The engine end to end on a CUDA device (label gpu) or on the CUDA simulator (<test>_sim,
 // KVSERVE_TEST_DEVICE=cuda-sim), with f32 weights kept in f32: stories260K's golden greedy tokens
-// for both prompts; 64 mixed concurrent requests identical to each run alone, with chunked
-// prefill, prefix-cache hits and preemption; int8 and fp8 KV; decode graphs against eager
-// launches; tensor parallelism over NCCL (--tp 2, where two devices exist); and a tiny Qwen3.
+// for both prompts (in full with f32 activations, a long prefix with the default bf16 ones); 64
+// mixed concurrent requests identical to each run alone, with chunked prefill, prefix-cache hits
+// and preemption; int8 and fp8 KV; decode graphs against eager
+// launches; sampling on the device against the host sampler (same seeded tokens); tensor
+// parallelism over NCCL (--tp 2, where two devices exist); and a tiny Qwen3.
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <map>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -33,6 +40,25 @@ namespace {
 using testing_engine::Collected;
 using testing_engine::Drain;
 using testing_engine::Greedy;
+
+// While alive, CUDA backends created keep f32 activations (KVSERVE_CUDA_F32_ACTIVATIONS=1, the
+// escape hatch of docs/gpu.md, "Activations in bf16"): for the tests that hold the device to
+// llama2.c's goldens bit for bit.
+class F32Activations {
+ public:
+  F32Activations() { setenv("KVSERVE_CUDA_F32_ACTIVATIONS", "1", 1); }
+  ~F32Activations() { unsetenv("KVSERVE_CUDA_F32_ACTIVATIONS"); }
+  F32Activations(const F32Activations&) = delete;
+  F32Activations& operator=(const F32Activations&) = delete;
+};
+
+// Golden tokens the bf16-activation engine must reproduce from the start of each generation.
+// bf16 rounding flips one near-tie: "Once upon a time", generated token 181, where the
+// reference's two best logits are 0.0042 apart (the narrowest margin of both 196-token
+// generations) and bf16 puts the other one ahead by 0.0014; fed the golden tokens, every other
+// step of both generations picks the golden token (measured on the simulator). After a flip the
+// text goes its own way, so bf16 is held to a prefix and f32 to the whole.
+constexpr size_t kBf16GoldenTokens = 128;
 
 class CudaEngineTest : public testing_engine::StoriesModelTest {
  protected:
@@ -89,9 +115,16 @@ class CudaEngineTest : public testing_engine::StoriesModelTest {
   static void ExpectPoolFree(const Engine& engine) { testing_engine::ExpectPoolFree(engine); }
 };
 
+// The goldens exactly with f32 activations, with graphs and eagerly; with bf16 activations (the
+// default) their first kBf16GoldenTokens tokens, from graphs.
 TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
   const auto golden = testing_golden::LoadStoriesGolden();
-  for (bool graphs : {true, false}) {
+  for (const auto& [f32, graphs] :
+       {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+    const std::string what = std::string(f32 ? " (f32 activations" : " (bf16 activations") +
+                             (graphs ? ", graphs)" : ", eager)");
+    std::optional<F32Activations> hatch;
+    if (f32) hatch.emplace();
     EngineOptions o = Options();
     o.cuda_graphs = graphs;
     std::unique_ptr<Engine> engine = Make(o);
@@ -100,8 +133,23 @@ TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
       EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
       r.params.ignore_eos = false;
       const Collected got = Drain(**engine->Submit(r))[0];
-      EXPECT_EQ(got.tokens, c.generated_ids) << c.prompt << (graphs ? " (graphs)" : " (eager)");
-      EXPECT_EQ(c.prompt + got.text, c.text);
+      if (f32) {
+        EXPECT_EQ(got.tokens, c.generated_ids) << c.prompt << what;
+        EXPECT_EQ(c.prompt + got.text, c.text) << what;
+      } else {
+        ASSERT_GE(got.tokens.size(), kBf16GoldenTokens) << c.prompt << what;
+        EXPECT_EQ(std::vector<TokenId>(got.tokens.begin(), got.tokens.begin() + kBf16GoldenTokens),
+                  std::vector<TokenId>(c.generated_ids.begin(),
+                                       c.generated_ids.begin() + kBf16GoldenTokens))
+            << c.prompt << what;
+        const size_t same =
+            static_cast<size_t>(std::mismatch(got.tokens.begin(), got.tokens.end(),
+                                              c.generated_ids.begin(), c.generated_ids.end())
+                                    .first -
+                                got.tokens.begin());
+        std::printf("%s%s: the first %zu of %zu golden tokens\n", c.prompt.c_str(), what.c_str(),
+                    same, c.generated_ids.size());
+      }
     }
     ExpectPoolFree(*engine);
   }
@@ -134,11 +182,12 @@ TEST_P(CudaEngineBatchTest, ConcurrentRequestsMatchAlone) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const Collected got = Drain(*streams[i])[0];
     // Tokens must match; logprobs only closely (cuBLAS may pick other GEMM kernels for other
-    // batch sizes, which sum in another order).
+    // batch sizes, which sum in another order; with bf16 activations such an f32 difference
+    // can move a bf16 rounding: measured up to 1.5e-2, under 1e-3 with f32 activations).
     EXPECT_EQ(got.tokens, (*alone)[i].tokens) << requests[i].request_id;
     ASSERT_EQ(got.logprobs.size(), (*alone)[i].logprobs.size());
     for (size_t j = 0; j < got.logprobs.size(); ++j) {
-      EXPECT_NEAR(got.logprobs[j], (*alone)[i].logprobs[j], 1e-3) << requests[i].request_id;
+      EXPECT_NEAR(got.logprobs[j], (*alone)[i].logprobs[j], 5e-2) << requests[i].request_id;
     }
   }
   const EngineStats st = engine->stats();
@@ -191,6 +240,130 @@ TEST_F(CudaEngineTest, QuantizedKvCache) {
     }
     ExpectPoolFree(*engine);
   }
+}
+
+// A seeded top-k / top-p request (or greedy at temperature 0) of `max_tokens` tokens on a prompt
+// of 20 + 7 * seed % 50 tokens, ignoring EOS, with no log-probabilities.
+EngineRequest Sampled(int i, float temperature, int32_t top_k, float top_p, int max_tokens) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 + i));
+  std::uniform_int_distribution<TokenId> tok(3, 500);
+  EngineRequest r;
+  r.request_id = absl::StrCat("s", i);
+  r.prompt_ids = {1};
+  while (static_cast<int>(r.prompt_ids.size()) < 20 + 7 * i % 50) r.prompt_ids.push_back(tok(rng));
+  r.params.temperature = temperature;
+  r.params.top_k = top_k;
+  r.params.top_p = top_p;
+  r.params.seed = 100 + i;
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  return r;
+}
+
+// Runs `requests` concurrently on `engine`; every sample's tokens, request by request.
+std::vector<std::map<int, Collected>> RunTogether(Engine& engine,
+                                                  const std::vector<EngineRequest>& requests) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) {
+    absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.Submit(r);
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    if (stream.ok()) streams.push_back(*stream);
+  }
+  std::vector<std::map<int, Collected>> out;
+  for (const auto& stream : streams) out.push_back(Drain(*stream));
+  return out;
+}
+
+// The device sampler reproduces the host sampler: seeded top-k / top-p requests (temperatures
+// that are not powers of two, nucleus cuts, k from 1 to 64, n = 3 forks sharing the prompt's
+// logits row, a greedy request) draw the same tokens with their logits sampled on the device as
+// with the logits copied to the host, and every token of the device run was sampled there.
+TEST_F(CudaEngineTest, DeviceSamplingDrawsTheHostSamplersTokens) {
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  const Case cases[] = {{0.8f, 40, 0.95f}, {1.0f, 64, 1.0f}, {1.3f, 10, 0.9f}, {0.7f, 5, 0.5f},
+                        {2.0f, 1, 1.0f},   {0.0f, 0, 1.0f},  {1.0f, 20, 0.8f}, {3.0f, 64, 0.99f}};
+  std::vector<EngineRequest> requests;
+  int i = 0;
+  for (const Case& c : cases) {
+    requests.push_back(Sampled(i++, c.temperature, c.top_k, c.top_p, 12));
+  }
+  requests.push_back(Sampled(i++, 0.9f, 32, 0.9f, 10));
+  requests.back().n = 3;
+  std::vector<std::vector<std::map<int, Collected>>> runs;
+  for (bool device_sampling : {false, true}) {
+    EngineOptions o = Options();
+    o.device_sampling = device_sampling;
+    std::unique_ptr<Engine> engine = Make(o);
+    if (engine == nullptr) return;
+    runs.push_back(RunTogether(*engine, requests));
+    size_t tokens = 0;
+    for (const auto& samples : runs.back()) {
+      for (const auto& [index, c] : samples) tokens += c.tokens.size();
+    }
+    EXPECT_EQ(tokens, size_t{8 * 12 + 3 * 10});
+    EXPECT_EQ(engine->stats().device_sampled_tokens,
+              device_sampling ? static_cast<int64_t>(tokens) : 0);
+    ExpectPoolFree(*engine);
+  }
+  ASSERT_EQ(runs[0].size(), requests.size());
+  ASSERT_EQ(runs[1].size(), requests.size());
+  for (size_t r = 0; r < requests.size(); ++r) {
+    ASSERT_EQ(runs[1][r].size(), static_cast<size_t>(requests[r].n));
+    for (const auto& [index, host] : runs[0][r]) {
+      EXPECT_EQ(runs[1][r][index].tokens, host.tokens)
+          << requests[r].request_id << " sample " << index;
+    }
+  }
+  // Not every token the same: the requests really sampled.
+  EXPECT_NE(runs[0][0][0].tokens, runs[0][1][0].tokens);
+}
+
+// Requests the device kernel cannot serve (log-probabilities, a repetition penalty, top-k 0,
+// min-p) share steps with ones it can: those steps sample on the host, the later ones (after
+// the short host-only requests finish) on the device, and every request draws the tokens it
+// draws alone on a host-sampling engine.
+TEST_F(CudaEngineTest, HostOnlyRequestsShareStepsWithDeviceSampledOnes) {
+  std::vector<EngineRequest> requests;
+  requests.push_back(Sampled(0, 0.8f, 40, 0.9f, 14));
+  requests.push_back(Sampled(1, 0.0f, 0, 1.0f, 14));
+  requests.push_back(Sampled(2, 1.2f, 8, 1.0f, 14));
+  EngineRequest logprobs = Sampled(3, 0.8f, 40, 0.9f, 4);
+  logprobs.params.logprobs = 2;
+  requests.push_back(logprobs);
+  EngineRequest penalty = Sampled(4, 0.8f, 40, 0.9f, 4);
+  penalty.params.repetition_penalty = 1.3f;
+  requests.push_back(penalty);
+  requests.push_back(Sampled(5, 0.8f, 0, 0.9f, 3));  // top_k 0: the whole vocabulary
+  EngineRequest min_p = Sampled(6, 0.8f, 40, 1.0f, 3);
+  min_p.params.min_p = 0.05f;
+  requests.push_back(min_p);
+
+  EngineOptions host_options = Options();
+  host_options.device_sampling = false;
+  std::unique_ptr<Engine> host = Make(host_options);
+  if (host == nullptr) return;
+  std::unique_ptr<Engine> device = Make(Options());
+  if (device == nullptr) return;
+  const std::vector<std::map<int, Collected>> together = RunTogether(*device, requests);
+  ASSERT_EQ(together.size(), requests.size());
+  size_t tokens = 0;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const Collected alone = Drain(**host->Submit(requests[r]))[0];
+    const Collected& got = together[r].at(0);
+    EXPECT_EQ(got.tokens, alone.tokens) << requests[r].request_id;
+    EXPECT_EQ(got.final_output.finish_reason, FinishReason::kLength) << requests[r].request_id;
+    tokens += got.tokens.size();
+  }
+  EXPECT_EQ(together[3].at(0).logprobs.size(), 4u);  // log-probabilities still reported
+  const int64_t device_tokens = device->stats().device_sampled_tokens;
+  EXPECT_GT(device_tokens, 0);
+  EXPECT_LT(device_tokens, static_cast<int64_t>(tokens));
+  EXPECT_EQ(host->stats().device_sampled_tokens, 0);
+  ExpectPoolFree(*device);
 }
 
 // The prefix cache's host and disk tiers over device memory: blocks go down through
@@ -266,9 +439,11 @@ TEST_F(CudaEngineTest, KvBlocksMoveBetweenEngines) {
   }
 }
 
+// The goldens in full, so with f32 activations (bf16 ones over NCCL: cuda_model_test).
 TEST_F(CudaEngineTest, TensorParallelOverNccl) {
   const auto golden = testing_golden::LoadStoriesGolden();
   KVSERVE_REQUIRE_DEVICES(2);
+  const F32Activations hatch;
   EngineOptions o = Options();
   o.tensor_parallel_size = 2;
   o.num_threads = 2;
@@ -350,10 +525,12 @@ TEST_F(CudaEngineTest, PipelineStagesOnTheDevice) {
       EXPECT_EQ(a.tokens, b.tokens) << i;
       // Logprobs only closely: the steps' batches differ (micro-batches here, and the whole
       // engine replays graphs for the decode steps that are not mixed with a prefill, which
-      // timing decides), and with them GEMM kernels and attention splits.
+      // timing decides), and with them GEMM kernels and attention splits. With bf16
+      // activations an f32 difference of an ulp can move a bf16 rounding: measured up to 1.1e-2
+      // (f32 activations: under 1e-3).
       ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << i;
       for (size_t j = 0; j < a.logprobs.size(); ++j) {
-        EXPECT_NEAR(a.logprobs[j], b.logprobs[j], 1e-3) << i << ", token " << j;
+        EXPECT_NEAR(a.logprobs[j], b.logprobs[j], 4e-2) << i << ", token " << j;
       }
       const std::vector<TokenId>& ids = golden.cases[i].generated_ids;
       EXPECT_EQ(a.tokens, std::vector<TokenId>(ids.begin(), ids.begin() + kTokens)) << i;
@@ -410,8 +587,9 @@ TEST_F(CudaEngineTest, Qwen3MatchesTheCpu) {
     const Collected got = Drain(**(*e)->Submit(r))[0];
     EXPECT_EQ(got.tokens, cpu.tokens) << what;
     ASSERT_EQ(got.logprobs.size(), cpu.logprobs.size()) << what;
+    // bf16 activations against the CPU's f32: measured up to 7.3e-3 (f32 ones: under 1e-3).
     for (size_t j = 0; j < got.logprobs.size(); ++j) {
-      EXPECT_NEAR(got.logprobs[j], cpu.logprobs[j], 1e-3) << what;
+      EXPECT_NEAR(got.logprobs[j], cpu.logprobs[j], 3e-2) << what;
     }
     ExpectPoolFree(**e);
   };

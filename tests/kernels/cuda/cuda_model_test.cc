@@ -1,9 +1,11 @@
 // End to end on the GPU: greedy tokens of stories260K through LlamaModel on the CUDA backend
-// (f32 weights kept f32) equal the CPU's for 64 tokens, launching every op and replaying decode
-// steps from CUDA graphs; and, on machines with two or more GPUs, split over them with NCCL
-// (tensor parallelism). Mixture-of-experts (Mixtral, Qwen3-MoE) and DeepSeek (latent attention
-// with 576-wide cache rows and 32 heads on one row, DeepSeek routing, shared experts) models give
-// the CPU's logits over a prefill and decode steps. Skips without a CUDA device.
+// (f32 weights kept f32, bf16 activations) equal the CPU's for 64 tokens, launching every op and
+// replaying decode steps from CUDA graphs; and, on machines with two or more GPUs, split over them
+// with NCCL (tensor parallelism). Mixture-of-experts (Mixtral, Qwen3-MoE) and DeepSeek (latent
+// attention with 576-wide cache rows and 32 heads on one row, DeepSeek routing, shared experts)
+// models give the CPU's logits over a prefill and decode steps, with bf16 activations (within
+// bf16 rounding) and with the f32 escape hatch (within f32 noise); and a bf16-activation forward
+// pass runs no activation conversion per Linear. Skips without a CUDA device.
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +31,43 @@ namespace kvserve {
 namespace {
 
 constexpr int kBlockSize = 16;
+
+// Logits with bf16 activations (every GEMM input and output but the residual stream's and the
+// logits', q/k/v, attention output, SiLU·mul rounded to bf16) against the CPU's f32 ones, over
+// these 2-layer synthetic models (hidden 64-256, |logit| ~2): the largest difference measured on
+// the simulator is 1.0e-2 of the largest |logit| (Qwen3 with a bf16 cache; 0.4-0.9e-2 for the
+// others), against 2e-6 with f32 activations. The tolerance leaves a factor 3.
+constexpr float kBf16ActivationTolerance = 3e-2f;
+
+// A CUDA backend of the device under test that keeps activations in f32 (the escape hatch,
+// BackendOptions::f32_activations), f32 weights kept f32: next to the CPU bit for bit but for
+// summation order. Loaded once; null with `reason` set when there is no device.
+Backend* CudaF32Activations(std::string* reason) {
+  static std::unique_ptr<Backend> backend;
+  static std::string why;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    BackendOptions options = testing_cuda::DeviceOptions();
+    options.f32_activations = true;
+    absl::StatusOr<std::unique_ptr<Backend>> b = LoadCudaBackend(options);
+    if (b.ok()) {
+      backend = std::move(*b);
+    } else {
+      why = std::string(b.status().message());
+    }
+  }
+  *reason = why;
+  return backend.get();
+}
+
+// Activation conversion / bias passes the CUDA library has queued so far (-1 if it does not say).
+int64_t ActivationConversions() {
+  absl::StatusOr<void*> fn =
+      CudaLibrarySymbol("kvserve_cuda_activation_conversions", testing_cuda::UseSimulator());
+  if (!fn.ok()) return -1;
+  return reinterpret_cast<long long (*)()>(*fn)();
+}
 
 std::vector<TokenId> Greedy(const ModelWeights* weights, Backend* backend, int max_tokens,
                             DecodeGraphStats* graphs = nullptr) {
@@ -110,27 +149,45 @@ std::vector<float> StepLogits(const ModelWeights* weights, Backend* backend, KvC
   return all;
 }
 
-// StepLogits on the CPU and on CUDA, with an f32 and a bf16 cache, within 1e-3 of the largest
-// (`bf16_tolerance` with the bf16 cache).
-void ExpectStepLogitsMatchTheCpu(Backend* gpu, const ModelWeights* weights, const std::string& what,
-                                 float bf16_tolerance = 1e-3f) {
+// StepLogits on the CPU and on CUDA, with an f32 and a bf16 cache: with f32 activations
+// (`gpu_f32`) within 1e-3 of the largest (`bf16_tolerance` with the bf16 cache), with bf16
+// activations (`gpu`) within kBf16ActivationTolerance of it.
+void ExpectStepLogitsMatchTheCpu(Backend* gpu, Backend* gpu_f32, const ModelWeights* weights,
+                                 const std::string& what, float bf16_tolerance = 1e-3f) {
+  ASSERT_EQ(gpu->activation_dtype(), DType::kBF16);
+  ASSERT_EQ(gpu_f32->activation_dtype(), DType::kF32);
   for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
     const std::vector<float> cpu = StepLogits(weights, nullptr, dtype);
-    const std::vector<float> cuda = StepLogits(weights, gpu, dtype);
-    ASSERT_EQ(cuda.size(), cpu.size());
-    float scale = 1.0f, err = 0.0f;
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      scale = std::max(scale, std::fabs(cpu[i]));
-      err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+    for (Backend* b : {gpu_f32, gpu}) {
+      const std::vector<float> cuda = StepLogits(weights, b, dtype);
+      ASSERT_EQ(cuda.size(), cpu.size());
+      float scale = 1.0f, err = 0.0f;
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        scale = std::max(scale, std::fabs(cpu[i]));
+        err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+      }
+      const bool bf16 = b == gpu;
+      std::printf(
+          "%s (%s cache, %s activations): max |logit| %.3f, max CPU/CUDA difference %.3g "
+          "(%.2g of the largest)\n",
+          what.c_str(), std::string(KvCacheDTypeName(dtype)).c_str(), bf16 ? "bf16" : "f32", scale,
+          err, err / scale);
+      const float tolerance = bf16                           ? kBf16ActivationTolerance
+                              : dtype == KvCacheDType::kBF16 ? bf16_tolerance
+                                                             : 1e-3f;
+      EXPECT_LE(err, tolerance * scale) << (bf16 ? "bf16" : "f32") << " activations";
     }
-    std::printf("%s (%s cache): max |logit| %.3f, max CPU/CUDA difference %.3g\n", what.c_str(),
-                std::string(KvCacheDTypeName(dtype)).c_str(), scale, err);
-    EXPECT_LE(err, (dtype == KvCacheDType::kBF16 ? bf16_tolerance : 1e-3f) * scale);
   }
 }
 
+#define KVSERVE_REQUIRE_CUDA_F32_ACTIVATIONS(var)              \
+  std::string kvserve_f32_skip_reason;                         \
+  Backend* var = CudaF32Activations(&kvserve_f32_skip_reason); \
+  if (var == nullptr) KVSERVE_SKIP_NO_DEVICE(kvserve_f32_skip_reason)
+
 TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
   KVSERVE_REQUIRE_CUDA(gpu);
+  KVSERVE_REQUIRE_CUDA_F32_ACTIVATIONS(gpu_f32);
   for (const std::string arch : {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"}) {
     SCOPED_TRACE(arch);
     SynthWriteOptions o;
@@ -161,7 +218,7 @@ TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
     ASSERT_TRUE(out.ok()) << out.status();
     absl::StatusOr<LoadedModel> m = LoadModel(out->hf_dir);
     ASSERT_TRUE(m.ok()) << m.status();
-    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), arch);
+    ExpectStepLogitsMatchTheCpu(gpu, gpu_f32, m->weights.get(), arch);
   }
 }
 
@@ -170,6 +227,7 @@ TEST(CudaModelTest, MoeAndLatentAttentionModelsMatchTheCpu) {
 // the tensor-core kernel (Q and P rounded to bf16).
 TEST(CudaModelTest, DenseModelsWithStackedProjectionsMatchTheCpu) {
   KVSERVE_REQUIRE_CUDA(gpu);
+  KVSERVE_REQUIRE_CUDA_F32_ACTIVATIONS(gpu_f32);
   struct Dense {
     const char* arch;
     bool bias;
@@ -211,7 +269,72 @@ TEST(CudaModelTest, DenseModelsWithStackedProjectionsMatchTheCpu) {
       }
     }
     // The tensor-core prefill rounds Q and P to bf16 (2^-9 relative): measured 1.4e-3.
-    ExpectStepLogitsMatchTheCpu(gpu, m->weights.get(), what, d.head_dim == 64 ? 4e-3f : 1e-3f);
+    ExpectStepLogitsMatchTheCpu(gpu, gpu_f32, m->weights.get(), what,
+                                d.head_dim == 64 ? 4e-3f : 1e-3f);
+  }
+}
+
+// With bf16 activations every Linear reads its x as the op before wrote it (the norms,
+// SiLU·mul and attention write bf16) and cuBLAS writes its bf16 or f32 y itself; q/k/v biases
+// go into the RoPE + KV write. So a forward pass queues no ConvertRows pass at all -- with bf16
+// weights (one GEMM each) and q8_0 ones (the GEMV at decode, bf16 slabs at prefill), with and
+// without biases -- while the f32 escape hatch converts x before every 16-bit GEMM. The logits
+// still match the CPU's within bf16 rounding.
+TEST(CudaModelTest, Bf16ActivationsRunNoConversionPerLinear) {
+  KVSERVE_REQUIRE_CUDA(gpu);
+  KVSERVE_REQUIRE_CUDA_F32_ACTIVATIONS(gpu_f32);
+  ASSERT_GE(ActivationConversions(), 0) << "kvserve_cuda_activation_conversions is not exported";
+  for (const auto& [dtype, bias] : {std::pair{DType::kBF16, false}, std::pair{DType::kBF16, true},
+                                    std::pair{DType::kQ8_0, true}}) {
+    const std::string what =
+        std::string(DTypeName(dtype)) + " weights" + (bias ? ", q/k/v biases" : "");
+    SCOPED_TRACE(what);
+    SynthWriteOptions o;
+    o.model.architecture = "llama";
+    o.model.num_layers = 2;
+    o.model.hidden_size = 64;
+    o.model.num_heads = 4;
+    o.model.num_kv_heads = 2;
+    o.model.intermediate_size = 96;
+    o.model.vocab_size = 600;
+    o.model.max_position_embeddings = 64;
+    o.model.dtype = dtype;
+    o.model.seed = 9;
+    o.out_dir = test_util::ScratchPath(std::string("conversions_") + std::string(DTypeName(dtype)));
+    o.format = dtype == DType::kBF16 ? SynthFormat::kHf : SynthFormat::kGguf;
+    absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<LoadedModel> m = LoadModel(dtype == DType::kBF16 ? out->hf_dir : out->gguf_path);
+    ASSERT_TRUE(m.ok()) << m.status();
+    std::vector<std::vector<float>> biases;
+    biases.reserve(3 * m->weights->layers.size());
+    for (LayerWeights& l : m->weights->layers) {
+      if (!bias) break;
+      for (TensorView* t : {&l.bq, &l.bk, &l.bv}) {
+        const int64_t n = (t == &l.bq ? 4 : 2) * 16;
+        biases.push_back(testing_cuda::Random(n, 60 + static_cast<uint32_t>(biases.size())));
+        *t = TensorView{"bias", DType::kF32, {n}, biases.back().data()};
+      }
+    }
+    const int64_t before = ActivationConversions();
+    const std::vector<float> cuda = StepLogits(m->weights.get(), gpu, KvCacheDType::kBF16);
+    EXPECT_EQ(ActivationConversions(), before) << "activation conversions in a bf16 forward pass";
+    // The escape hatch converts x to bf16 before every 16-bit GEMM (7 steps x (2 layers x 4
+    // Linears + the logits)) -- for q8_0, before each of the prefill's 8 slab GEMMs (the GEMV
+    // reads f32 x): the counter counts.
+    const int64_t f32_before = ActivationConversions();
+    const std::vector<float> cuda_f32 = StepLogits(m->weights.get(), gpu_f32, KvCacheDType::kBF16);
+    EXPECT_EQ(ActivationConversions() - f32_before, dtype == DType::kBF16 ? 7 * 9 : 8);
+    const std::vector<float> cpu = StepLogits(m->weights.get(), nullptr, KvCacheDType::kBF16);
+    ASSERT_EQ(cuda.size(), cpu.size());
+    float scale = 1.0f, err = 0.0f;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      scale = std::max(scale, std::fabs(cpu[i]));
+      err = std::max(err, std::fabs(cuda[i] - cpu[i]));
+    }
+    std::printf("%s: max |logit| %.3f, max CPU/CUDA (bf16 activations) difference %.3g\n",
+                what.c_str(), scale, err);
+    EXPECT_LE(err, kBf16ActivationTolerance * scale);
   }
 }
 

@@ -223,6 +223,21 @@ TEST(CudaOpsTest, QuantizedMatmulOverSeveralSlabs) {
   EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dy.get(), m * n), want), 1.5e-2f * scale);
 }
 
+// SampleTopKTopP on `b` with one parameter set for every row: row r samples logits row r with
+// uniforms[r]. `logits` is `b`'s memory; returns the picks.
+std::vector<int32_t> SampleRows(Backend* b, const float* logits, int64_t rows, int64_t vocab,
+                                SampleRowParams p, const std::vector<double>& uniforms) {
+  std::vector<SampleRowParams> params(rows, p);
+  for (int64_t r = 0; r < rows; ++r) {
+    params[r].row = r;
+    params[r].uniform = uniforms[r];
+  }
+  DeviceBuffer dp = Upload(b, params);
+  DeviceBuffer dout = Upload(b, std::vector<int32_t>(rows));
+  b->SampleTopKTopP({logits, vocab, vocab, dp.as<SampleRowParams>(), rows, dout.as<int32_t>()});
+  return Download<int32_t>(b, dout.get(), rows);
+}
+
 TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
   KVSERVE_REQUIRE_CUDA(gpu);
   cpu::CpuBackend cpu(nullptr);
@@ -231,9 +246,9 @@ TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
   std::vector<float> logits = Random(rows * vocab, 21, -10.0f, 10.0f);
   logits[5 * vocab + 100] = 50.0f;  // a tie: the lower index wins
   logits[5 * vocab + 200] = 50.0f;
-  const std::vector<float> uniforms = Random(rows, 22, 0.0f, 1.0f);
+  const std::vector<float> draws = Random(rows, 22, 0.0f, 1.0f);
+  const std::vector<double> uniforms(draws.begin(), draws.end());
   DeviceBuffer dl = Upload(gpu, logits);
-  DeviceBuffer du = Upload(gpu, uniforms);
   DeviceBuffer dout = Upload(gpu, std::vector<int32_t>(rows));
   std::vector<int32_t> want(rows);
   cpu.ArgMax(logits.data(), rows, vocab, vocab, want.data());
@@ -242,11 +257,10 @@ TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
   EXPECT_EQ(want[5], 100);
   for (int32_t k : {1, 7, 64}) {
     for (float top_p : {0.3f, 0.9f, 1.0f}) {
-      cpu.SampleTopKTopP(logits.data(), rows, vocab, vocab, k, top_p, 2.0f, uniforms.data(),
-                         want.data());
-      gpu->SampleTopKTopP(dl.as<float>(), rows, vocab, vocab, k, top_p, 2.0f, du.as<float>(),
-                          dout.as<int32_t>());
-      EXPECT_EQ(Download<int32_t>(gpu, dout.get(), rows), want) << "k=" << k << " p=" << top_p;
+      const SampleRowParams p{.temperature = 2.0f, .top_p = top_p, .top_k = k};
+      EXPECT_EQ(SampleRows(gpu, dl.as<float>(), rows, vocab, p, uniforms),
+                SampleRows(&cpu, logits.data(), rows, vocab, p, uniforms))
+          << "k=" << k << " p=" << top_p;
     }
   }
 }
@@ -258,19 +272,15 @@ TEST(CudaOpsTest, ArgMaxAndTopKTopPSampling) {
 void ExpectSamplingLikeCpu(Backend* gpu, const std::vector<float>& logits, int64_t rows,
                            int64_t vocab, const char* what) {
   cpu::CpuBackend cpu(nullptr);
-  std::vector<float> uniforms(rows);
-  for (int64_t r = 0; r < rows; ++r) uniforms[r] = (static_cast<float>(r) + 0.5f) / rows;
+  std::vector<double> uniforms(rows);
+  for (int64_t r = 0; r < rows; ++r) uniforms[r] = (static_cast<double>(r) + 0.5) / rows;
   DeviceBuffer dl = Upload(gpu, logits);
-  DeviceBuffer du = Upload(gpu, uniforms);
-  DeviceBuffer dout = Upload(gpu, std::vector<int32_t>(rows));
-  std::vector<int32_t> want(rows);
   for (int32_t k : {1, 7, 64}) {
-    for (const auto& [top_p, temperature] : {std::pair{1.0f, 1e4f}, std::pair{0.5f, 1.0f}}) {
-      cpu.SampleTopKTopP(logits.data(), rows, vocab, vocab, k, top_p, temperature, uniforms.data(),
-                         want.data());
-      gpu->SampleTopKTopP(dl.as<float>(), rows, vocab, vocab, k, top_p, temperature, du.as<float>(),
-                          dout.as<int32_t>());
-      EXPECT_EQ(Download<int32_t>(gpu, dout.get(), rows), want)
+    for (const auto& [top_p, temperature] :
+         {std::pair{1.0f, 1e4f}, std::pair{0.5f, 1.0f}, std::pair{0.9f, 0.7f}}) {
+      const SampleRowParams p{.temperature = temperature, .top_p = top_p, .top_k = k};
+      EXPECT_EQ(SampleRows(gpu, dl.as<float>(), rows, vocab, p, uniforms),
+                SampleRows(&cpu, logits.data(), rows, vocab, p, uniforms))
           << what << ": k=" << k << " p=" << top_p << " t=" << temperature;
     }
   }
@@ -320,6 +330,12 @@ TEST(CudaOpsTest, TopKTopPSamplingTies) {
   std::mt19937 rng(52);
   for (float& x : ulps) x = 1.0f + static_cast<float>(1 + rng() % 255) * 0x1p-23f;
   ExpectSamplingLikeCpu(gpu, RepeatRows(ulps, 32), 32, 5000, "values ulps apart");
+  // Distinct logits that the temperature step's logit - max (the max is 8) rounds onto a few
+  // values: those ties rank by index, as in the host sampler, not by the raw logits.
+  std::vector<float> collapse(5000);
+  for (float& x : collapse) x = 0.1f + static_cast<float>(rng() % 4096) * 0x1p-27f;
+  collapse[17] = 8.0f;
+  ExpectSamplingLikeCpu(gpu, RepeatRows(collapse, 32), 32, 5000, "ties made by the temperature");
   // All equal: the top k are the first k indices.
   for (int64_t vocab : {int64_t{100}, int64_t{5000}, int64_t{70000}}) {
     ExpectSamplingLikeCpu(gpu, std::vector<float>(32 * vocab, 1.25f), 32, vocab, "all equal");
