@@ -73,11 +73,6 @@ void StoreSums(const __m512* acc, const float* bias, float* y, int64_t col_step)
 constexpr int kColsFewRows = 8;
 constexpr int kCols = 4;  // weight rows per register tile
 
-// Software prefetch distance along each weight row in the register tiles: the hardware
-// prefetchers alone left batch-1 decode at 0.67-0.77 of the triad for 16-bit weights; 512 bytes
-// ahead measured best of 256, 512 and 1024 (decode_bench, 1 and 2 threads, both ISA paths).
-constexpr int64_t kPrefetchBytes = 512;
-
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
 struct F32W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 4;
@@ -119,8 +114,8 @@ struct BF16W {
 // One R x C register tile: rows row0.., weight rows col0, col0 + col_step, ...,
 // col0 + (C - 1) * col_step.
 template <class W, int R, int C>
-void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0,
-          int64_t col_step) {
+void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0, int64_t col_step,
+          WeightLookahead* ahead) {
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride;
   const uint8_t* w[C];
@@ -134,11 +129,8 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
     __m512 wv[C][W::kVecs];
-    for (int c = 0; c < C; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[c]) + kk * W::kElemBytes + kPrefetchBytes,
-                   _MM_HINT_T0);
-      W::Load(w[c], kk, wv[c]);
-    }
+    ahead->Advance(C * W::kStep * W::kElemBytes);
+    for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < W::kVecs; ++v) {
         const __m512 xv = _mm512_loadu_ps(x[r] + kk + v * kLanes);
@@ -164,17 +156,18 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
 // The decode tiles: every x row (fewer than kMaxRows; more take the panel path) against weight
 // rows col0, col0 + col_step, ..., col0 + (C - 1) * col_step.
 template <class W, int C>
-void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step) {
+void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step,
+                WeightLookahead* ahead) {
   static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
   switch (a.m) {
     case 3:
-      Tile<W, 3, C>(a, plan, 0, col0, col_step);
+      Tile<W, 3, C>(a, plan, 0, col0, col_step, ahead);
       break;
     case 2:
-      Tile<W, 2, C>(a, plan, 0, col0, col_step);
+      Tile<W, 2, C>(a, plan, 0, col0, col_step, ahead);
       break;
     case 1:
-      Tile<W, 1, C>(a, plan, 0, col0, col_step);
+      Tile<W, 1, C>(a, plan, 0, col0, col_step, ahead);
       break;
     default:
       break;
@@ -192,10 +185,11 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
   // registers, more weight rows in flight.
-  WalkDecodeColumns<kColsFewRows, kCols>(plan.w_row_bytes, n_begin, n_end,
-                                         [&](auto cols, int64_t col, int64_t step) {
-                                           DecodeRows<W, decltype(cols)::value>(a, plan, col, step);
-                                         });
+  WalkDecodeColumns<kColsFewRows, kCols>(
+      a.w, plan.w_row_bytes, n_begin, n_end,
+      [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
+        DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
+      });
 }
 
 }  // namespace
