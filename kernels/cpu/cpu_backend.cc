@@ -227,9 +227,8 @@ void CpuBackend::SampleTopKTopP(const SampleTopKTopPArgs& args) {
 namespace {
 
 // The host Sampler's draw over `n` candidates already in rank order (values after its
-// temperature step): TopPStep, then Sampler::Draw and Pick, with the same functions
-// (kernels/cpu/logits.h) and the same float and double operations. The CUDA kernel repeats it
-// operation for operation.
+// temperature step): TopPStep, then Sampler::Draw's weights and cpu::PickExpWeighted, with the
+// same float and double operations. The CUDA kernel repeats it operation for operation.
 int64_t PickCandidate(const float* v, int64_t n, float top_p, double uniform) {
   if (top_p < 1.0f) {
     const double max_logit = v[0];
@@ -248,36 +247,8 @@ int64_t PickCandidate(const float* v, int64_t n, float top_p, double uniform) {
   for (int64_t i = 0; i < n; ++i) max_logit = std::max(max_logit, v[i]);
   float w[kMaxSampleTopK];
   for (int64_t i = 0; i < n; ++i) w[i] = v[i] - max_logit;
-  // Pick(w, n, shift 0, scale 1, uniform).
-  constexpr int64_t kBlock = cpu::kExpBlock;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  float sums[kMaxSampleTopK / kBlock];
-  cpu::ExpBlockSums(w, n, 0.0f, 1.0f, sums);
-  double total = 0.0;
-  for (int64_t b = 0; b < blocks; ++b) total += sums[b];
-  const double target = uniform * total;
-  double before = 0.0;
-  int64_t b = 0;
-  for (; b + 1 < blocks && !(before + sums[b] > target); ++b) before += sums[b];
-  while (sums[b] == 0.0f && b > 0) before -= sums[--b];
-  const int64_t first = b * kBlock;
-  float e[kBlock] = {};
-  cpu::ExpShifted(w + first, std::min(kBlock, n - first), 0.0f, 1.0f, e);
-  const cpu::ExpBlockTree tree = cpu::BuildExpBlockTree(e);
-  int64_t node = 0;
-  const float* levels[] = {tree.l3, tree.l2, tree.l1, e};
-  for (const float* level : levels) {
-    const float left = level[2 * node];
-    if (before + left > target && left > 0.0f) {
-      node = 2 * node;
-    } else {
-      before += left;
-      node = 2 * node + 1;
-    }
-  }
-  while (e[node] == 0.0f && node > 0) --node;
-  while (e[node] == 0.0f && node + 1 < kBlock) ++node;
-  return first + node;
+  float block_sums[kMaxSampleTopK / cpu::kExpBlock];
+  return cpu::PickExpWeighted(w, n, 0.0f, 1.0f, uniform, block_sums);
 }
 
 }  // namespace

@@ -146,6 +146,46 @@ ExpBlockTree BuildExpBlockTree(const float* e) {
   return t;
 }
 
+int64_t PickExpWeighted(const float* x, int64_t n, float shift, float scale, double u,
+                        float* block_sums) {
+  // The inverse CDF in index order, with each block's partial sums grouped as the tree groups
+  // them: at each node go left when the left subtree's sum takes the running total past u *
+  // total. A subtree summing to 0 never takes the total past the target.
+  const int64_t blocks = (n + kExpBlock - 1) / kExpBlock;
+  ExpBlockSums(x, n, shift, scale, block_sums);
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) total += block_sums[b];
+  const double target = u * total;
+  double before = 0.0;
+  int64_t b = 0;
+  for (; b + 1 < blocks && !(before + block_sums[b] > target); ++b) before += block_sums[b];
+  // Block b; zero-weight blocks before it are never chosen (their sum cannot pass target) and
+  // rounding can only push the walk to the last block, whose sum is positive if it got there.
+  while (block_sums[b] == 0.0f && b > 0) before -= block_sums[--b];
+  const int64_t first = b * kExpBlock;
+  float e[kExpBlock] = {};
+  ExpShifted(x + first, std::min(kExpBlock, n - first), shift, scale, e);
+  // The block's tree as ExpBlockSums added it, descended from the root's children to a leaf.
+  const ExpBlockTree tree = BuildExpBlockTree(e);
+  int64_t node = 0;  // index within the current level
+  const float* levels[] = {tree.l3, tree.l2, tree.l1, e};
+  for (const float* level : levels) {
+    const float left = level[2 * node];
+    if (before + left > target && left > 0.0f) {
+      node = 2 * node;
+    } else {
+      before += left;
+      node = 2 * node + 1;
+    }
+  }
+  // The leaf has a positive weight unless rounding steered the walk off the end of the positive
+  // ones; then take the nearest positive weight before it (there is one: the block's sum is
+  // positive).
+  while (e[node] == 0.0f && node > 0) --node;
+  while (e[node] == 0.0f && node + 1 < kExpBlock) ++node;
+  return first + node;
+}
+
 ArgMaxResult ArgMaxChecked(const float* x, int64_t n) {
   return ActiveCpuIsa() == CpuIsa::kAvx512 ? internal::ArgMaxCheckedAvx512(x, n)
                                            : internal::ArgMaxCheckedBase(x, n);

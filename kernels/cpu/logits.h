@@ -47,6 +47,15 @@ struct ExpBlockTree {
 };
 ExpBlockTree BuildExpBlockTree(const float* e);
 
+/// The index the inverse CDF of the weights w_i = exp((x[i] - shift) * scale), i < n (n >= 1,
+/// some weight positive), picks for a uniform u in [0, 1): the weights summed once per block
+/// (ExpBlockSums into `block_sums`, ceil(n / kExpBlock) floats of scratch), the block sums added
+/// in order in double, the landing block's 16 weights recomputed and its pairwise tree descended.
+/// Zero weights (-inf logits) are never picked. The seeded sampler (worker/engine/sampler.cc) and
+/// the CPU backend's batched sampling both draw with it; the CUDA sampling kernel repeats it.
+int64_t PickExpWeighted(const float* x, int64_t n, float shift, float scale, double u,
+                        float* block_sums);
+
 namespace internal {
 ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n);
 ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n);

@@ -149,49 +149,9 @@ TokenId Sampler::DrawPlain(std::span<const float> logits, float max_logit) {
 }
 
 size_t Sampler::Pick(const float* x, size_t n, float shift, float scale, double u) {
-  // Inverse CDF over the weights w_i = exp((x_i - shift) * scale), without storing them: the
-  // kernel sums them per block of 16 as a pairwise tree in index order; the total adds the
-  // block sums in order (double); the search walks the block sums, then descends the landing
-  // block's tree (recomputing its 16 weights, bit-identical), at each node going left when the
-  // left subtree's sum takes the running total past u * total. That is the inverse CDF in
-  // index order, with each block's partial sums grouped as the tree groups them. Zero weights
-  // (-inf logits) are never picked: a subtree summing to 0 never takes the total past target.
-  const size_t blocks = (n + cpu::kExpBlock - 1) / cpu::kExpBlock;
-  block_sums_.resize(blocks);
-  cpu::ExpBlockSums(x, static_cast<int64_t>(n), shift, scale, block_sums_.data());
-  double total = 0.0;
-  for (float s : block_sums_) total += s;
-  const double target = u * total;
-  double before = 0.0;
-  size_t b = 0;
-  for (; b + 1 < blocks && !(before + block_sums_[b] > target); ++b) before += block_sums_[b];
-  // Block b; zero-weight blocks before it are never chosen (their sum cannot pass target) and
-  // rounding can only push the walk to the last block, whose sum is positive if it got there.
-  while (block_sums_[b] == 0.0f && b > 0) before -= block_sums_[--b];
-  const size_t first = b * cpu::kExpBlock;
-  const size_t len = std::min<size_t>(cpu::kExpBlock, n - first);
-  float e[cpu::kExpBlock] = {};
-  cpu::ExpShifted(x + first, static_cast<int64_t>(len), shift, scale, e);
-  // The block's tree as the kernel added it, descended from the root's children to a leaf.
-  const cpu::ExpBlockTree tree = cpu::BuildExpBlockTree(e);
-  size_t node = 0;  // index within the current level
-  const float* levels[] = {tree.l3, tree.l2, tree.l1, e};
-  for (const float* level : levels) {
-    const float left = level[2 * node];
-    if (before + left > target && left > 0.0f) {
-      node = 2 * node;
-    } else {
-      before += left;
-      node = 2 * node + 1;
-    }
-  }
-  // The leaf has a positive weight unless rounding steered the walk off the end of the
-  // positive ones; then take the nearest positive weight before it (there is one: the block's
-  // sum is positive).
-  size_t leaf = node;
-  while (e[leaf] == 0.0f && leaf > 0) --leaf;
-  while (e[leaf] == 0.0f && leaf + 1 < cpu::kExpBlock) ++leaf;
-  return first + leaf;
+  block_sums_.resize((n + cpu::kExpBlock - 1) / cpu::kExpBlock);
+  return static_cast<size_t>(
+      cpu::PickExpWeighted(x, static_cast<int64_t>(n), shift, scale, u, block_sums_.data()));
 }
 
 }  // namespace kvserve
