@@ -674,18 +674,31 @@ AttentionPlan LlamaModel::Plan(int64_t seqs, int64_t max_q_len, int64_t max_cont
 
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, float* logits,
                                  const StageIo& io) {
+  return ForwardTo(batch, cache, LogitsTarget{logits, false}, io);
+}
+
+absl::Status LlamaModel::ForwardKeepingLogits(const ForwardBatch& batch, KvCache& cache) {
+  if (backend_->host_memory()) {
+    return absl::FailedPreconditionError(
+        "logits stay on the device only on a backend with device memory");
+  }
+  return ForwardTo(batch, cache, LogitsTarget{nullptr, true}, StageIo{});
+}
+
+absl::Status LlamaModel::ForwardTo(const ForwardBatch& batch, KvCache& cache, LogitsTarget logits,
+                                   const StageIo& io) {
   if (absl::Status s = CheckBatch(batch, cache); !s.ok()) return s;
   const ModelConfig& config = weights_->config;
   if (!config.first_stage() && io.input == nullptr && io.link == nullptr) {
     return absl::InvalidArgumentError("pipeline stage: no hand-over from the previous stage");
   }
-  if (!config.last_stage() && logits != nullptr) {
+  if (!config.last_stage() && logits.wanted()) {
     return absl::InvalidArgumentError("pipeline stage: only the last stage computes logits");
   }
   const bool decode = std::all_of(batch.q_len.begin(), batch.q_len.end(),
                                   [](int32_t n) { return n == 1; });
   // Tensor-parallel ranks after the first compute no logits: their graphs hold the layers alone.
-  const bool graph_rank = logits != nullptr || (all_reduce_enqueues_ && config.last_stage());
+  const bool graph_rank = logits.wanted() || (all_reduce_enqueues_ && config.last_stage());
   if (graphs_enabled_ && graph_rank && decode) {
     if (GraphableDecode(batch)) {
       // A failed capture switches graphs off (graph_error_ says why) after the step ran eagerly.
@@ -705,7 +718,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
   step.tokens = t;
   step.seqs = static_cast<int64_t>(batch.q_start.size());
   step.table_stride = batch.block_table_stride;
-  step.logits_rows = logits == nullptr ? 0 : static_cast<int64_t>(batch.logits_rows.size());
+  step.logits_rows = logits.wanted() ? static_cast<int64_t>(batch.logits_rows.size()) : 0;
   int64_t max_q_len = 0;
   int64_t max_context_len = 0;
   for (size_t s = 0; s < batch.q_start.size(); ++s) {
@@ -729,28 +742,14 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& cache, floa
     return backend_->CopyToHost(io.output + t * c.hidden_size, delta_, rows);
   }
   if (backend_->host_memory()) {
-    if (absl::Status s = Enqueue(step, cache, logits, io); !s.ok()) return s;
+    if (absl::Status s = Enqueue(step, cache, logits.host, io); !s.ok()) return s;
     return backend_->Synchronize();
   }
   const int64_t bytes = step.logits_rows * c.vocab_size * int64_t{sizeof(float)};
   if (absl::Status s = GrowTracked(&device_logits_, bytes); !s.ok()) return s;
   if (absl::Status s = Enqueue(step, cache, device_logits_.as<float>(), io); !s.ok()) return s;
-  if (keep_logits_) return backend_->Synchronize();
-  return backend_->CopyToHost(logits, device_logits_.get(), static_cast<size_t>(bytes));
-}
-
-absl::Status LlamaModel::ForwardKeepingLogits(const ForwardBatch& batch, KvCache& cache) {
-  if (backend_->host_memory()) {
-    return absl::FailedPreconditionError(
-        "logits stay on the device only on a backend with device memory");
-  }
-  // Forward computes the rows into device_logits_ (eagerly or from a decode graph) and, with
-  // keep_logits_, leaves them there: `unused` is never written.
-  float unused = 0.0f;
-  keep_logits_ = true;
-  const absl::Status status = Forward(batch, cache, &unused);
-  keep_logits_ = false;
-  return status;
+  if (logits.host == nullptr) return backend_->Synchronize();  // kept on the device
+  return backend_->CopyToHost(logits.host, device_logits_.get(), static_cast<size_t>(bytes));
 }
 
 absl::Status LlamaModel::Enqueue(const Step& step, KvCache& cache, float* device_logits,
@@ -801,7 +800,7 @@ bool LlamaModel::GraphableDecode(const ForwardBatch& b) const {
 }
 
 absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cache,
-                                            float* logits) {
+                                            LogitsTarget logits) {
   const ModelConfig& c = weights_->config;
   const int64_t n = static_cast<int64_t>(b.q_start.size());
   const size_t index = static_cast<size_t>(
@@ -848,9 +847,9 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
   step.tokens = padded;
   step.seqs = padded;
   step.table_stride = stride;
-  step.logits_rows = logits == nullptr ? 0 : padded;
+  step.logits_rows = logits.wanted() ? padded : 0;
   step.plan = Plan(padded, 1, graph_options_.max_context_len, cache);
-  float* out = logits == nullptr ? nullptr : device_logits_.as<float>();
+  float* out = logits.wanted() ? device_logits_.as<float>() : nullptr;
 
   DecodeGraph& graph = graphs_[index];
   bool ran_eagerly = false;
@@ -885,8 +884,8 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& b, KvCache& cach
     if (absl::Status s = backend_->LaunchGraph(graph.handle); !s.ok()) return s;
     ++graph_stats_.replays;
   }
-  if (logits == nullptr || keep_logits_) return backend_->Synchronize();
-  return backend_->CopyToHost(logits, out,
+  if (logits.host == nullptr) return backend_->Synchronize();  // none, or kept on the device
+  return backend_->CopyToHost(logits.host, out,
                               static_cast<size_t>(n * c.vocab_size * int64_t{sizeof(float)}));
 }
 

@@ -238,10 +238,20 @@ class LlamaModel {
   absl::Status Enqueue(const Step& step, KvCache& cache, float* device_logits,
                        const StageIo& io = {});
   absl::Status RunLayer(int layer, const Step& step, KvCache& cache);
+  /// Where a forward pass leaves its logits: copied to `host`, left in device_logits_
+  /// (`on_device`), or not computed (neither).
+  struct LogitsTarget {
+    float* host = nullptr;
+    bool on_device = false;
+    bool wanted() const { return host != nullptr || on_device; }
+  };
+  /// Forward and ForwardKeepingLogits.
+  absl::Status ForwardTo(const ForwardBatch& batch, KvCache& cache, LogitsTarget logits,
+                         const StageIo& io);
   /// Whether `batch` is a decode step a graph can replay.
   bool GraphableDecode(const ForwardBatch& batch) const;
   /// Forward of a graphable decode step: pad, stage, capture if needed, replay.
-  absl::Status ForwardDecodeGraph(const ForwardBatch& batch, KvCache& cache, float* logits);
+  absl::Status ForwardDecodeGraph(const ForwardBatch& batch, KvCache& cache, LogitsTarget logits);
   /// Makes `*buffer` hold `bytes`, bumping buffers_epoch_ when it moves.
   absl::Status GrowTracked(DeviceBuffer* buffer, int64_t bytes);
   /// The dense SwiGLU MLP of `w` on normed_, into delta_.
@@ -341,7 +351,6 @@ class LlamaModel {
   // (graph replays use device_logits_ on every backend).
   DeviceBuffer staging_;
   DeviceBuffer device_logits_;
-  bool keep_logits_ = false;  // inside ForwardKeepingLogits: no copy to the host
   // Bumped whenever workspace_ or device_logits_ moves (graphs point into them).
   uint64_t buffers_epoch_ = 0;
 
