@@ -121,34 +121,52 @@ __device__ __forceinline__ int LoadQ5(const uint8_t* qh, const uint8_t* qs, int 
   return nibble | (((qh[j / 8] >> (j % 8)) & 1) << 4);
 }
 
+// The 6-bit scale and min of sub-block j (< 8) of a q4_k/q5_k super-block, from its 12 packed
+// scale bytes (block + 4): j < 4 in the low 6 bits of bytes j and j + 4, j >= 4 split between a
+// nibble of byte j + 4 and the top 2 bits of bytes j - 4 and j.
+struct KScaleMin {
+  int scale;
+  int min;
+};
+__device__ __forceinline__ KScaleMin Q45KScaleMin(const uint8_t* scales, int j) {
+  return j < 4 ? KScaleMin{scales[j] & 63, scales[j + 4] & 63}
+               : KScaleMin{(scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4),
+                           (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4)};
+}
+
+// Quant l (< 32) of sub-block j of a q4_k super-block (qh == nullptr) or q5_k one (qh: its 32
+// high-bit bytes): sub-blocks 2c and 2c + 1 share the 32 bytes qs[32c..] as low/high nibbles.
+__device__ __forceinline__ int Q45KQuant(const uint8_t* qh, const uint8_t* qs, int j, int l) {
+  int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+  if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+  return q;
+}
+
+// Quant l (< 32) of sub-block j of a q6_k super-block, minus 32: a nibble of ql (bytes 0..127)
+// and two bits of qh (bytes 128..191), halves h = j / 4 of 128 elements each.
+__device__ __forceinline__ int Q6KQuant(const uint8_t* block, int j, int l) {
+  const int h = j / 4;
+  const int g = j % 4;
+  const uint8_t low = block[64 * h + 32 * (g & 1) + l];
+  const int nibble = g < 2 ? (low & 0xf) : (low >> 4);
+  return (nibble | (((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4)) - 32;
+}
+
 // Element e (< 256) of a q4_k block (qh == nullptr) or q5_k block; cpu::DequantizeRow's order.
 __device__ __forceinline__ float LoadQ45K(const uint8_t* block, const uint8_t* qh,
                                           const uint8_t* qs, int e) {
-  const uint8_t* s = block + 4;
-  const int c = e / 64;
-  const int half = (e % 64) / 32;
-  const int l = e % 32;
-  const int j = 2 * c + half;
-  const int sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
-  const int m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  int q = (qs[32 * c + l] >> (4 * half)) & 0xf;
-  if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
-  const float ds = LoadHalfAt(block) * static_cast<float>(sc);
-  const float dm = LoadHalfAt(block + 2) * static_cast<float>(m);
+  const KScaleMin sm = Q45KScaleMin(block + 4, e / 32);
+  const int q = Q45KQuant(qh, qs, e / 32, e % 32);
+  const float ds = LoadHalfAt(block) * static_cast<float>(sm.scale);
+  const float dm = LoadHalfAt(block + 2) * static_cast<float>(sm.min);
   return ds * static_cast<float>(q) - dm;
 }
 
 // Element e (< 256) of a q6_k block.
 __device__ __forceinline__ float LoadQ6K(const uint8_t* block, int e) {
-  const int h = e / 128;
-  const int g = (e % 128) / 32;
-  const int l = e % 32;
-  const uint8_t low = block[64 * h + 32 * (g & 1) + l];
-  const int nibble = g < 2 ? (low & 0xf) : (low >> 4);
-  const int q = (nibble | (((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4)) - 32;
   const float ds =
       LoadHalfAt(block + 208) * static_cast<float>(static_cast<int8_t>(block[192 + e / 16]));
-  return ds * static_cast<float>(q);
+  return ds * static_cast<float>(Q6KQuant(block, e / 32, e % 32));
 }
 
 // Element c of a weight row stored in `dtype` (GGUF block layouts, kernels/dtype.h), decoded in

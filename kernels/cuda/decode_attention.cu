@@ -533,10 +533,7 @@ cudaError_t LaunchDecode(const DecodeParams& p, dim3 grid, size_t smem, cudaStre
 bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodeParams* p,
                          size_t* smem) {
   const KvCacheDType dtype = args.layout.dtype;
-  const int bytes = dtype == KvCacheDType::kF32
-                        ? 4
-                        : (dtype == KvCacheDType::kF16 || dtype == KvCacheDType::kBF16 ? 2 : 1);
-  const int vec = 16 / bytes;
+  const int vec = static_cast<int>(16 / KvCacheDTypeElemBytes(dtype));
   const int64_t D = args.layout.head_dim;
   if (D % vec != 0) return false;
   const int64_t lanes = D / vec;

@@ -126,32 +126,19 @@ __device__ __forceinline__ void SubBlockDotK(const uint8_t* block, int j, const 
   float q[32];
   float s0, s1 = 0.0f, bias = 0.0f;  // weights: s0·q (first 16), s1·q (last 16, q6_K), − bias
   if constexpr (W == DType::kQ6_K) {
-    const int h = j / 4;
-    const int g = j % 4;
-    const uint8_t* ql = block + 64 * h + 32 * (g & 1);
-    const uint8_t* qh = block + 128 + 32 * h;
 #pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int nibble = g < 2 ? (ql[l] & 0xf) : (ql[l] >> 4);
-      q[l] = static_cast<float>((nibble | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
-    }
+    for (int l = 0; l < 32; ++l) q[l] = static_cast<float>(Q6KQuant(block, j, l));
     const float d = LoadHalfAt(block + 208);
     s0 = d * static_cast<float>(static_cast<int8_t>(block[192 + 2 * j]));
     s1 = d * static_cast<float>(static_cast<int8_t>(block[193 + 2 * j]));
   } else {
-    const uint8_t* sc = block + 4;
-    const int scale = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4));
-    const int min = j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
-    const uint8_t* qs = block + (W == DType::kQ5_K ? 48 : 16) + 32 * (j / 2);
-    const int shift = 4 * (j % 2);
+    const uint8_t* qh = W == DType::kQ5_K ? block + 16 : nullptr;
+    const uint8_t* qs = block + (W == DType::kQ5_K ? 48 : 16);
 #pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      int v = (qs[l] >> shift) & 0xf;
-      if constexpr (W == DType::kQ5_K) v |= ((block[16 + l] >> j) & 1) << 4;
-      q[l] = static_cast<float>(v);
-    }
-    s0 = s1 = LoadHalfAt(block) * static_cast<float>(scale);
-    bias = LoadHalfAt(block + 2) * static_cast<float>(min);
+    for (int l = 0; l < 32; ++l) q[l] = static_cast<float>(Q45KQuant(qh, qs, j, l));
+    const KScaleMin sm = Q45KScaleMin(block + 4, j);
+    s0 = s1 = LoadHalfAt(block) * static_cast<float>(sm.scale);
+    bias = LoadHalfAt(block + 2) * static_cast<float>(sm.min);
   }
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
