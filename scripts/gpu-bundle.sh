@@ -5,14 +5,17 @@
 # none of the Debian development packages (abseil, gtest, ...) and no network to fetch them.
 #
 #   scripts/gpu-bundle.sh [--arch 90] [--out gpu-bundle]
-#   ... carry the folder to the GPU machine (it is git-ignored: name it in the device tool's
-#   `carry`), then there:
-#   scripts/gpu-check.sh --prebuilt gpu-bundle
+#   ... carry gpu-bundle.tar.xz (git-ignored: name it in the device tool's `carry`; the folder
+#   itself is over the tool's 64 MiB limit, ICU's data alone is 31 MB), then there:
+#   scripts/gpu-check.sh --prebuilt gpu-bundle.tar.xz
 #
 # The bundle holds: bin/ (the GPU tests, the kernel benchmark, libkvserve_cuda.so beside them
 # where they look for it, and libkvserve_cuda_sim.so, so the bundle can be tried here with
 # KVSERVE_TEST_DEVICE=cuda-sim), lib/ (every shared library they link except glibc's and CUDA's
-# own, which the GPU machine has), shared/ (stories260K and its golden outputs) and MANIFEST.
+# own, which the GPU machine has; the C++ runtime goes to lib/compat/, used only where the machine's
+# own libstdc++ is older than the one the binaries were built against, since the machine's own
+# tools, compute-sanitizer among them, may need the newer one), shared/ (stories260K and its golden
+# outputs) and MANIFEST; and the same packed as <out>.tar.xz.
 # The tests read the models from /tmp/kvserve-gpu-bundle/shared, a path gpu-check links to the
 # bundle's shared/. Binaries need glibc >= 2.34 and libstdc++ is carried.
 set -euo pipefail
@@ -24,7 +27,7 @@ while [ "$#" -gt 0 ]; do
   case $1 in
     --arch) ARCH=$2; shift ;;
     --out) OUT=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu-bundle: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -49,7 +52,7 @@ cmake --build "$BUILD" --parallel "$(nproc)" --target "${TESTS[@]}" cuda_kernels
   kvserve_cuda kvserve_cuda_sim
 
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/shared/models/stories260K"
+mkdir -p "$OUT/bin" "$OUT/lib/compat" "$OUT/shared/models/stories260K"
 bins=()
 for t in "${TESTS[@]}" cuda_kernels_bench; do
   f=$(find "$BUILD" -name "$t" -type f -executable -print -quit)
@@ -66,7 +69,12 @@ done
 # (its driver-matched toolkit's; cuBLAS alone would not fit the carry limit).
 ldd "${bins[@]}" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so|/libcud|/libcublas|/libnccl' |
-  while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
+  while read -r lib; do
+    case $lib in
+      */libstdc++.so* | */libgcc_s.so*) cp -L "$lib" "$OUT/lib/compat/" ;;
+      *) cp -L "$lib" "$OUT/lib/" ;;
+    esac
+  done
 cp "$SHARED_SRC/models/stories260K/stories260K.gguf" "$SHARED_SRC/models/stories260K/golden.json" \
   "$OUT/shared/models/stories260K/"
 {
@@ -76,6 +84,8 @@ cp "$SHARED_SRC/models/stories260K/stories260K.gguf" "$SHARED_SRC/models/stories
   echo "needs glibc >= $(objdump -T "${bins[@]}" 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sort -V | tail -n 1 | cut -d_ -f2)"
   echo "shared $SHARED_AT"
   echo "tests ${TESTS[*]}"
+  echo "needs GLIBCXX >= $(objdump -T "${bins[@]}" 2>/dev/null | grep -oE 'GLIBCXX_[0-9.]+' | sort -V | tail -n 1 | cut -d_ -f2)"
 } > "$OUT/MANIFEST"
-du -sh "$OUT"
+tar -C "$(dirname "$OUT")" -cf - "$(basename "$OUT")" | xz -T0 -6 > "$OUT.tar.xz"
+du -sh "$OUT" "$OUT.tar.xz"
 cat "$OUT/MANIFEST"

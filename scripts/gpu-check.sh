@@ -88,6 +88,7 @@ Options:
   --jobs N           build parallelism (default: nproc)
   --no-install       do not run scripts/install-deps.sh when packages are missing
   --prebuilt DIR     build nothing: run the binaries of a bundle made by scripts/gpu-bundle.sh
+                     (its folder, or its .tar.xz, unpacked first under \$TMPDIR)
                      (for a GPU machine without the Debian development packages, like the
                      lent H200 image); the kvserve generate step is left out (not bundled)
   --no-sanitizers    leave out the compute-sanitizer runs
@@ -154,6 +155,18 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 # A bundle's binaries sit in its bin/ (libkvserve_cuda.so beside them); its tests read the models
 # from BUNDLE_SHARED, which points at the bundle's shared/ (see step_bundle).
 BUNDLE_SHARED=/tmp/kvserve-gpu-bundle/shared
+# A packed bundle is unpacked first (with python3 where the machine has no xz).
+if [ "${PREBUILT%.tar.xz}" != "$PREBUILT" ] && [ "$DRY_RUN" = 0 ]; then
+  unpack_to=$(mktemp -d "${TMPDIR:-/tmp}/kvserve-bundle.XXXXXX") || exit 2
+  if command -v xz > /dev/null; then
+    xz -dc "$PREBUILT" | tar -C "$unpack_to" -xf - || { echo "gpu-check: cannot unpack $PREBUILT" >&2; exit 2; }
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$PREBUILT" "$unpack_to" || { echo "gpu-check: cannot unpack $PREBUILT" >&2; exit 2; }
+  fi
+  PREBUILT=$(find "$unpack_to" -mindepth 2 -maxdepth 2 -name MANIFEST -printf '%h\n' -quit)
+  [ -n "$PREBUILT" ] || { echo "gpu-check: no MANIFEST in the archive" >&2; exit 2; }
+fi
 if [ -n "$PREBUILT" ]; then BUILD=$PREBUILT/bin SHARED_ARG=${SHARED_ARG:-$PREBUILT/shared}; fi
 REPORT_DIR=${REPORT_DIR:-$ROOT/report}
 REPORT=$REPORT_DIR/gpu-report.md
@@ -665,7 +678,18 @@ step_bundle() {
   sed 's/^/  /' "$PREBUILT/MANIFEST" | tee -a "$LOG_FILE"
   mkdir -p "$(dirname "$BUNDLE_SHARED")" && ln -sfn "$PREBUILT/shared" "$BUNDLE_SHARED"
   cuda=$(cuda_lib_dirs)
-  export LD_LIBRARY_PATH="$PREBUILT/lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The bundle's C++ runtime only where the machine's own is older than the binaries need: a newer
+  # one serves them too, and the machine's tools may need it.
+  local lib=$PREBUILT/lib cxx_need sys_cxx
+  cxx_need=$(sed -n 's/^needs GLIBCXX >= //p' "$PREBUILT/MANIFEST")
+  sys_cxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  if [ -n "$sys_cxx" ] && [ -n "$cxx_need" ] && grep -qa "GLIBCXX_$cxx_need" "$sys_cxx"; then
+    say "  C++ runtime: the machine's ($sys_cxx has GLIBCXX_$cxx_need)"
+  else
+    lib=$lib:$PREBUILT/lib/compat
+    say "  C++ runtime: the bundle's (the machine's ${sys_cxx:-libstdc++ is not found} lacks GLIBCXX_${cxx_need:-?})"
+  fi
+  export LD_LIBRARY_PATH="$lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   say "  LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   arch=$(sed -n 's/^arch sm_//p' "$PREBUILT/MANIFEST")
   case ";$ARCH;" in *";$arch;"*) ;; *) st=FAIL; notes+=("built for sm_$arch, this GPU is sm_$ARCH") ;; esac
@@ -779,7 +803,7 @@ allowed_skips() {
 
 step_ctest() {
   local t0=$SECONDS lim log=$WORK/ctest.log cmd t line res secs num skips all_skips summary st
-  local allowed total_allowed=0
+  local allowed bad_skips=0
   say "== [5/8] ctest -L gpu (KVSERVE_REQUIRE_GPU=1 KVSERVE_TEST_DEVICE=cuda; a skip is a failure)"
   # -V: gtest prints its [  SKIPPED ] lines only there (a skipped gtest exits 0, ctest says Passed).
   cmd=(ctest --test-dir "$BUILD" -L gpu --output-on-failure -V --no-tests=error
@@ -821,14 +845,15 @@ step_ctest() {
     [ "$res" = Passed ] || st=FAIL
     if [ "$skips" -gt "$allowed" ]; then
       st=FAIL; res="$res, $((skips - allowed)) test(s) skipped"
+      bad_skips=$((bad_skips + skips - allowed))
     elif [ "$skips" -gt 0 ]; then
       res="$res ($skips left out: more GPUs needed, or simulator only)"
     fi
-    total_allowed=$((total_allowed + allowed))
     record "test $t" "$st" "${secs:-0}" "$res"
   done
-  all_skips=$(grep -cE '\[  SKIPPED \] [A-Za-z_]|\*\*\*Skipped|\*\*\*Not Run|\((Skipped|Disabled)\)' "$log")
-  all_skips=$((all_skips - total_allowed))
+  # Skips beyond the allowed ones (counted per test above, each skipped test once: gtest names
+  # it twice, in its run and in its summary) and tests ctest did not run.
+  all_skips=$((bad_skips + $(grep -cE '\*\*\*Skipped|\*\*\*Not Run|\((Skipped|Disabled)\)' "$log")))
   summary=$(grep -E 'tests passed|No tests were found' "$log" | tail -n 1)
   st=PASS
   if [ "$RC" -ne 0 ] || [ "$all_skips" -gt 0 ]; then st=FAIL; fi
@@ -949,7 +974,7 @@ step_bench() {
     echo "### cuda_kernels_bench ($mode run)"; echo
     grep -v -e '^\$ ' -e '^# ' "$log"; echo
   } | detail
-  # The summary keeps the peak reference and the rows with a target; the whole table is in the
+  # The summary keeps the bandwidth references and the rows with a target; the whole table is in the
   # details. Columns: case | time | achieved | of peak | bound | target | verdict.
   local n=0
   while IFS= read -r row; do
@@ -964,7 +989,7 @@ step_bench() {
       MISSED*) got=${verdict#MISSED (} && missed+=("$name: ${got%)} < ${cols[5]#>= }") ;;
     esac
     case $name in
-      *"peak reference"*) ratio="the peak (measured)" ;;
+      *"bandwidth reference"*) ratio="a bandwidth reference (measured; the faster is the peak)" ;;
       *) [ "${cols[5]}" = - ] && continue; ratio="$ratio; target ${cols[5]}: $verdict" ;;
     esac
     BENCH_NAME+=("$name") BENCH_VALUE+=("$value") BENCH_RATIO+=("$ratio")
@@ -1032,7 +1057,20 @@ step_sanitizers() {
       note="$(rc_note), $(grep -oE '(ERROR|RACECHECK|SYNCCHECK) SUMMARY: .*' "$log" | tail -n 1 | sed 's/=//g')"
       st=PASS
       if [ "$RC" -ne 0 ]; then st=FAIL; fi
-      if grep -qE '\[  SKIPPED \] [A-Za-z_]' "$log"; then st=FAIL; note="$note, tests skipped"; fi
+      # Hazards that racecheck reports only inside NVIDIA's own kernels (cuBLAS's nvjet split-K
+      # GEMMs on Hopper: seen on an H200) are not kvserve's to mend: a warning, named.
+      if [ "$tool" = racecheck ] && [ "$RC" -ne 0 ] && grep -q 'Race reported' "$log" &&
+         ! grep -E 'Race reported|and (Read|Write) access at' "$log" | grep -q 'kvserve'; then
+        st=WARN
+        note="$note; only in NVIDIA's kernels: $(grep -oE 'at [A-Za-z_][A-Za-z0-9_]*' "$log" |
+          sort -u | head -n 3 | cut -c4- | tr '\n' ' ')"
+      fi
+      # A skip is a failure, but for the ones a GPU run may show (the simulator-only tests, tests
+      # that need more GPUs): the same rule as the ctest step.
+      local skipped allowed_here
+      skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z_][^ ]* \(' "$log")
+      allowed_here=$(grep -cE '^runs on the CUDA simulator only|^needs [0-9]+ CUDA devices' "$log")
+      if [ "$skipped" -gt "$allowed_here" ]; then st=FAIL; note="$note, tests skipped"; fi
       if [ "$RC" -eq 0 ] && [ "${ran:-0}" -eq 0 ]; then st=FAIL; note="$note, no test passed"; fi
       record "$tool $name" "$st" "$DUR" "$note"
       [ "$st" = PASS ] || show_failure "compute-sanitizer $tool $name" "$log" 20

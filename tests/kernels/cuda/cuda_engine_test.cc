@@ -4,7 +4,10 @@
 // mixed concurrent requests identical to each run alone, with chunked prefill, prefix-cache hits
 // and preemption; int8 and fp8 KV; decode graphs against eager
 // launches; sampling on the device against the host sampler (same seeded tokens); tensor
-// parallelism over NCCL (--tp 2, where two devices exist); and a tiny Qwen3.
+// parallelism over NCCL (--tp 2, where two devices exist); and a tiny Qwen3. Runs compared with
+// other runs (alone, on another engine, on the CPU) must be identical on the simulator; on a GPU,
+// where cuBLAS sums in other orders for other batch shapes, they may part at a near-tie
+// (ExpectAgree).
 
 #include <algorithm>
 #include <cstdio>
@@ -51,6 +54,61 @@ class F32Activations {
   F32Activations(const F32Activations&) = delete;
   F32Activations& operator=(const F32Activations&) = delete;
 };
+
+// Log-probabilities of one request on a GPU against a reference run (see ExpectAgree). Measured
+// on an H200 with bf16 activations: up to 6.1e-2 before the tokens part, and 1.3e-2 between the
+// two runs' picks where they part; with f32 activations no request parted at all.
+constexpr float kGpuLogprobTolerance = 0.1f;
+
+// Compares a run on the device under test with a reference run of the same request (alone,
+// on another engine or on the CPU). The CUDA simulator's GEMMs sum each row in one order
+// whatever the batch, as the CPU does, so there the tokens must be equal and the logprobs equal
+// (sim_tolerance 0) or within sim_tolerance. cuBLAS on a GPU picks other kernels for other batch
+// shapes and sums in other orders, so a pick between two nearly equal logits can go the other
+// way, and the texts then go their own ways. There the logprobs must agree within
+// kGpuLogprobTolerance up to the first token that differs and, for a greedy request, at that
+// token too: each run chose a top-1 token of nearly the same probability, a near-tie rather
+// than wrong logits. Later tokens are not compared. Returns the index where the tokens part
+// (the common length when they never do).
+size_t ExpectAgree(const Collected& got, const Collected& want, float sim_tolerance,
+                   const std::string& what, bool greedy = true) {
+  const size_t n = std::min(got.tokens.size(), want.tokens.size());
+  // Requests without log-probabilities report none: their tokens alone are compared.
+  const bool logprobs = !got.logprobs.empty() || !want.logprobs.empty();
+  if (logprobs) {
+    EXPECT_EQ(got.logprobs.size(), got.tokens.size()) << what;
+    EXPECT_EQ(want.logprobs.size(), want.tokens.size()) << what;
+    if (got.logprobs.size() < n || want.logprobs.size() < n) return 0;
+  }
+  if (testing_cuda::UseSimulator()) {
+    EXPECT_EQ(got.tokens, want.tokens) << what;
+    for (size_t j = 0; logprobs && j < n; ++j) {
+      if (sim_tolerance == 0.0f) {
+        EXPECT_EQ(got.logprobs[j], want.logprobs[j]) << what << ", token " << j;
+      } else {
+        EXPECT_NEAR(got.logprobs[j], want.logprobs[j], sim_tolerance) << what << ", token " << j;
+      }
+    }
+    return n;
+  }
+  size_t part = 0;
+  while (part < n && got.tokens[part] == want.tokens[part]) ++part;
+  const size_t compared = part < n && greedy ? part + 1 : part;
+  for (size_t j = 0; logprobs && j < compared; ++j) {
+    EXPECT_NEAR(got.logprobs[j], want.logprobs[j], kGpuLogprobTolerance)
+        << what << ", token " << j << (j == part ? " (where the tokens part)" : "");
+  }
+  if (part < n) {
+    std::printf("%s: tokens part at %zu of %zu (%d vs %d", what.c_str(), part, n, got.tokens[part],
+                want.tokens[part]);
+    if (logprobs) {
+      std::printf(", logprobs %.4f vs %.4f", static_cast<double>(got.logprobs[part]),
+                  static_cast<double>(want.logprobs[part]));
+    }
+    std::printf(")\n");
+  }
+  return part;
+}
 
 // Golden tokens the bf16-activation engine must reproduce from the start of each generation.
 // bf16 rounding flips one near-tie: "Once upon a time", generated token 181, where the
@@ -116,9 +174,11 @@ class CudaEngineTest : public testing_engine::StoriesModelTest {
 };
 
 // The goldens exactly with f32 activations, with graphs and eagerly; with bf16 activations (the
-// default) their first kBf16GoldenTokens tokens, from graphs.
+// default) their first kBf16GoldenTokens tokens on the simulator, and on a GPU the f32 run's
+// tokens up to a near-tie (measured on an H200: "Once upon a time" parts at token 67).
 TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
   const auto golden = testing_golden::LoadStoriesGolden();
+  std::vector<Collected> f32_runs;  // with graphs, per golden case
   for (const auto& [f32, graphs] :
        {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
     const std::string what = std::string(f32 ? " (f32 activations" : " (bf16 activations") +
@@ -129,19 +189,27 @@ TEST_F(CudaEngineTest, GoldenPromptsWithGraphsAndEager) {
     o.cuda_graphs = graphs;
     std::unique_ptr<Engine> engine = Make(o);
     if (engine == nullptr) return;
-    for (const auto& c : golden.cases) {
+    for (size_t i = 0; i < golden.cases.size(); ++i) {
+      const auto& c = golden.cases[i];
       EngineRequest r = Greedy(c.prompt, c.prompt_ids, static_cast<int>(c.generated_ids.size()));
       r.params.ignore_eos = false;
       const Collected got = Drain(**engine->Submit(r))[0];
       if (f32) {
         EXPECT_EQ(got.tokens, c.generated_ids) << c.prompt << what;
         EXPECT_EQ(c.prompt + got.text, c.text) << what;
+        if (graphs) f32_runs.push_back(got);
+      } else if (!testing_cuda::UseSimulator()) {
+        // On a GPU, against the f32 run (the goldens' tokens, with their logprobs).
+        ASSERT_EQ(f32_runs.size(), golden.cases.size());
+        ExpectAgree(got, f32_runs[i], 0.0f, c.prompt + what);
       } else {
         ASSERT_GE(got.tokens.size(), kBf16GoldenTokens) << c.prompt << what;
         EXPECT_EQ(std::vector<TokenId>(got.tokens.begin(), got.tokens.begin() + kBf16GoldenTokens),
                   std::vector<TokenId>(c.generated_ids.begin(),
                                        c.generated_ids.begin() + kBf16GoldenTokens))
             << c.prompt << what;
+      }
+      if (!f32) {
         const size_t same =
             static_cast<size_t>(std::mismatch(got.tokens.begin(), got.tokens.end(),
                                               c.generated_ids.begin(), c.generated_ids.end())
@@ -179,17 +247,16 @@ TEST_P(CudaEngineBatchTest, ConcurrentRequestsMatchAlone) {
   if (engine == nullptr) return;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const EngineRequest& r : requests) streams.push_back(*engine->Submit(r));
+  size_t parted = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Collected got = Drain(*streams[i])[0];
-    // Tokens must match; logprobs only closely (cuBLAS may pick other GEMM kernels for other
-    // batch sizes, which sum in another order; with bf16 activations such an f32 difference
-    // can move a bf16 rounding: measured up to 1.5e-2, under 1e-3 with f32 activations).
-    EXPECT_EQ(got.tokens, (*alone)[i].tokens) << requests[i].request_id;
-    ASSERT_EQ(got.logprobs.size(), (*alone)[i].logprobs.size());
-    for (size_t j = 0; j < got.logprobs.size(); ++j) {
-      EXPECT_NEAR(got.logprobs[j], (*alone)[i].logprobs[j], 5e-2) << requests[i].request_id;
-    }
+    // On the simulator tokens must match and logprobs closely (the simulator's attention
+    // splits differ with the batch; with bf16 activations such an f32 difference can move a
+    // bf16 rounding: measured up to 1.5e-2, under 1e-3 with f32 activations).
+    parted += ExpectAgree(got, (*alone)[i], 5e-2f, requests[i].request_id) < got.tokens.size();
   }
+  std::printf("%s: %zu of %zu requests part from their run alone at a near-tie\n", bc.name, parted,
+              requests.size());
   const EngineStats st = engine->stats();
   EXPECT_GT(st.prefix_hit_tokens, 0);
   if (bc.expect_preemption) {
@@ -354,7 +421,7 @@ TEST_F(CudaEngineTest, HostOnlyRequestsShareStepsWithDeviceSampledOnes) {
   for (size_t r = 0; r < requests.size(); ++r) {
     const Collected alone = Drain(**host->Submit(requests[r]))[0];
     const Collected& got = together[r].at(0);
-    EXPECT_EQ(got.tokens, alone.tokens) << requests[r].request_id;
+    ExpectAgree(got, alone, 1e-3f, requests[r].request_id, requests[r].params.temperature == 0.0f);
     EXPECT_EQ(got.final_output.finish_reason, FinishReason::kLength) << requests[r].request_id;
     tokens += got.tokens.size();
   }
@@ -387,10 +454,7 @@ TEST_F(CudaEngineTest, KvTiersRestoreWhatTheDevicePoolDropped) {
     std::unique_ptr<Engine> tiered = Make(o);
     if (tiered == nullptr) return;
     const std::vector<Collected> got = testing_engine::RunInTurn(*tiered, requests);
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
-      EXPECT_EQ(got[i].logprobs, want[i].logprobs) << i;
-    }
+    for (size_t i = 0; i < got.size(); ++i) ExpectAgree(got[i], want[i], 0.0f, absl::StrCat(i));
     const EngineStats st = tiered->stats();
     EXPECT_EQ(st.kv_tiers.restored_from_host, 4 * 4);
     EXPECT_EQ(st.prefix_restored_tokens, 4 * 64);
@@ -427,8 +491,7 @@ TEST_F(CudaEngineTest, KvBlocksMoveBetweenEngines) {
       EXPECT_EQ(r.kv_blocks.size(), r.prompt_ids.size() / 16) << i;
       moved += static_cast<int64_t>(r.kv_blocks.size());
       const Collected got = Drain(**receiver->Submit(std::move(r)))[0];
-      EXPECT_EQ(got.tokens, want[i].tokens) << i;
-      EXPECT_EQ(got.logprobs, want[i].logprobs) << i;
+      ExpectAgree(got, want[i], 0.0f, absl::StrCat(i));
     }
     const EngineStats st = receiver->stats();
     // Every full block but a last one that ends the prompt is restored.
@@ -585,12 +648,10 @@ TEST_F(CudaEngineTest, Qwen3MatchesTheCpu) {
       return;
     }
     const Collected got = Drain(**(*e)->Submit(r))[0];
-    EXPECT_EQ(got.tokens, cpu.tokens) << what;
-    ASSERT_EQ(got.logprobs.size(), cpu.logprobs.size()) << what;
-    // bf16 activations against the CPU's f32: measured up to 7.3e-3 (f32 ones: under 1e-3).
-    for (size_t j = 0; j < got.logprobs.size(); ++j) {
-      EXPECT_NEAR(got.logprobs[j], cpu.logprobs[j], 3e-2) << what;
-    }
+    // bf16 activations against the CPU's f32: measured up to 7.3e-3 on the simulator (f32
+    // ones: under 1e-3). A random model's next-token distribution is nearly flat (logprobs
+    // about -4.6 over 600 tokens), so on a GPU a greedy pick can part at a near-tie.
+    ExpectAgree(got, cpu, 3e-2f, what);
     ExpectPoolFree(**e);
   };
   for (bool graphs : {true, false}) {
