@@ -230,19 +230,7 @@ namespace {
 // temperature step): TopPStep, then Sampler::Draw's weights and cpu::PickExpWeighted, with the
 // same float and double operations. The CUDA kernel repeats it operation for operation.
 int64_t PickCandidate(const float* v, int64_t n, float top_p, double uniform) {
-  if (top_p < 1.0f) {
-    const double max_logit = v[0];
-    double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) total += std::exp(static_cast<double>(v[i]) - max_logit);
-    const double mass_limit = static_cast<double>(top_p) * total;
-    double mass_above = 0.0;
-    int64_t keep = 0;
-    while (keep < n && mass_above < mass_limit) {
-      mass_above += std::exp(static_cast<double>(v[keep]) - max_logit);
-      ++keep;
-    }
-    n = std::max<int64_t>(keep, 1);
-  }
+  if (top_p < 1.0f) n = cpu::NucleusSize(n, top_p, [v](int64_t i) { return v[i]; });
   float max_logit = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) max_logit = std::max(max_logit, v[i]);
   float w[kMaxSampleTopK];

@@ -7,6 +7,8 @@
 // both compute every element with the same float operations, so results are bit-identical
 // across paths and machines (a seeded request samples the same tokens everywhere).
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace kvserve::cpu {
@@ -55,6 +57,25 @@ ExpBlockTree BuildExpBlockTree(const float* e);
 /// the CPU backend's batched sampling both draw with it; the CUDA sampling kernel repeats it.
 int64_t PickExpWeighted(const float* x, int64_t n, float shift, float scale, double u,
                         float* block_sums);
+
+/// How many of n >= 1 candidates in rank order (best first; value_at(i) is candidate i's logit)
+/// top-p sampling keeps: the fewest whose weights exp(logit - best), summed in order in double,
+/// reach top_p of their total, and at least one. TopPStep (worker/engine/sampling_steps.cc) and
+/// the CPU backend's batched sampling cut with it; the CUDA sampling kernel repeats it.
+template <typename ValueAt>
+int64_t NucleusSize(int64_t n, float top_p, ValueAt value_at) {
+  const double max_logit = value_at(0);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += std::exp(static_cast<double>(value_at(i)) - max_logit);
+  const double mass_limit = static_cast<double>(top_p) * total;
+  double mass_above = 0.0;
+  int64_t keep = 0;
+  while (keep < n && mass_above < mass_limit) {
+    mass_above += std::exp(static_cast<double>(value_at(keep)) - max_logit);
+    ++keep;
+  }
+  return std::max<int64_t>(keep, 1);
+}
 
 namespace internal {
 ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n);

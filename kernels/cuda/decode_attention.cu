@@ -93,6 +93,37 @@ __device__ __forceinline__ void MergeState(float& m, float& l, float* acc, float
   m = mn;
 }
 
+// The part of the work a decode block has (both kernels): grid x is kv head × chunk of its
+// query heads, y the sequence, z the split; the block serves query heads [head0, head0 + G) and
+// keys [k0, k1) of the sequence (the split's share of the window).
+struct DecodeBlock {
+  int64_t kvh;    // KV head
+  int64_t g0;     // first of the block's heads within the group
+  int64_t G;      // heads in this block
+  int64_t head0;  // first query head
+  int64_t s;      // sequence
+  int32_t split;
+  int64_t k0, k1;
+};
+
+__device__ __forceinline__ DecodeBlock LocateDecodeBlock(const DecodeParams& p) {
+  const cpu::PagedAttentionArgs& a = p.a;
+  DecodeBlock b;
+  b.kvh = blockIdx.x / p.head_chunks;
+  b.g0 = (blockIdx.x % p.head_chunks) * p.heads_per_block;
+  b.G = min(p.heads_per_block, p.group - b.g0);
+  b.head0 = b.kvh * p.group + b.g0;
+  b.s = blockIdx.y;
+  b.split = blockIdx.z;
+  const int64_t ctx = a.context_len[b.s];
+  const int64_t start = a.sliding_window > 0 ? max(int64_t{0}, ctx - a.sliding_window) : 0;
+  const int64_t chunk =
+      p.split_len > 0 ? p.split_len : (ctx - start + p.num_splits - 1) / p.num_splits;
+  b.k0 = start + b.split * chunk;
+  b.k1 = min(ctx, b.k0 + chunk);
+  return b;
+}
+
 // Paged decode attention at the memory bandwidth. Grid (kv head × head chunk, sequence, split),
 // 128 threads. Each block streams its split of the sequence's K and V rows through shared memory
 // once, in tiles of T keys, kStages tiles in flight: 16-byte cp.async copies, consecutive threads
@@ -122,12 +153,10 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   const int T = p.tile;
   const int NH = p.head_warps;
   const int NK = p.key_warps;
-  const int64_t kvh = blockIdx.x / p.head_chunks;
-  const int64_t g0 = (blockIdx.x % p.head_chunks) * p.heads_per_block;
-  const int64_t G = min(p.heads_per_block, p.group - g0);
-  const int64_t head0 = kvh * p.group + g0;
-  const int64_t s = blockIdx.y;
-  const int32_t split = blockIdx.z;
+  const DecodeBlock blk = LocateDecodeBlock(p);
+  const int64_t kvh = blk.kvh, G = blk.G, head0 = blk.head0, s = blk.s;
+  const int32_t split = blk.split;
+  const int64_t k0 = blk.k0, k1 = blk.k1;
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
@@ -139,12 +168,6 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   float* vscale_s = kscale_s + (kStages + 1) * T;
   uint4* data = reinterpret_cast<uint4*>(vscale_s + (kStages + 1) * T);  // 16-byte aligned: T % 4 == 0
 
-  const int64_t ctx = a.context_len[s];
-  const int64_t start = a.sliding_window > 0 ? max(int64_t{0}, ctx - a.sliding_window) : 0;
-  const int64_t chunk =
-      p.split_len > 0 ? p.split_len : (ctx - start + p.num_splits - 1) / p.num_splits;
-  const int64_t k0 = start + split * chunk;
-  const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t n_tiles = k1 > k0 ? (k1 - k0 + T - 1) / T : 0;
   const int64_t qrow = a.q_start[s];
   const bool out_bf16 = a.act_dtype == DType::kBF16;
@@ -357,13 +380,10 @@ __global__ void DecodeGeneralKernel(DecodeParams p) {
   const int64_t D = a.layout.head_dim;
   const int64_t kv_heads = a.layout.num_kv_heads;
   const int64_t bs = a.layout.block_size;
-  const int64_t kvh = blockIdx.x / p.head_chunks;
-  // This block's heads of the group: [g0, g0 + G).
-  const int64_t g0 = (blockIdx.x % p.head_chunks) * p.heads_per_block;
-  const int64_t G = min(p.heads_per_block, p.group - g0);
-  const int64_t head0 = kvh * p.group + g0;
-  const int64_t s = blockIdx.y;
-  const int32_t split = blockIdx.z;
+  const DecodeBlock blk = LocateDecodeBlock(p);
+  const int64_t kvh = blk.kvh, G = blk.G, head0 = blk.head0, s = blk.s;
+  const int32_t split = blk.split;
+  const int64_t k0 = blk.k0, k1 = blk.k1;
   float* q_s = smem;
   float* acc = q_s + G * D;
   float* prob = acc + G * D;
@@ -375,12 +395,6 @@ __global__ void DecodeGeneralKernel(DecodeParams p) {
   int64_t* rows =
       reinterpret_cast<int64_t*>((reinterpret_cast<uintptr_t>(vscale + kTile) + 7) & ~uintptr_t{7});
 
-  const int64_t ctx = a.context_len[s];
-  const int64_t start = a.sliding_window > 0 ? max(int64_t{0}, ctx - a.sliding_window) : 0;
-  const int64_t chunk =
-      p.split_len > 0 ? p.split_len : (ctx - start + p.num_splits - 1) / p.num_splits;
-  const int64_t k0 = start + split * chunk;
-  const int64_t k1 = min(ctx, k0 + chunk);
   const int64_t qrow = a.q_start[s];
   const bool bf16 = a.act_dtype == DType::kBF16;  // q and out
   for (int64_t i = threadIdx.x; i < G * D; i += blockDim.x) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/logits.h"
+
 namespace kvserve {
 
 float MaxLogit(const CandidateList& candidates) {
@@ -47,17 +49,10 @@ void TopPStep::Apply(CandidateList& candidates) const {
     std::sort(items.begin(), items.end(), RanksBefore);
     candidates.sorted = true;
   }
-  const double max_logit = items.front().logit;
-  double total = 0.0;
-  for (const Candidate& c : items) total += std::exp(static_cast<double>(c.logit) - max_logit);
-  const double mass_limit = static_cast<double>(top_p_) * total;
-  double mass_above = 0.0;
-  size_t keep = 0;
-  while (keep < items.size() && mass_above < mass_limit) {
-    mass_above += std::exp(static_cast<double>(items[keep].logit) - max_logit);
-    ++keep;
-  }
-  items.resize(std::max<size_t>(keep, 1));
+  if (items.empty()) return;
+  items.resize(static_cast<size_t>(
+      cpu::NucleusSize(static_cast<int64_t>(items.size()), top_p_,
+                       [&items](int64_t i) { return items[static_cast<size_t>(i)].logit; })));
 }
 
 std::vector<std::unique_ptr<SamplingStep>> BuildSamplingSteps(const SamplingParams& params) {
