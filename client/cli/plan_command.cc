@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/command.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +29,7 @@ struct PlanCommandOptions {
   std::string pp_layers;
   std::string weight_dtype;
   std::string kv_cache_dtype = "bf16";
+  std::string activation_dtype = "bf16";
   int max_model_len = 0;
   int block_size = 16;
   int shared_prefix_len = 0;
@@ -54,6 +56,8 @@ nlohmann::json DTypeJson(const Plan& plan, const KvDTypePlan& entry) {
 
 nlohmann::json ActivationsJson(const Plan& plan, const ActivationEstimate& activations) {
   nlohmann::json out = {{"buffer_bytes", activations.buffer_bytes},
+                        {"elements_per_token", activations.elements_per_token},
+                        {"f32_elements_per_token", activations.f32_elements_per_token},
                         {"logits_bytes", activations.logits_bytes},
                         {"workspace_bytes", activations.workspace_bytes}};
   if (plan.pp > 1) out["pipeline_bytes"] = activations.pipeline_bytes;
@@ -104,6 +108,7 @@ nlohmann::json PlanJson(const ModelSpec& spec, const PlanOptions& options, const
                         {"weight_bytes", plan.weight_bytes},
                         {"weight_bytes_exact", plan.weight_bytes_exact},
                         {"activation_bytes", plan.activations.total()},
+                        {"activation_dtype", options.activation_bytes == 4 ? "f32" : "bf16"},
                         {"activations", ActivationsJson(plan, plan.activations)},
                         {"kv_budget_bytes", plan.kv_budget_bytes},
                         {"kv_cache_dtype", std::string(KvCacheDTypeName(plan.kv_dtype))},
@@ -184,9 +189,11 @@ void PrintBudgets(const ModelSpec& spec, const PlanOptions& options, const Plan&
                                 spec.checkpoint_dtype.value_or(WeightDType::kBF16)))));
   if (plan.pp > 1) {
     std::printf("weights      per stage below (%s)\n", weight_origin.c_str());
-    std::printf("activations  per stage below: buffers for %d tokens, workspace %s; logits %s on\n",
-                options.max_num_batched_tokens, FormatBytes(options.workspace_bytes).c_str(),
-                FormatBytes(plan.stages.back().activations.logits_bytes).c_str());
+    std::printf(
+        "activations  per stage below: %s buffers for %d tokens, workspace %s; logits %s on\n",
+        options.activation_bytes == 4 ? "f32" : "bf16", options.max_num_batched_tokens,
+        FormatBytes(options.workspace_bytes).c_str(),
+        FormatBytes(plan.stages.back().activations.logits_bytes).c_str());
     std::printf("             the last stage, hidden-state send/recv buffers %s on the others\n\n",
                 FormatBytes(plan.stages.front().activations.pipeline_bytes).c_str());
     PrintStages(plan);
@@ -194,8 +201,9 @@ void PrintBudgets(const ModelSpec& spec, const PlanOptions& options, const Plan&
   }
   std::printf("weights      %s per GPU (%s)\n", FormatBytes(plan.weight_bytes).c_str(),
               weight_origin.c_str());
-  std::printf("activations  %s (buffers %s for %d tokens, logits %s, workspace %s)\n",
+  std::printf("activations  %s (%s buffers %s for %d tokens, logits %s, workspace %s)\n",
               FormatBytes(plan.activations.total()).c_str(),
+              options.activation_bytes == 4 ? "f32" : "bf16",
               FormatBytes(plan.activations.buffer_bytes).c_str(), options.max_num_batched_tokens,
               FormatBytes(plan.activations.logits_bytes).c_str(),
               FormatBytes(plan.activations.workspace_bytes).c_str());
@@ -259,6 +267,13 @@ int RunPlan(const PlanCommandOptions& args) {
   absl::StatusOr<KvCacheDType> kv_dtype = ParseKvCacheDType(args.kv_cache_dtype);
   if (!kv_dtype.ok()) return ReportError("plan", kv_dtype.status());
   options.kv_dtype = *kv_dtype;
+  if (args.activation_dtype == "bf16" || args.activation_dtype == "f32") {
+    options.activation_bytes = args.activation_dtype == "f32" ? 4 : 2;
+  } else {
+    return ReportError(
+        "plan", absl::InvalidArgumentError(absl::StrCat(
+                    "--activation-dtype must be bf16 or f32 (got '", args.activation_dtype, "')")));
+  }
   options.max_model_len = args.max_model_len;
   options.block_size = args.block_size;
   options.shared_prefix_len = args.shared_prefix_len;
@@ -307,6 +322,11 @@ Command AddPlanCommand(CLI::App& app) {
                   "Assume weights stored as f32, f16, bf16, int8, fp8 or int4 (default: measure "
                   "the tensors, else the config's dtype)");
   sub->add_option("--kv-cache-dtype", opts->kv_cache_dtype, "f32, f16, bf16, int8 or fp8")
+      ->capture_default_str();
+  sub->add_option("--activation-dtype", opts->activation_dtype,
+                  "Activations between ops: bf16 (the CUDA backend's default) or f32 "
+                  "(KVSERVE_CUDA_F32_ACTIVATIONS=1); the residual stream and logits are f32 "
+                  "either way")
       ->capture_default_str();
   sub->add_option("--max-model-len", opts->max_model_len,
                   "Sequence length for the concurrency figures (default: the model's maximum)");

@@ -14,8 +14,8 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Bytes of one f32 activation element.
-constexpr int64_t kActivationElementBytes = 4;
+// Bytes of one f32 element (the residual stream, router logits, hand-over buffers, logits).
+constexpr int64_t kF32Bytes = 4;
 
 absl::Status CheckTp(const ModelSpec& spec, int tp) {
   if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp must be >= 1 (got ", tp, ")"));
@@ -54,6 +54,9 @@ absl::Status PlanOptions::Validate() const {
   }
   if (max_num_seqs < 1) return bad("max_num_seqs", max_num_seqs, ">= 1");
   if (workspace_bytes < 0) return bad("workspace_bytes", workspace_bytes, ">= 0");
+  if (activation_bytes != 2 && activation_bytes != 4) {
+    return bad("activation_bytes", activation_bytes, "2 (bf16) or 4 (f32)");
+  }
   return absl::OkStatus();
 }
 
@@ -147,17 +150,19 @@ absl::StatusOr<ActivationEstimate> EstimateActivations(const ModelSpec& spec,
   return EstimateStageActivations(spec, options, WholeModel(spec));
 }
 
-// Activation peak of one step, per GPU. With T = max_num_batched_tokens, H = hidden, the f32
+// Activation peak of one step, per GPU. With T = max_num_batched_tokens, H = hidden, the
 // buffers live at the same time in one layer are, in elements per token:
-//   residual H + normed H
+//   residual H (f32) + normed H
 //   standard attention: q (nh/tp)·d, k and v kv_heads_per_gpu·d each, attn_out (nh/tp)·d
 //   MLA: q and expanded k (nh/tp)·(nope + rope) each, v and attn_out (nh/tp)·v_head each,
 //        the compressed latent kv_lora + rope and, with a q LoRA, its q_lora latent
 //   MLP, the larger of the layer kinds present in the stage:
 //        dense  gate + up 2·ceil(I/tp)
-//        MoE    router logits E + gate + up for the top-k routed and the shared experts of each
-//               token, 2·(top_k + shared)·ceil(Ie/tp)
-// buffers = elements × T × 4 bytes; logits = max_num_seqs × vocab × 4 (the full vocabulary, as
+//        MoE    router logits E (f32) + gate + up for the top-k routed and the shared experts of
+//               each token, 2·(top_k + shared)·ceil(Ie/tp)
+// buffers = (f32 elements × 4 + the others × activation_bytes) × T bytes (the CUDA backend keeps
+// activations between ops in bf16, docs/gpu.md "Activations in bf16"); logits = max_num_seqs ×
+// vocab × 4 (the full vocabulary, as
 // gathered for sampling) on the last pipeline stage, the only one that computes them; every other
 // stage instead keeps two T × H f32 hidden-state buffers, so that the send of one step's output
 // to the next stage (and the receive of the next input) can be in flight while it computes; the
@@ -179,7 +184,9 @@ absl::StatusOr<ActivationEstimate> EstimateStageActivations(const ModelSpec& spe
     const int64_t kv_heads = *KvHeadsPerGpu(spec, options.tp);
     elements += 2 * heads * spec.head_dim + 2 * kv_heads * spec.head_dim;
   }
+  int64_t f32_elements = spec.hidden_size;  // the residual stream
   int64_t mlp = 0;
+  int64_t mlp_f32 = 0;
   int moe_layers = 0;
   for (int layer = stage.first; layer < stage.end(); ++layer) {
     moe_layers += spec.IsMoeLayer(layer) ? 1 : 0;
@@ -187,21 +194,28 @@ absl::StatusOr<ActivationEstimate> EstimateStageActivations(const ModelSpec& spe
   if (moe_layers < stage.count) mlp = 2 * CeilDiv(spec.intermediate_size, tp);
   if (moe_layers > 0) {
     const MoeSpec& moe = spec.moe;
-    mlp = std::max(mlp, moe.num_routed_experts +
-                            2 * int64_t{moe.num_experts_per_tok + moe.num_shared_experts} *
-                                CeilDiv(moe.moe_intermediate_size, tp));
+    const int64_t moe_mlp =
+        moe.num_routed_experts + 2 * int64_t{moe.num_experts_per_tok + moe.num_shared_experts} *
+                                     CeilDiv(moe.moe_intermediate_size, tp);
+    if (moe_mlp > mlp) {
+      mlp = moe_mlp;
+      mlp_f32 = moe.num_routed_experts;
+    }
   }
   elements += mlp;
+  f32_elements += mlp_f32;
 
   ActivationEstimate estimate;
   estimate.elements_per_token = elements;
-  estimate.buffer_bytes = elements * options.max_num_batched_tokens * kActivationElementBytes;
+  estimate.f32_elements_per_token = f32_elements;
+  estimate.buffer_bytes =
+      (f32_elements * kF32Bytes + (elements - f32_elements) * options.activation_bytes) *
+      options.max_num_batched_tokens;
   if (IsLastStage(spec, stage)) {
-    estimate.logits_bytes =
-        int64_t{options.max_num_seqs} * spec.vocab_size * kActivationElementBytes;
+    estimate.logits_bytes = int64_t{options.max_num_seqs} * spec.vocab_size * kF32Bytes;
   } else {
     estimate.pipeline_bytes =
-        2 * int64_t{options.max_num_batched_tokens} * spec.hidden_size * kActivationElementBytes;
+        2 * int64_t{options.max_num_batched_tokens} * spec.hidden_size * kF32Bytes;
   }
   estimate.workspace_bytes = options.workspace_bytes;
   return estimate;

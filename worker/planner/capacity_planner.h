@@ -44,6 +44,10 @@ struct PlanOptions {
   int shared_prefix_len = 0;
   /// Token budget of one engine step: sizes the activation buffers.
   int max_num_batched_tokens = 8192;
+  /// Bytes of an activation element between ops: 2 (bf16, the CUDA backend's default) or 4 (f32:
+  /// KVSERVE_CUDA_F32_ACTIVATIONS=1, and the CPU backend). The residual stream, the router logits,
+  /// the pipeline hand-over buffers and the logits are f32 either way.
+  int activation_bytes = 2;
   /// Sequences per step: sizes the logits buffer.
   int max_num_seqs = 256;
   /// See kDefaultWorkspaceBytes.
@@ -55,9 +59,12 @@ struct PlanOptions {
 
 /// Peak activation memory of one step, per GPU (formula in capacity_planner.cc).
 struct ActivationEstimate {
-  /// f32 elements each batched token needs across the step's live buffers.
+  /// Elements each batched token needs across the step's live buffers.
   int64_t elements_per_token = 0;
-  /// elements_per_token × max_num_batched_tokens × 4.
+  /// Of those, the ones kept in f32 whatever the activation dtype (the residual stream; MoE's
+  /// router logits).
+  int64_t f32_elements_per_token = 0;
+  /// (f32_elements_per_token × 4 + the others × activation_bytes) × max_num_batched_tokens.
   int64_t buffer_bytes = 0;
   /// max_num_seqs × vocab × 4, on the stage that computes the logits (the last).
   int64_t logits_bytes = 0;

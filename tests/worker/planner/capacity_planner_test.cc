@@ -102,13 +102,14 @@ TEST(ConcurrencyTest, SharedPrefixArithmetic) {
 // stories260K f32 (weights 1040128 bytes) with every figure worked out by hand:
 //   KV bf16: 5 layers × 2 × 4 heads × 8 × 2 = 640 bytes/token, 10240 per 16-token block.
 //   activations, elements per token: residual 64 + normed 64 + q 64 + k 32 + v 32 + attn_out 64
-//     + gate 172 + up 172 = 664; × 64 tokens × 4 bytes = 169984; logits 4 seqs × 512 × 4 = 8192.
+//     + gate 172 + up 172 = 664; the residual in f32, the other 600 in bf16: (64 × 4 + 600 × 2)
+//     × 64 tokens = 93184 bytes; logits 4 seqs × 512 × 4 = 8192.
 //   GPU memory = weights + activations + 1029000 → KV budget 1029000.
 TEST(PlanCapacityTest, HandWorkedStories260K) {
   absl::StatusOr<ModelSpec> spec = LoadModelSpec(planner_testing::Stories260KDir());
   ASSERT_TRUE(spec.ok()) << spec.status();
   PlanOptions options;
-  options.gpu_memory_bytes = 1040128 + 169984 + 8192 + 1029000;
+  options.gpu_memory_bytes = 1040128 + 93184 + 8192 + 1029000;
   options.gpu_memory_utilization = 1.0;
   options.max_num_batched_tokens = 64;
   options.max_num_seqs = 4;
@@ -122,7 +123,8 @@ TEST(PlanCapacityTest, HandWorkedStories260K) {
   EXPECT_TRUE(plan->weight_bytes_exact);
   EXPECT_EQ(plan->weight_bytes, 1040128);
   EXPECT_EQ(plan->activations.elements_per_token, 664);
-  EXPECT_EQ(plan->activations.buffer_bytes, 169984);
+  EXPECT_EQ(plan->activations.f32_elements_per_token, 64);
+  EXPECT_EQ(plan->activations.buffer_bytes, 93184);
   EXPECT_EQ(plan->activations.logits_bytes, 8192);
   EXPECT_EQ(plan->kv_budget_bytes, 1029000);
   EXPECT_EQ(plan->kv_heads_per_gpu, 4);
@@ -173,15 +175,15 @@ TEST(PlanCapacityTest, WeightsPerGpuUnderTp) {
 //   usable: floor(80 GiB × 0.9) = floor(85899345920 × 0.9) = 77309411328.
 //   weights: 8030261248 parameters × 2 (bf16) = 16060522496.
 //   activations, elements per token: residual 4096 + normed 4096 + q 32 × 128 + k 8 × 128
-//     + v 8 × 128 + attn_out 32 × 128 + gate 14336 + up 14336 = 47104;
-//     × 8192 tokens × 4 bytes = 1543503872; logits 256 seqs × 128256 × 4 = 131334144;
-//     workspace 256 MiB = 268435456; total 1943273472.
-//   KV budget: 77309411328 − 16060522496 − 1943273472 = 59305615360.
+//     + v 8 × 128 + attn_out 32 × 128 + gate 14336 + up 14336 = 47104; the residual in f32,
+//     the other 43008 in bf16: (4096 × 4 + 43008 × 2) × 8192 tokens = 838860800; logits 256
+//     seqs × 128256 × 4 = 131334144; workspace 256 MiB = 268435456; total 1238630400.
+//   KV budget: 77309411328 − 16060522496 − 1238630400 = 60010258432.
 //   bf16: 32 layers × 2 × 8 heads × 128 × 2 = 131072 bytes/token, × 16 = 2097152 per block;
-//     59305615360 / 2097152 = 28279.1 → 28279 blocks; 8192-token sequences need 512 blocks each:
-//     28279 / 512 = 55.2 → 55.
+//     60010258432 / 2097152 = 28615.1 → 28615 blocks; 8192-token sequences need 512 blocks each:
+//     28615 / 512 = 55.9 → 55.
 //   fp8: 32 × 2 × 8 × (128 + 4) = 67584 bytes/token, 1081344 per block;
-//     59305615360 / 1081344 = 54844.4 → 54844 blocks, 54844 / 512 = 107.1 → 107.
+//     60010258432 / 1081344 = 55495.9 → 55495 blocks, 55495 / 512 = 108.4 → 108.
 TEST(PlanCapacityTest, Llama3_8BOnOneH100) {
   PlanOptions options;  // 80 GiB × 0.9, bf16 KV, 8192 batched tokens, 256 seqs.
   absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
@@ -191,23 +193,34 @@ TEST(PlanCapacityTest, Llama3_8BOnOneH100) {
   EXPECT_FALSE(plan->weight_bytes_exact);
   EXPECT_EQ(plan->max_model_len, 8192);
   EXPECT_EQ(plan->activations.elements_per_token, 47104);
-  EXPECT_EQ(plan->activations.buffer_bytes, 1'543'503'872);
+  EXPECT_EQ(plan->activations.f32_elements_per_token, 4096);
+  EXPECT_EQ(plan->activations.buffer_bytes, 838'860'800);
   EXPECT_EQ(plan->activations.logits_bytes, 131'334'144);
   EXPECT_EQ(plan->activations.workspace_bytes, 268'435'456);
-  EXPECT_EQ(plan->activations.total(), 1'943'273'472);
-  EXPECT_EQ(plan->kv_budget_bytes, 59'305'615'360);
+  EXPECT_EQ(plan->activations.total(), 1'238'630'400);
+  EXPECT_EQ(plan->kv_budget_bytes, 60'010'258'432);
   const KvDTypePlan& bf16 = plan->chosen();
   EXPECT_EQ(bf16.dtype, kBF16);
   EXPECT_EQ(bf16.kv_bytes_per_token, 131072);
   EXPECT_EQ(bf16.bytes_per_block, 2'097'152);
-  EXPECT_EQ(bf16.num_kv_blocks, 28279);
-  EXPECT_EQ(bf16.kv_tokens, 28279 * 16);
+  EXPECT_EQ(bf16.num_kv_blocks, 28615);
+  EXPECT_EQ(bf16.kv_tokens, 28615 * 16);
   EXPECT_EQ(bf16.max_concurrent_seqs, 55);
   const KvDTypePlan& fp8 = plan->by_kv_dtype[4];
   EXPECT_EQ(fp8.dtype, KvCacheDType::kFp8E4M3);
   EXPECT_EQ(fp8.kv_bytes_per_token, 67584);
-  EXPECT_EQ(fp8.num_kv_blocks, 54844);
-  EXPECT_EQ(fp8.max_concurrent_seqs, 107);
+  EXPECT_EQ(fp8.num_kv_blocks, 55495);
+  EXPECT_EQ(fp8.max_concurrent_seqs, 108);
+
+  // f32 activations (KVSERVE_CUDA_F32_ACTIVATIONS=1): every buffer element 4 bytes, 47104 × 4 ×
+  // 8192 = 1543503872, so 704643072 more than with bf16 ones and that much less for the KV cache.
+  options.activation_bytes = 4;
+  absl::StatusOr<Plan> f32 = PlanCapacity(Spec(cfg::kLlama3_8B), options);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_EQ(f32->activations.buffer_bytes, 1'543'503'872);
+  EXPECT_EQ(f32->kv_budget_bytes, 60'010'258'432 - 704'643'072);
+  options.activation_bytes = 3;
+  EXPECT_FALSE(PlanCapacity(Spec(cfg::kLlama3_8B), options).ok());
 }
 
 TEST(PlanCapacityTest, ReplicatedKvHeadsAtTp16) {
@@ -287,7 +300,8 @@ TEST(PlanCapacityTest, RejectsBadOptions) {
   EXPECT_TRUE(PlanCapacity(no_len, with_len).ok());
 }
 
-// Llama-3-8B over pp 2 × tp 1 on 80 GiB GPUs, with the default options, by hand:
+// Llama-3-8B over pp 2 × tp 1 on 80 GiB GPUs, with the default options but f32 activations (so
+// every buffer element is 4 bytes; the pipeline tests below keep them too), by hand:
 //   weights: one layer 2H + 2·H·32·128 + 2·H·8·128 + 3·H·I = 218112000 parameters; stage 0 holds
 //     16 layers and the embedding V·H, stage 1 16 layers, the final norm H and the head V·H; × 2.
 //   activations: 47104 elements per token × 8192 × 4 as with pp 1 (both stages are dense);
@@ -306,6 +320,7 @@ TEST(PipelinePlanTest, DenseTwoStages) {
 
   PlanOptions options;
   options.pp = 2;
+  options.activation_bytes = 4;
   absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->pp, 2);
@@ -347,6 +362,7 @@ TEST(PipelinePlanTest, DenseTwoStages) {
 TEST(PipelinePlanTest, ExplicitPartitionMovesTheLimit) {
   PlanOptions options;
   options.pp = 2;
+  options.activation_bytes = 4;
   options.pp_layers = {15, 17};
   absl::StatusOr<Plan> plan = PlanCapacity(Spec(cfg::kLlama3_8B), options);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -385,6 +401,7 @@ TEST(PipelinePlanTest, DeepSeekV3TwoStages) {
   options.gpu_memory_bytes = 141'000'000'000;
   options.tp = 8;
   options.pp = 2;
+  options.activation_bytes = 4;
   options.weight_dtype = WeightDType::kFp8;
   const ModelSpec spec = Spec(cfg::kDeepSeekV3);
   absl::StatusOr<Plan> plan = PlanCapacity(spec, options);
@@ -398,6 +415,7 @@ TEST(PipelinePlanTest, DeepSeekV3TwoStages) {
     EXPECT_EQ(stage.layers.count, counts[s]);
     EXPECT_EQ(stage.weight_bytes, weights[s]) << s;
     EXPECT_EQ(stage.activations.elements_per_token, 31552) << s;
+    EXPECT_EQ(stage.activations.f32_elements_per_token, h + 256) << s;  // residual, router
     EXPECT_EQ(stage.activations.total(), activations[s]) << s;
     EXPECT_EQ(plan->chosen(stage).kv_bytes_per_token, counts[s] * 576 * 2);
   }

@@ -65,22 +65,39 @@ TEST(PlanCommandTest, JsonForStories260K) {
   EXPECT_EQ(out["by_kv_dtype"]["f32"]["kv_bytes_per_token"], 1280);
   EXPECT_EQ(out["by_kv_dtype"]["int8"]["kv_bytes_per_token"], 480);
   // By hand, with the command's defaults (0.9 utilization, 8192 batched tokens, 256 seqs,
-  // 256 MiB workspace):
+  // 256 MiB workspace, bf16 activations):
   //   usable floor(1073741824 × 0.9) = 966367641;
   //   activations: 664 elements per token (residual 64 + normed 64 + q 64 + k 32 + v 32
-  //     + attn_out 64 + gate 172 + up 172) × 8192 × 4 = 21757952, logits 256 × 512 × 4 = 524288,
-  //     workspace 268435456: 290717696 in all;
-  //   KV budget 966367641 − 1040128 − 290717696 = 674609817;
-  //   bf16 blocks of 16 × 640 = 10240 bytes: 674609817 / 10240 = 65879.9 → 65879, 1054064 tokens;
-  //   512-token sequences need 32 blocks: 65879 / 32 = 2058.7 → 2058; a 100-token shared prefix
-  //   holds 6 full blocks once: (65879 − 6) / (32 − 6) = 2533.6 → 2533.
+  //     + attn_out 64 + gate 172 + up 172), the residual's 64 in f32 and the other 600 in bf16:
+  //     (64 × 4 + 600 × 2) × 8192 = 11927552, logits 256 × 512 × 4 = 524288, workspace
+  //     268435456: 280887296 in all;
+  //   KV budget 966367641 − 1040128 − 280887296 = 684440217;
+  //   bf16 blocks of 16 × 640 = 10240 bytes: 684440217 / 10240 = 66839.9 → 66839, 1069424 tokens;
+  //   512-token sequences need 32 blocks: 66839 / 32 = 2088.7 → 2088; a 100-token shared prefix
+  //   holds 6 full blocks once: (66839 − 6) / (32 − 6) = 2570.5 → 2570.
   EXPECT_EQ(out["usable_bytes"], 966367641);
-  EXPECT_EQ(out["activation_bytes"], 290717696);
-  EXPECT_EQ(out["kv_budget_bytes"], 674609817);
-  EXPECT_EQ(out["num_kv_blocks"], 65879);
-  EXPECT_EQ(out["kv_tokens"], 1054064);
-  EXPECT_EQ(out["max_concurrent_seqs"], 2058);
-  EXPECT_EQ(out["max_concurrent_seqs_shared_prefix"], 2533);
+  EXPECT_EQ(out["activation_dtype"], "bf16");
+  EXPECT_EQ(out["activation_bytes"], 280887296);
+  EXPECT_EQ(out["activations"]["f32_elements_per_token"], 64);
+  EXPECT_EQ(out["kv_budget_bytes"], 684440217);
+  EXPECT_EQ(out["num_kv_blocks"], 66839);
+  EXPECT_EQ(out["kv_tokens"], 1069424);
+  EXPECT_EQ(out["max_concurrent_seqs"], 2088);
+  EXPECT_EQ(out["max_concurrent_seqs_shared_prefix"], 2570);
+
+  // f32 activations: 664 × 8192 × 4 = 21757952 of buffers, 290717696 in all, and a KV budget of
+  // 966367641 − 1040128 − 290717696 = 674609817 (65879 blocks).
+  const Result f32 = RunPlan({"--model", planner_testing::Stories260KDir(), "--gpu-memory", "1GiB",
+                              "--json", "--activation-dtype", "f32"});
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  const nlohmann::json f32_out = nlohmann::json::parse(f32.out);
+  EXPECT_EQ(f32_out["activation_bytes"], 290717696);
+  EXPECT_EQ(f32_out["kv_budget_bytes"], 674609817);
+  EXPECT_EQ(f32_out["num_kv_blocks"], 65879);
+  const Result bad =
+      RunPlan({"--model", planner_testing::Stories260KDir(), "--activation-dtype", "fp16"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--activation-dtype must be bf16 or f32"), std::string::npos) << bad.err;
 }
 
 TEST(PlanCommandTest, JsonChosenDTypeAndTp) {
@@ -124,13 +141,13 @@ std::string WriteConfig(const std::string& dir, const std::string& name, const c
   return path;
 }
 
-// DeepSeek-V3 at fp8 over pp 2 × tp 8 on 141 GB GPUs; the figures are worked out by hand in
-// capacity_planner_test.cc (PipelinePlanTest.DeepSeekV3TwoStages).
+// DeepSeek-V3 at fp8 over pp 2 × tp 8 on 141 GB GPUs with f32 activations; the figures are
+// worked out by hand in capacity_planner_test.cc (PipelinePlanTest.DeepSeekV3TwoStages).
 TEST(PlanCommandTest, PipelineTable) {
   const std::string config =
       WriteConfig(planner_testing::MakeTestDir(), "deepseek-v3", testing_configs::kDeepSeekV3);
   const Result r = RunPlan({"--model", config, "--gpu-memory", "141GB", "--tp", "8", "--pp", "2",
-                            "--weight-dtype", "fp8"});
+                            "--activation-dtype", "f32", "--weight-dtype", "fp8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("layout       pp 2 x tp 8 = 16 GPUs, layers 31+30"), std::string::npos)
       << r.out;
@@ -150,8 +167,9 @@ TEST(PlanCommandTest, PipelineTable) {
 TEST(PlanCommandTest, PipelineJson) {
   const std::string config =
       WriteConfig(planner_testing::MakeTestDir(), "deepseek-v3", testing_configs::kDeepSeekV3);
-  const Result r = RunPlan({"--model", config, "--gpu-memory", "141GB", "--tp", "8", "--pp", "2",
-                            "--pp-layers", "31,30", "--weight-dtype", "fp8", "--json"});
+  const Result r =
+      RunPlan({"--model", config, "--gpu-memory", "141GB", "--tp", "8", "--pp", "2", "--pp-layers",
+               "31,30", "--activation-dtype", "f32", "--weight-dtype", "fp8", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out["pp"], 2);
