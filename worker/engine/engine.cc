@@ -116,7 +116,8 @@ int64_t DefaultKvBudget(int64_t full_bytes, int64_t available_bytes, bool host_p
 }
 
 absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
-                                           const EngineOptions& options, bool host_pool) {
+                                           const EngineOptions& options, bool host_pool,
+                                           int activation_bytes) {
   if (options.num_kv_blocks > 0) return options.num_kv_blocks;
   const ModelConfig& config = weights.config;
   const ModelSpec spec = SpecOf(weights);
@@ -131,6 +132,7 @@ absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
     plan.block_size = options.block_size;
     plan.max_num_batched_tokens = options.scheduler.max_num_batched_tokens;
     plan.max_num_seqs = options.scheduler.max_num_seqs;
+    plan.activation_bytes = activation_bytes;
     absl::StatusOr<Plan> p = PlanCapacity(spec, plan);
     if (!p.ok()) return p.status();
     return p->chosen().num_kv_blocks;
@@ -222,6 +224,9 @@ absl::Status Engine::CreateModel() {
     sizing.device_memory = memory->first;
   }
   const bool host_pool = backend_ == nullptr;  // the KV pool lives in host memory
+  // The planner's activation buffers in the backend's activation dtype (bf16 on CUDA).
+  const int activation_bytes =
+      backend_ != nullptr && backend_->activation_dtype() == DType::kBF16 ? 2 : 4;
   const ModelWeights* own = &weights;
   if (options_.pipeline != nullptr) {
     // A pipeline leader runs stage 0's layers; its pool is sized for them.
@@ -252,7 +257,7 @@ absl::Status Engine::CreateModel() {
         TensorParallelModel::Create(own, tp_options);
     if (!llama.ok()) return llama.status();
     llama_ = std::move(*llama);
-    absl::StatusOr<int64_t> num_blocks = PoolBlocks(*own, sizing, host_pool);
+    absl::StatusOr<int64_t> num_blocks = PoolBlocks(*own, sizing, host_pool, activation_bytes);
     if (!num_blocks.ok()) return num_blocks.status();
     if (options_.pipeline != nullptr) {
       // Every stage holds the pool's blocks for its own layers, on memory like the leader's:
@@ -262,7 +267,7 @@ absl::Status Engine::CreateModel() {
         absl::StatusOr<std::unique_ptr<ModelWeights>> stage =
             StageWeights(weights, layers.first, layers.count);
         if (!stage.ok()) return stage.status();
-        absl::StatusOr<int64_t> blocks = PoolBlocks(**stage, sizing, host_pool);
+        absl::StatusOr<int64_t> blocks = PoolBlocks(**stage, sizing, host_pool, activation_bytes);
         if (!blocks.ok()) return blocks.status();
         num_blocks = std::min(*num_blocks, *blocks);
       }
@@ -291,7 +296,8 @@ absl::Status Engine::CreateModel() {
     return absl::OkStatus();
   }
   device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";
-  absl::StatusOr<int64_t> num_blocks = PoolBlocks(weights, sizing, /*host_pool=*/false);
+  absl::StatusOr<int64_t> num_blocks =
+      PoolBlocks(weights, sizing, /*host_pool=*/false, activation_bytes);
   if (!num_blocks.ok()) return num_blocks.status();
   absl::StatusOr<std::unique_ptr<LlamaModel>> llama =
       LlamaModel::Create(&weights, nullptr, nullptr, backend_.get());

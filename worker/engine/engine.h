@@ -224,9 +224,10 @@ class Engine {
   void RunTasks();
   /// KV pool size in blocks for these options (see EngineOptions), via the capacity planner.
   /// `host_pool`: the pool lives in host memory (the CPU path), so the default is also capped
-  /// by the memory available.
+  /// by the memory available. `activation_bytes`: 2 where the backend keeps activations in bf16.
   static absl::StatusOr<int64_t> PoolBlocks(const ModelWeights& weights,
-                                            const EngineOptions& options, bool host_pool);
+                                            const EngineOptions& options, bool host_pool,
+                                            int activation_bytes);
   void Loop();
   /// Moves submitted and aborted requests from the inbox into the scheduler.
   void DrainInbox();
