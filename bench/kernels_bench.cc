@@ -8,6 +8,7 @@
 // triad_bytes/s is the memory ceiling they compare against.
 
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +19,6 @@
 #include <numeric>
 #include <random>
 #include <vector>
-
 
 #include "bench/peak_fma.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -141,6 +141,29 @@ BENCHMARK(BM_MatmulInCache)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// `n` random floats in an anonymous mapping advised to use transparent huge pages, as the engine's
+// KV pool maps its blocks (worker/kv/kv_cache.cc): paged attention's scattered blocks then cost
+// the TLB what they cost in the engine.
+class PoolLikeFloats {
+ public:
+  PoolLikeFloats(size_t n, uint32_t seed) : bytes_(std::max<size_t>(n, 1) * sizeof(float)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    (void)madvise(p, bytes_, MADV_HUGEPAGE);
+    data_ = static_cast<float*>(p);
+    const std::vector<float> v = RandomFloats(n, seed);
+    std::memcpy(data_, v.data(), n * sizeof(float));
+  }
+  PoolLikeFloats(const PoolLikeFloats&) = delete;
+  PoolLikeFloats& operator=(const PoolLikeFloats&) = delete;
+  ~PoolLikeFloats() { munmap(data_, bytes_); }
+  const float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
+
 // Decode attention (q_len = 1) for a batch of sequences. Args: block_size (0 = contiguous:
 // one block per sequence holding its whole context), context length.
 void BM_DecodeAttention(benchmark::State& state) {
@@ -151,8 +174,8 @@ void BM_DecodeAttention(benchmark::State& state) {
   const int64_t num_blocks = num_seqs * blocks_per_seq;
   const PagedKvLayout layout{num_kv_heads, head_dim, block_size};
   const size_t cache = static_cast<size_t>(num_blocks * num_kv_heads * block_size * head_dim);
-  const std::vector<float> k_cache = RandomFloats(cache, 2);
-  const std::vector<float> v_cache = RandomFloats(cache, 3);
+  const PoolLikeFloats k_cache(cache, 2);
+  const PoolLikeFloats v_cache(cache, 3);
   std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
   std::iota(tables.begin(), tables.end(), 0);
   std::shuffle(tables.begin(), tables.end(), std::mt19937(4));  // paged: scattered blocks

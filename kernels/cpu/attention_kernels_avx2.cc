@@ -13,7 +13,7 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int kKeysPerPass = 4;    // independent dot products in flight
+constexpr int kKeysPerPass = 8;    // independent dot products in flight, reduced together
 constexpr int kChunksPerPass = 4;  // independent 8-float accumulator chunks in flight
 
 // Loads 8 consecutive elements of a cache row as exact floats.
@@ -79,17 +79,13 @@ __m256 LoadTail(const typename Elem<T>::Type* p, int64_t n) {
 
 __m256 LoadTailF32(const float* p, int64_t n) { return LoadTail<KvCacheDType::kF32>(p, n); }
 
-float HorizontalSum(__m256 v) {  // fixed order, as in matmul_avx2.cc
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
-}
+#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4, HorizontalSum8
 
+// The N accumulators of keys k .. k + N - 1 (rows head_dim elements apart): acc[j] += q * row j
+// over 8-element chunks, the last partial one zero-padded.
 template <KvCacheDType T, int N>
-void ScoresN(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m256 acc[N];
+void DotAccumulators(const float* q, const typename Elem<T>::Type* k, int64_t head_dim,
+                     __m256* acc) {
   for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
@@ -104,11 +100,28 @@ void ScoresN(const float* q, const typename Elem<T>::Type* k, const float* row_s
       acc[j] = _mm256_fmadd_ps(qv, LoadTail<T>(k + j * head_dim + d, head_dim - d), acc[j]);
     }
   }
-  for (int j = 0; j < N; ++j) {
-    float s = HorizontalSum(acc[j]);
-    if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[j];
-    scores[j] = s * scale;
-  }
+}
+
+// Eight keys: their sums land in the lanes of one vector (HorizontalSum8), scaled and stored at
+// once.
+template <KvCacheDType T>
+void Scores8(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+             int64_t head_dim, float scale, float* scores) {
+  __m256 acc[8];
+  DotAccumulators<T, 8>(q, k, head_dim, acc);
+  __m256 s = HorizontalSum8(acc);
+  if constexpr (KvCacheDTypeHasScales(T)) s = _mm256_mul_ps(s, _mm256_loadu_ps(row_scales));
+  _mm256_storeu_ps(scores, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
+
+template <KvCacheDType T>
+void Scores1(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+             int64_t head_dim, float scale, float* scores) {
+  __m256 acc[1];
+  DotAccumulators<T, 1>(q, k, head_dim, acc);
+  float s = HorizontalSum(acc[0]);
+  if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[0];
+  scores[0] = s * scale;
 }
 
 template <KvCacheDType T>
@@ -117,12 +130,12 @@ void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_
   const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
   int64_t key = 0;
   for (; key + kKeysPerPass <= count; key += kKeysPerPass) {
-    ScoresN<T, kKeysPerPass>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim,
-                             scale, scores + key);
+    Scores8<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+               scores + key);
   }
   for (; key < count; ++key) {
-    ScoresN<T, 1>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-                  scores + key);
+    Scores1<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+               scores + key);
   }
 }
 

@@ -11,7 +11,7 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kKeysPerPass = 4;    // independent dot products in flight
+constexpr int kKeysPerPass = 16;   // independent dot products in flight, reduced together
 constexpr int kChunksPerPass = 4;  // independent 16-float accumulator chunks in flight
 
 __mmask16 TailMask(int64_t remaining) {
@@ -73,19 +73,13 @@ struct Elem<KvCacheDType::kFp8E4M3> {
   }
 };
 
-float HorizontalSum(__m512 v) {  // fixed order, as in matmul_avx512.cc
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  for (int width = 8; width >= 1; width /= 2) {
-    for (int i = 0; i < width; ++i) t[i] = t[i] + t[i + width];
-  }
-  return t[0];
-}
+#include "kernels/cpu/avx512_reduce.inc"  // HorizontalSum, HorizontalSum4, HorizontalSum16
 
+// The N accumulators of keys k .. k + N - 1 (rows head_dim elements apart): acc[j] += q * row j
+// over 16-element chunks, the last one masked.
 template <KvCacheDType T, int N>
-void ScoresN(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m512 acc[N];
+void DotAccumulators(const float* q, const typename Elem<T>::Type* k, int64_t head_dim,
+                     __m512* acc) {
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += kLanes) {
     const __mmask16 m = TailMask(head_dim - d);
@@ -94,11 +88,41 @@ void ScoresN(const float* q, const typename Elem<T>::Type* k, const float* row_s
       acc[j] = _mm512_fmadd_ps(qv, Elem<T>::Load(k + j * head_dim + d, m), acc[j]);
     }
   }
-  for (int j = 0; j < N; ++j) {
-    float s = HorizontalSum(acc[j]);
-    if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[j];
-    scores[j] = s * scale;
+}
+
+// Sixteen keys: their sums land in the lanes of one vector (HorizontalSum16), scaled and stored
+// at once.
+template <KvCacheDType T>
+void Scores16(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+              int64_t head_dim, float scale, float* scores) {
+  __m512 acc[16];
+  DotAccumulators<T, 16>(q, k, head_dim, acc);
+  __m512 s = HorizontalSum16(acc);
+  if constexpr (KvCacheDTypeHasScales(T)) s = _mm512_mul_ps(s, _mm512_loadu_ps(row_scales));
+  _mm512_storeu_ps(scores, _mm512_mul_ps(s, _mm512_set1_ps(scale)));
+}
+
+template <KvCacheDType T>
+void Scores4(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+             int64_t head_dim, float scale, float* scores) {
+  __m512 acc[4];
+  DotAccumulators<T, 4>(q, k, head_dim, acc);
+  float s[4];
+  HorizontalSum4(acc, s);
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (KvCacheDTypeHasScales(T)) s[j] *= row_scales[j];
+    scores[j] = s[j] * scale;
   }
+}
+
+template <KvCacheDType T>
+void Scores1(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+             int64_t head_dim, float scale, float* scores) {
+  __m512 acc[1];
+  DotAccumulators<T, 1>(q, k, head_dim, acc);
+  float s = HorizontalSum(acc[0]);
+  if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[0];
+  scores[0] = s * scale;
 }
 
 template <KvCacheDType T>
@@ -107,12 +131,16 @@ void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_
   const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
   int64_t key = 0;
   for (; key + kKeysPerPass <= count; key += kKeysPerPass) {
-    ScoresN<T, kKeysPerPass>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim,
-                             scale, scores + key);
+    Scores16<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+                scores + key);
+  }
+  for (; key + 4 <= count; key += 4) {
+    Scores4<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+               scores + key);
   }
   for (; key < count; ++key) {
-    ScoresN<T, 1>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-                  scores + key);
+    Scores1<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
+               scores + key);
   }
 }
 

@@ -19,7 +19,11 @@ constexpr int kLanes = 8;
 // x rows from which the panel path takes over; fewer take the decode tiles.
 constexpr int kMaxRows = 4;
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
-// chains. Tile shapes never change any element's reduction order.
+// chains. One x row takes eight (8 accumulators + x + the converted weights fit the 16 ymm
+// registers): with four, each chain's FMA latency left a streamed bf16 decode at 11-12 GB/s where
+// eight read 16-19 (a 256 MiB bf16 stream on one Zen 4 thread). Two or three x rows take four.
+// Tile shapes never change any element's reduction order.
+constexpr int kColsOneRow = 8;
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
 
@@ -50,34 +54,7 @@ struct BF16W {
 
 #include "kernels/cpu/matmul_int8.inc"
 
-// Fixed-order horizontal sum.
-float HorizontalSum(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
-}
-
-// HorizontalSum of four vectors at once, lane for lane the same additions (so the same bits), with
-// the shuffles shared.
-void HorizontalSum4(const __m256 v[4], float out[4]) {
-  // Level 1, lane i + lane i + 4: t01 holds v0's four sums in lanes 0..3 and v1's in 4..7.
-  const __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
-                                   _mm256_permute2f128_ps(v[0], v[1], 0x31));
-  const __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
-                                   _mm256_permute2f128_ps(v[2], v[3], 0x31));
-  // Level 2, i + i + 2: lanes 0, 1 v0's; 2, 3 v2's; 4, 5 v1's; 6, 7 v3's.
-  const __m256 u =
-      _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xee));
-  // Level 3, 0 + 1.
-  const __m256 z = _mm256_add_ps(u, _mm256_movehdup_ps(u));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, z);
-  out[0] = lanes[0];
-  out[1] = lanes[4];
-  out[2] = lanes[2];
-  out[3] = lanes[6];
-}
+#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4
 
 // Stores HorizontalSum(acc[c]) (+ bias[c * col_step]) at y[c * col_step] for c < C.
 template <int C>
@@ -142,6 +119,10 @@ template <class W, int C>
 void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step,
                 WeightLookahead* ahead) {
   static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
+  if constexpr (C > kColsFewRows) {  // one x row only (Columns)
+    Tile<W, 1, C>(a, plan, 0, col0, col_step, ahead);
+    return;
+  }
   switch (a.m) {
     case 3:
       Tile<W, 3, C>(a, plan, 0, col0, col_step, ahead);
@@ -178,11 +159,14 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
   // registers, more weight rows in flight.
-  WalkDecodeColumns<kColsFewRows, kCols>(
-      a.w, plan.w_row_bytes, n_begin, n_end,
-      [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
-        DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
-      });
+  const auto tile = [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
+    DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
+  };
+  if (a.m == 1) {
+    WalkDecodeColumns<kColsOneRow, kColsFewRows>(a.w, plan.w_row_bytes, n_begin, n_end, tile);
+  } else {
+    WalkDecodeColumns<kColsFewRows, kCols>(a.w, plan.w_row_bytes, n_begin, n_end, tile);
+  }
 }
 
 }  // namespace

@@ -30,33 +30,7 @@ Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
 constexpr int kPanelRows = 6;
 constexpr int kPanelTileCols = 4;
 
-// Fixed-order horizontal sum: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1, i.e. lane i + lane
-// i + 8, then i + 4, i + 2, i + 1 (the order matmul_impl.h documents), with in-register shuffles.
-float HorizontalSum(__m512 v) {
-  const __m512 s8 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xee));  // lanes 0..7
-  const __m256 h8 = _mm512_castps512_ps256(s8);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0x55));
-  return _mm_cvtss_f32(s1);
-}
-
-// HorizontalSum of four vectors at once, lane for lane the same additions (so the same bits), with
-// the shuffles shared: each level adds the same pairs, taken from two or four inputs per register.
-void HorizontalSum4(const __m512 v[4], float out[4]) {
-  // Level 1, lane i + lane i + 8: t01 holds v0's eight sums in lanes 0..7 and v1's in 8..15.
-  const __m512 t01 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xee));
-  const __m512 t23 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xee));
-  // Level 2, i + i + 4: 128-bit lane j holds v_j's four sums.
-  const __m512 u =
-      _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xdd));
-  // Levels 3 and 4 within each 128-bit lane: i + i + 2, then 0 + 1.
-  const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, 0x0e));
-  const __m512 z = _mm512_add_ps(w, _mm512_permute_ps(w, 0x01));
-  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z)));
-}
+#include "kernels/cpu/avx512_reduce.inc"  // HorizontalSum, HorizontalSum4
 
 // Stores HorizontalSum(acc[c]) (+ bias[c * col_step]) at y[c * col_step] for c < C.
 template <int C>

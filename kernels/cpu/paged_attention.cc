@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/logits.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -21,27 +22,49 @@ struct QueryToken {
   int32_t index;  // j within the sequence's q_len new tokens
 };
 
+// A run of keys contiguous in one cache block: `count` keys from `key` (relative to the first key
+// attended), at layout row `row` onwards.
+struct KeyRun {
+  int64_t key, row, count;
+};
+
 // Scratch reused across work items on one thread.
 struct Scratch {
+  std::vector<KeyRun> runs;
   std::vector<float> probs;    // [group][keys]
   std::vector<float> acc;      // [group][head_dim]
   std::vector<float> inv_sum;  // [group]
 };
 
-// Visits keys first..last of sequence `seq` as runs contiguous in one cache block:
-// fn(index of the run's first key relative to `first`, layout row of that key, run length).
-template <class Fn>
-void ForEachKeyRun(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, int64_t first,
-                   int64_t last, Fn&& fn) {
+// Keys first..last of sequence `seq` as runs contiguous in one cache block, in order.
+void KeyRuns(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, int64_t first, int64_t last,
+             std::vector<KeyRun>* runs) {
   const PagedKvLayout& l = a.layout;
   const int32_t* table = a.block_tables + seq * a.block_table_stride;
+  runs->clear();
   for (int64_t t = first; t <= last;) {
-    const int64_t block = table[t / l.block_size];
     const int64_t slot = t % l.block_size;
     const int64_t count = std::min(l.block_size - slot, last + 1 - t);
-    fn(t - first, (block * l.num_kv_heads + kv_head) * l.block_size + slot, count);
+    runs->push_back({t - first,
+                     (table[t / l.block_size] * l.num_kv_heads + kv_head) * l.block_size + slot,
+                     count});
     t += count;
   }
+}
+
+// Runs are a cache block's rows of one head: a few KiB in a block placed anywhere in the pool. The
+// hardware prefetchers stay within a page and need a stream to train on, so without help each
+// run's lines are demand misses, a few at a time: one thread read 4-7 GB/s of K/V. Each pass
+// over the runs therefore requests the run kRunsAhead further on into L2 while it computes.
+constexpr int64_t kRunsAhead = 2;
+
+// Requests a run's rows (and their scales, when the dtype has them) into L2.
+void PrefetchRun(const uint8_t* data, const float* scales, const KeyRun& run, int64_t row_bytes) {
+  constexpr int64_t kLine = 64;
+  const uint8_t* begin = data + run.row * row_bytes;
+  const uint8_t* end = begin + run.count * row_bytes;
+  for (const uint8_t* p = begin; p < end; p += kLine) __builtin_prefetch(p, 0, 2);
+  if (scales != nullptr) __builtin_prefetch(scales + run.row, 0, 2);
 }
 
 // All query heads of one kv head for one query token: K and V rows are read once per group.
@@ -60,37 +83,54 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   const auto* k_data = static_cast<const uint8_t*>(a.k_cache.data);
   const auto* v_data = static_cast<const uint8_t*>(a.v_cache.data);
 
+  KeyRuns(a, seq, kv_head, first, pos, &scratch.runs);
+  const std::vector<KeyRun>& runs = scratch.runs;
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
   scratch.probs.resize(static_cast<size_t>(group * keys));
   float* probs = scratch.probs.data();
-  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t cache_row, int64_t count) {
-    const void* k = k_data + cache_row * row_bytes;
-    const float* k_scales = scaled ? a.k_cache.scales + cache_row : nullptr;
-    for (int64_t g = 0; g < group; ++g) {
-      kernels.scores(q + g * hd, k, k_scales, count, hd, a.scale, probs + g * keys + i);
+  const float* k_scale_data = scaled ? a.k_cache.scales : nullptr;
+  const float* v_scale_data = scaled ? a.v_cache.scales : nullptr;
+  for (int64_t r = 0; r < std::min(kRunsAhead, num_runs); ++r) {
+    PrefetchRun(k_data, k_scale_data, runs[r], row_bytes);
+  }
+  for (int64_t r = 0; r < num_runs; ++r) {
+    // The V pass's first runs follow the K pass's last.
+    const int64_t ahead = r + kRunsAhead;
+    if (ahead < num_runs) {
+      PrefetchRun(k_data, k_scale_data, runs[ahead], row_bytes);
+    } else if (ahead - num_runs < num_runs) {
+      PrefetchRun(v_data, v_scale_data, runs[ahead - num_runs], row_bytes);
     }
-  });
+    const KeyRun& run = runs[r];
+    const void* k = k_data + run.row * row_bytes;
+    const float* k_scales = scaled ? a.k_cache.scales + run.row : nullptr;
+    for (int64_t g = 0; g < group; ++g) {
+      kernels.scores(q + g * hd, k, k_scales, run.count, hd, a.scale, probs + g * keys + run.key);
+    }
+  }
   scratch.inv_sum.resize(static_cast<size_t>(group));
   float* inv_sum = scratch.inv_sum.data();
   for (int64_t g = 0; g < group; ++g) {
     float* p = probs + g * keys;
     float max_score = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < keys; ++i) max_score = std::max(max_score, p[i]);
+    ExpShifted(p, keys, max_score, 1.0f, p);  // exp(p[i] - max), vectorized
     float sum = 0.0f;
-    for (int64_t i = 0; i < keys; ++i) {
-      p[i] = std::exp(p[i] - max_score);
-      sum += p[i];
-    }
+    for (int64_t i = 0; i < keys; ++i) sum += p[i];
     inv_sum[g] = 1.0f / sum;
   }
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
-  ForEachKeyRun(a, seq, kv_head, first, pos, [&](int64_t i, int64_t cache_row, int64_t count) {
-    const void* v = v_data + cache_row * row_bytes;
-    const float* v_scales = scaled ? a.v_cache.scales + cache_row : nullptr;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    if (r + kRunsAhead < num_runs)
+      PrefetchRun(v_data, v_scale_data, runs[r + kRunsAhead], row_bytes);
+    const KeyRun& run = runs[r];
+    const void* v = v_data + run.row * row_bytes;
+    const float* v_scales = scaled ? a.v_cache.scales + run.row : nullptr;
     for (int64_t g = 0; g < group; ++g) {
-      kernels.accumulate(probs + g * keys + i, v, v_scales, count, hd, acc + g * hd);
+      kernels.accumulate(probs + g * keys + run.key, v, v_scales, run.count, hd, acc + g * hd);
     }
-  });
+  }
   float* out = a.out + row * a.out_stride + kv_head * group * hd;
   for (int64_t g = 0; g < group; ++g) {
     for (int64_t d = 0; d < hd; ++d) out[g * hd + d] = acc[g * hd + d] * inv_sum[g];

@@ -346,6 +346,30 @@ TEST(PagedAttentionTest, ResultsIndependentOfBatchAndThreads) {
   }
 }
 
+// Keys are visited in runs contiguous in one cache block, and the SIMD score loops reduce a run's
+// keys 16 (AVX-512) or 8 (AVX2) at a time, then 4 or 1: one block of 1 key, 5, 16 or 32 cuts the
+// same contexts into runs of every length, and every key's score must keep its bits.
+TEST(PagedAttentionTest, ResultsIndependentOfBlockSize) {
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (int64_t head_dim : {64, 77}) {
+      for (CpuIsa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                     " head_dim " + std::to_string(head_dim));
+        const ScopedIsa scoped(isa);
+        const std::vector<float> base =
+            Batch(MixedSeqs(), 8, 2, head_dim, 1, 0, 5, dtype).Run(nullptr);
+        for (int64_t block_size : {5, 16, 32}) {
+          const std::vector<float> out =
+              Batch(MixedSeqs(), 8, 2, head_dim, block_size, 0, 5, dtype).Run(nullptr);
+          ASSERT_EQ(out.size(), base.size());
+          ASSERT_EQ(0, std::memcmp(out.data(), base.data(), out.size() * sizeof(float)))
+              << "block size " << block_size;
+        }
+      }
+    }
+  }
+}
+
 TEST(PagedAttentionTest, PrefillChunkedAndDecodeAgreeBitwise) {
   for (KvCacheDType dtype : kAllKvCacheDTypes) {
     for (CpuIsa isa : SupportedIsas()) {
