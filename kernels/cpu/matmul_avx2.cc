@@ -19,11 +19,8 @@ constexpr int kLanes = 8;
 // x rows from which the panel path takes over; fewer take the decode tiles.
 constexpr int kMaxRows = 4;
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
-// chains. One x row takes eight (8 accumulators + x + the converted weights fit the 16 ymm
-// registers): with four, each chain's FMA latency left a streamed bf16 decode at 11-12 GB/s where
-// eight read 16-19 (a 256 MiB bf16 stream on one Zen 4 thread). Two or three x rows take four.
-// Tile shapes never change any element's reduction order.
-constexpr int kColsOneRow = 8;
+// chains. Tile shapes never change any element's reduction order. (Eight for one x row measured
+// the same as four here: a streamed bf16 GEMV ran at ~21 GB/s on one Zen 4 thread either way.)
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
 
@@ -119,10 +116,6 @@ template <class W, int C>
 void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step,
                 WeightLookahead* ahead) {
   static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
-  if constexpr (C > kColsFewRows) {  // one x row only (Columns)
-    Tile<W, 1, C>(a, plan, 0, col0, col_step, ahead);
-    return;
-  }
   switch (a.m) {
     case 3:
       Tile<W, 3, C>(a, plan, 0, col0, col_step, ahead);
@@ -159,14 +152,11 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
   // registers, more weight rows in flight.
-  const auto tile = [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
-    DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
-  };
-  if (a.m == 1) {
-    WalkDecodeColumns<kColsOneRow, kColsFewRows>(a.w, plan.w_row_bytes, n_begin, n_end, tile);
-  } else {
-    WalkDecodeColumns<kColsFewRows, kCols>(a.w, plan.w_row_bytes, n_begin, n_end, tile);
-  }
+  WalkDecodeColumns<kColsFewRows, kCols>(
+      a.w, plan.w_row_bytes, n_begin, n_end,
+      [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
+        DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
+      });
 }
 
 }  // namespace
