@@ -122,8 +122,9 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
   for (int64_t r = 0; r < num_runs; ++r) {
-    if (r + kRunsAhead < num_runs)
+    if (r + kRunsAhead < num_runs) {
       PrefetchRun(v_data, v_scale_data, runs[r + kRunsAhead], row_bytes);
+    }
     const KeyRun& run = runs[r];
     const void* v = v_data + run.row * row_bytes;
     const float* v_scales = scaled ? a.v_cache.scales + run.row : nullptr;
