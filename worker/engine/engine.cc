@@ -445,7 +445,15 @@ Engine::~Engine() {
 void Engine::ExportKvBlocks(std::vector<BlockKey> keys, int32_t first_block, int64_t max_bytes,
                             std::function<void(std::vector<KvBlockPayload>)> done) {
   auto task = [this, keys = std::move(keys), first_block, max_bytes, done = std::move(done)] {
-    done(transfer_->Export(kv_->pool(), keys, first_block, max_bytes));
+    std::vector<KvBlockPayload> blocks =
+        transfer_->Export(kv_->pool(), keys, first_block, max_bytes);
+    {
+      // Counted before the blocks leave: whoever receives them then sees the export in stats()
+      // (the loop's own PublishStats could otherwise come after the receiver has finished).
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.kv_transfer = transfer_->stats();
+    }
+    done(std::move(blocks));
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
