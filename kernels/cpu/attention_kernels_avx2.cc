@@ -79,7 +79,7 @@ __m256 LoadTail(const typename Elem<T>::Type* p, int64_t n) {
 
 __m256 LoadTailF32(const float* p, int64_t n) { return LoadTail<KvCacheDType::kF32>(p, n); }
 
-#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4, HorizontalSum8
+#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum8
 
 // The N accumulators of keys k .. k + N - 1 (rows head_dim elements apart): acc[j] += q * row j
 // over 8-element chunks, the last partial one zero-padded.
