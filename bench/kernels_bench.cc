@@ -8,7 +8,6 @@
 // triad_bytes/s is the memory ceiling they compare against.
 
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "bench/peak_fma.h"
+#include "common/io/anonymous_memory.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/membw.h"
@@ -48,14 +48,29 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   return v;
 }
 
+// Memory mapped as the engine maps weights and KV (common/io/anonymous_memory.h: huge pages where
+// the kernel offers them), so that the kernels pay for the TLB what they pay in the engine.
+class Mapped {
+ public:
+  explicit Mapped(size_t bytes) {
+    if (!m_.Map(bytes)) std::abort();
+  }
+  uint8_t* data() const { return m_.data(); }
+  size_t size() const { return m_.size(); }
+  uint8_t& operator[](size_t i) { return m_.data()[i]; }
+
+ private:
+  AnonymousMemory m_;
+};
+
 // Random bytes are a valid weight matrix for every dtype once the scales are sane: fp16 scales
 // of quantized blocks (d, and dmin of q4_k/q5_k; q6_k keeps d at byte 208) are overwritten with
 // 0.01; f16/bf16/f32 elements are written from floats.
-std::vector<uint8_t> RandomWeights(DType dtype, int64_t n, int64_t k) {
+Mapped RandomWeights(DType dtype, int64_t n, int64_t k) {
   const int64_t row_bytes = DTypeRowBytes(dtype, k);
-  std::vector<uint8_t> w(static_cast<size_t>(n * row_bytes));
+  Mapped w(static_cast<size_t>(n * row_bytes));
   std::mt19937 rng(7);
-  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(rng());
   const std::vector<float> f =
       RandomFloats(static_cast<size_t>(std::min<int64_t>(n * k, 1 << 20)), 8);
   const int64_t elems = n * k;
@@ -89,7 +104,7 @@ void BM_Matmul(benchmark::State& state) {
   const int64_t m = state.range(1);
   const int64_t n = state.range(2) > 0 ? state.range(2) : 4096;
   const int64_t k = state.range(3) > 0 ? state.range(3) : 4096;
-  const std::vector<uint8_t> w = RandomWeights(dtype, n, k);
+  const Mapped w = RandomWeights(dtype, n, k);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 1);
   std::vector<float> y(static_cast<size_t>(m * n));
   const MatmulArgs args{x.data(), k, w.data(), dtype, nullptr, y.data(), n, m, n, k};
@@ -114,8 +129,9 @@ BENCHMARK(BM_Matmul)
                    {0}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-// Decode (m = 1) over 32M weights with short (k = 1024: 2 KiB bf16 rows, two per 4 KiB page) and
-// long rows: the page-stride tiling of matmul_avx512.cc should make the two stream alike.
+// Decode (m = 1) over 32M weights (64M for q8_0: twice a 32 MiB L3) with short (k = 1024: 2 KiB
+// bf16 rows, two per 4 KiB page) and long rows: the page-stride tiling of matmul_walk.inc should
+// make the two stream alike.
 void BM_MatmulRowLength(benchmark::State& state) { BM_Matmul(state); }
 BENCHMARK(BM_MatmulRowLength)
     ->ArgNames({"dtype", "m", "n", "k"})
@@ -123,10 +139,57 @@ BENCHMARK(BM_MatmulRowLength)
     ->Args({static_cast<int>(DType::kF32), 1, 8192, 4096})
     ->Args({static_cast<int>(DType::kBF16), 1, 32768, 1024})
     ->Args({static_cast<int>(DType::kBF16), 1, 8192, 4096})
-    ->Args({static_cast<int>(DType::kQ8_0), 1, 32768, 1024})
-    ->Args({static_cast<int>(DType::kQ8_0), 1, 8192, 4096})
+    ->Args({static_cast<int>(DType::kQ8_0), 1, 65536, 1024})
+    ->Args({static_cast<int>(DType::kQ8_0), 1, 16384, 4096})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// The matmuls of one decode step of decode_bench's synthetic model (8 layers, hidden 1024, FFN
+// 2816, vocab 32000), m = 1, each matrix its own allocation, run in the engine's order: how fast
+// the decode tiles stream a step's weights without attention between them. Args: dtype.
+void BM_MatmulDecodeStep(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  struct Shape {
+    int64_t n, k;
+  };
+  std::vector<Shape> shapes;
+  for (int layer = 0; layer < 8; ++layer) {
+    for (const Shape s :
+         {Shape{1024, 1024}, Shape{1024, 1024}, Shape{1024, 1024}, Shape{1024, 1024},
+          Shape{2816, 1024}, Shape{2816, 1024}, Shape{1024, 2816}}) {
+      shapes.push_back(s);
+    }
+  }
+  shapes.push_back({32000, 1024});
+  std::vector<Mapped> w;
+  int64_t bytes = 0;
+  for (const Shape& s : shapes) {
+    w.push_back(RandomWeights(dtype, s.n, s.k));
+    bytes += static_cast<int64_t>(w.back().size());
+  }
+  const std::vector<float> x = RandomFloats(4096, 1);
+  std::vector<float> y(32000);
+  for (auto _ : state) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const MatmulArgs args{x.data(), shapes[i].k, w[i].data(), dtype,       nullptr,
+                            y.data(), shapes[i].n, 1,           shapes[i].n, shapes[i].k};
+      Matmul(args, &Pool());
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(DTypeName(dtype)));
+  state.counters["weight_bytes"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MatmulDecodeStep)
+    ->ArgName("dtype")
+    ->Arg(static_cast<int>(DType::kF32))
+    ->Arg(static_cast<int>(DType::kBF16))
+    ->Arg(static_cast<int>(DType::kQ8_0))
+    ->Arg(static_cast<int>(DType::kQ4_K))
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_MatmulInCache(benchmark::State& state) { BM_Matmul(state); }
 BENCHMARK(BM_MatmulInCache)
@@ -141,28 +204,13 @@ BENCHMARK(BM_MatmulInCache)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// `n` random floats in an anonymous mapping advised to use transparent huge pages, as the engine's
-// KV pool maps its blocks (worker/kv/kv_cache.cc): paged attention's scattered blocks then cost
-// the TLB what they cost in the engine.
-class PoolLikeFloats {
- public:
-  PoolLikeFloats(size_t n, uint32_t seed) : bytes_(std::max<size_t>(n, 1) * sizeof(float)) {
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) std::abort();
-    (void)madvise(p, bytes_, MADV_HUGEPAGE);
-    data_ = static_cast<float*>(p);
-    const std::vector<float> v = RandomFloats(n, seed);
-    std::memcpy(data_, v.data(), n * sizeof(float));
-  }
-  PoolLikeFloats(const PoolLikeFloats&) = delete;
-  PoolLikeFloats& operator=(const PoolLikeFloats&) = delete;
-  ~PoolLikeFloats() { munmap(data_, bytes_); }
-  const float* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  float* data_;
-};
+// `n` random floats, mapped as the engine's KV pool maps its blocks.
+Mapped RandomMappedFloats(size_t n, uint32_t seed) {
+  Mapped m(n * sizeof(float));
+  const std::vector<float> v = RandomFloats(n, seed);
+  std::memcpy(m.data(), v.data(), n * sizeof(float));
+  return m;
+}
 
 // Decode attention (q_len = 1) for a batch of sequences. Args: block_size (0 = contiguous:
 // one block per sequence holding its whole context), context length.
@@ -174,8 +222,8 @@ void BM_DecodeAttention(benchmark::State& state) {
   const int64_t num_blocks = num_seqs * blocks_per_seq;
   const PagedKvLayout layout{num_kv_heads, head_dim, block_size};
   const size_t cache = static_cast<size_t>(num_blocks * num_kv_heads * block_size * head_dim);
-  const PoolLikeFloats k_cache(cache, 2);
-  const PoolLikeFloats v_cache(cache, 3);
+  const Mapped k_cache = RandomMappedFloats(cache, 2);
+  const Mapped v_cache = RandomMappedFloats(cache, 3);
   std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
   std::iota(tables.begin(), tables.end(), 0);
   std::shuffle(tables.begin(), tables.end(), std::mt19937(4));  // paged: scattered blocks
@@ -195,8 +243,8 @@ void BM_DecodeAttention(benchmark::State& state) {
                                 ctx.data(),
                                 tables.data(),
                                 blocks_per_seq,
-                                k_cache.data(),
-                                v_cache.data(),
+                                reinterpret_cast<const float*>(k_cache.data()),
+                                reinterpret_cast<const float*>(v_cache.data()),
                                 layout,
                                 1.0f / std::sqrt(static_cast<float>(head_dim)),
                                 0};

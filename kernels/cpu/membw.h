@@ -11,6 +11,8 @@ namespace kvserve::cpu {
 /// split over `pool` (nullptr = one thread); best of `reps` (>= 1) timed runs after one warm-up.
 /// Returns bytes/s counting 3 arrays moved per run — the machine's memory bandwidth when the
 /// arrays are well beyond the last-level cache (use >= 4x its size). Benchmarks compare to it.
+/// The arrays are on huge pages where the kernel offers them, as weights and KV are; 0 when
+/// they cannot be mapped.
 double MeasureTriadBandwidth(ThreadPool* pool, size_t bytes_per_array, int reps);
 
 }  // namespace kvserve::cpu

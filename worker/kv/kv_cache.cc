@@ -1,7 +1,5 @@
 #include "worker/kv/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -59,8 +57,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
       }
       const bool mapped = b.host_data.Map(static_cast<size_t>(data_bytes)) &&
                           (!scaled || b.host_scales.Map(static_cast<size_t>(rows) * sizeof(float)));
-      b.data = static_cast<uint8_t*>(b.host_data.get());
-      b.scales = static_cast<float*>(b.host_scales.get());
+      b.data = b.host_data.data();
+      b.scales = reinterpret_cast<float*>(b.host_scales.data());
       if (!mapped) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cannot allocate ", num_blocks, " KV blocks (",
@@ -71,41 +69,6 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& conf
     }
   }
   return cache;
-}
-
-KvCache::HostMapping::HostMapping(HostMapping&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-KvCache::HostMapping& KvCache::HostMapping::operator=(HostMapping&& other) noexcept {
-  if (this != &other) {
-    if (ptr_ != nullptr) munmap(ptr_, bytes_);
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-KvCache::HostMapping::~HostMapping() {
-  if (ptr_ != nullptr) munmap(ptr_, bytes_);
-}
-
-bool KvCache::HostMapping::Map(size_t bytes) {
-  bytes = std::max<size_t>(bytes, 1);
-  // Anonymous private pages read as zero and are backed by RAM only once written.
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  if (p == MAP_FAILED) return false;
-#if defined(MADV_HUGEPAGE)
-  // Decode attention reads each sequence's blocks scattered over the pool, a few KiB per block
-  // and kv head: with 4 KiB pages nearly every run costs a TLB miss and a page walk. 2 MiB pages
-  // (where transparent huge pages are enabled) cut that, at the price of committing memory in
-  // 2 MiB steps as blocks are first written. Advice only: failure changes nothing.
-  (void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-  if (ptr_ != nullptr) munmap(ptr_, bytes_);
-  ptr_ = p;
-  bytes_ = bytes;
-  return true;
 }
 
 void KvCache::CopyBlock(int64_t src, int64_t dst) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/io/anonymous_memory.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/kv_dtype.h"
@@ -93,29 +94,14 @@ class KvCache {
   static int64_t BytesPerToken(const ModelConfig& config, KvCacheDType dtype = KvCacheDType::kF32);
 
  private:
-  /// Zeroed host memory mapped without being touched: pages are committed as blocks are first
-  /// written, so a large pool costs address space, not RAM, until it is used.
-  class HostMapping {
-   public:
-    HostMapping() = default;
-    HostMapping(HostMapping&& other) noexcept;
-    HostMapping& operator=(HostMapping&& other) noexcept;
-    ~HostMapping();
-    /// Maps `bytes` zero bytes; false when the address space is not there.
-    bool Map(size_t bytes);
-    void* get() const { return ptr_; }
-
-   private:
-    void* ptr_ = nullptr;
-    size_t bytes_ = 0;
-  };
-
   struct Buffer {
     uint8_t* data = nullptr;  // [num_blocks][num_kv_heads][block_size][head_dim] elements
     float* scales = nullptr;  // [num_blocks][num_kv_heads][block_size]; int8 / fp8 only
-    // Owners: host mappings, or device memory of backend_.
-    HostMapping host_data;
-    HostMapping host_scales;
+    // Owners: host mappings (committed as blocks are first written; on huge pages, which the
+    // decode attention's scattered per-block reads need to avoid a TLB miss per run), or device
+    // memory of backend_.
+    AnonymousMemory host_data;
+    AnonymousMemory host_scales;
     DeviceBuffer device_data;
     DeviceBuffer device_scales;
   };

@@ -258,7 +258,9 @@ class Binder {
           r.file, ": tensor '", name, "' of type ", std::string(DTypeName(r.dtype)),
           " must be 2-D with a row length that is a multiple of its ", block, "-element block"));
     }
-    *out = TensorView{r.name, r.dtype, r.shape, AlignedData(r.data, r.dtype, r.nbytes)};
+    absl::StatusOr<const void*> data = AlignedData(r, r.data, r.nbytes);
+    if (!data.ok()) return data.status();
+    *out = TensorView{r.name, r.dtype, r.shape, *data};
     return absl::OkStatus();
   }
 
@@ -273,8 +275,8 @@ class Binder {
                                                      "; expected f32, f16 or bf16"));
     }
     const int64_t n = expected[0];
-    auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(n) * sizeof(float));
-    float* dst = reinterpret_cast<float*>(buf.get());
+    auto* dst = reinterpret_cast<float*>(weights_->Allocate(n * 4));
+    if (dst == nullptr) return OutOfMemory(r, n * 4);
     for (int64_t i = 0; i < n; ++i) {
       if (r.dtype == DType::kF32) {
         std::memcpy(&dst[i], r.data + 4 * i, 4);
@@ -284,8 +286,7 @@ class Binder {
         dst[i] = r.dtype == DType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
       }
     }
-    *out = TensorView{r.name, DType::kF32, r.shape, buf.get()};
-    weights_->owned_buffers.push_back(std::move(buf));
+    *out = TensorView{r.name, DType::kF32, r.shape, dst};
     return absl::OkStatus();
   }
 
@@ -307,8 +308,8 @@ class Binder {
       }
     }
     const int64_t rows = heads * (nope + v);
-    auto buf = std::make_unique<uint8_t[]>(rows * rank * sizeof(float));
-    float* dst = reinterpret_cast<float*>(buf.get());
+    auto* dst = reinterpret_cast<float*>(weights_->Allocate(rows * rank * 4));
+    if (dst == nullptr) return OutOfMemory(**k, rows * rank * 4);
     std::vector<float> row(static_cast<size_t>(std::max(nope, rank)));
     const int64_t k_row = DTypeRowBytes((*k)->dtype, nope);
     const int64_t v_row = DTypeRowBytes((*vt)->dtype, rank);
@@ -323,8 +324,7 @@ class Binder {
                              head + (nope + i) * rank);
       }
     }
-    *out = TensorView{absl::StrCat(k_name, "+", v_name), DType::kF32, {rows, rank}, buf.get()};
-    weights_->owned_buffers.push_back(std::move(buf));
+    *out = TensorView{absl::StrCat(k_name, "+", v_name), DType::kF32, {rows, rank}, dst};
     return absl::OkStatus();
   }
 
@@ -342,10 +342,9 @@ class Binder {
           " must have a row length that is a multiple of its ", block, "-element block"));
     }
     const int64_t bytes = rows * DTypeRowBytes(r.dtype, cols);
-    *out = TensorView{absl::StrCat(r.name, "[", expert, "]"),
-                      r.dtype,
-                      {rows, cols},
-                      AlignedData(r.data + expert * bytes, r.dtype, bytes)};
+    absl::StatusOr<const void*> data = AlignedData(r, r.data + expert * bytes, bytes);
+    if (!data.ok()) return data.status();
+    *out = TensorView{absl::StrCat(r.name, "[", expert, "]"), r.dtype, {rows, cols}, *data};
     return absl::OkStatus();
   }
 
@@ -353,14 +352,18 @@ class Binder {
   /// `data` itself, or an owned copy when it is not aligned for `dtype` (safetensors offsets
   /// need not be; quantized blocks hold fp16 fields at even offsets, read with memcpy, so they
   /// need 2-byte alignment).
-  const void* AlignedData(const uint8_t* data, DType dtype, uint64_t bytes) {
-    const uintptr_t need = DTypeIsQuantized(dtype) ? 2 : DTypeBlockBytes(dtype);
+  absl::StatusOr<const void*> AlignedData(const RawTensor& r, const uint8_t* data, uint64_t bytes) {
+    const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
     if (reinterpret_cast<uintptr_t>(data) % need == 0) return data;
-    auto copy = std::make_unique<uint8_t[]>(bytes);
-    std::memcpy(copy.get(), data, bytes);
-    const void* aligned = copy.get();
-    weights_->owned_buffers.push_back(std::move(copy));
-    return aligned;
+    uint8_t* copy = weights_->Allocate(static_cast<int64_t>(bytes));
+    if (copy == nullptr) return OutOfMemory(r, static_cast<int64_t>(bytes));
+    std::memcpy(copy, data, bytes);
+    return copy;
+  }
+
+  static absl::Status OutOfMemory(const RawTensor& r, int64_t bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(r.file, ": out of memory for ", bytes, " bytes of tensor '", r.name, "'"));
   }
 
   absl::StatusOr<const RawTensor*> Lookup(const std::string& name,

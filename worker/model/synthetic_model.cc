@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <random>
 #include <string>
 #include <utility>
@@ -33,14 +32,6 @@ DType MatrixDType(const SyntheticModelOptions& o, const std::string& role, int l
   // Rows that are not whole blocks (a 256-element super-block) fall back to q8_0.
   if (cols % DTypeBlockElems(t) != 0) t = DType::kQ8_0;
   return t;
-}
-
-// A buffer of `bytes` owned by `weights`; nullptr when out of memory.
-uint8_t* AllocateIn(ModelWeights* weights, int64_t bytes) {
-  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[bytes]);
-  uint8_t* p = buf.get();
-  if (p != nullptr) weights->owned_buffers.push_back(std::move(buf));
-  return p;
 }
 
 class Builder {
@@ -91,7 +82,7 @@ class Builder {
     return t;
   }
 
-  uint8_t* Allocate(int64_t bytes) { return AllocateIn(weights_, bytes); }
+  uint8_t* Allocate(int64_t bytes) { return weights_->Allocate(bytes); }
 
   ModelWeights* weights_;
   std::mt19937_64 rng_;
@@ -272,7 +263,7 @@ absl::StatusOr<TensorView> ToF32(const TensorView& t, ModelWeights* twin) {
   if (!t.present()) return t;
   const int64_t cols = t.shape.back();
   const int64_t rows = t.numel() / cols;
-  auto* data = reinterpret_cast<float*>(AllocateIn(twin, rows * cols * 4));
+  auto* data = reinterpret_cast<float*>(twin->Allocate(rows * cols * 4));
   if (data == nullptr) return absl::ResourceExhaustedError("dequantized twin: out of memory");
   const auto* src = static_cast<const uint8_t*>(t.data);
   for (int64_t r = 0; r < rows; ++r) {

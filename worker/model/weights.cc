@@ -1,6 +1,16 @@
 #include "worker/model/weights.h"
 
+#include <utility>
+
 namespace kvserve {
+
+uint8_t* ModelWeights::Allocate(int64_t bytes) {
+  AnonymousMemory m;
+  if (bytes < 0 || !m.Map(static_cast<size_t>(bytes))) return nullptr;
+  uint8_t* p = m.data();
+  owned_buffers.push_back(std::move(m));
+  return p;
+}
 
 int64_t ModelWeights::TotalBytes() const {
   int64_t total = token_embedding.nbytes() + final_norm.nbytes();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/io/anonymous_memory.h"
 #include "common/io/mapped_file.h"
 #include "kernels/dtype.h"
 #include "worker/model/model_config.h"
@@ -90,7 +91,11 @@ struct ModelWeights {
 
   /// Storage the views point into; never resized after the views are made.
   std::vector<MappedFile> files;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_buffers;
+  std::vector<AnonymousMemory> owned_buffers;
+
+  /// `bytes` zero bytes owned by owned_buffers (on huge pages where the kernel offers them, as
+  /// decode streams weights best from), or nullptr when the memory is not there.
+  uint8_t* Allocate(int64_t bytes);
 
   /// Total bytes of all weight tensors (tied output counted once).
   int64_t TotalBytes() const;

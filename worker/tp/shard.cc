@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,17 +61,16 @@ absl::StatusOr<TensorView> ColumnSlice(const TensorView& t, int64_t begin, int64
   const int64_t src_row = t.row_bytes();
   const int64_t dst_row = v.row_bytes();
   const int64_t offset = DTypeRowBytes(t.dtype, begin);
-  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[rows * dst_row]);
+  uint8_t* buf = shard.Allocate(rows * dst_row);
   if (buf == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("tensor parallel: out of memory copying ",
                                                      rows * dst_row, " bytes of ", t.name));
   }
   const auto* src = static_cast<const uint8_t*>(t.data);
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(buf.get() + r * dst_row, src + r * src_row + offset, dst_row);
+    std::memcpy(buf + r * dst_row, src + r * src_row + offset, dst_row);
   }
-  v.data = buf.get();
-  shard.owned_buffers.push_back(std::move(buf));
+  v.data = buf;
   return v;
 }
 

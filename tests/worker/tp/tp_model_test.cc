@@ -215,12 +215,9 @@ void AddQkvBias(ModelWeights& w, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
   auto make = [&](int64_t n) {
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[n * 4]);
-    auto* f = reinterpret_cast<float*>(buf.get());
+    auto* f = reinterpret_cast<float*>(w.Allocate(n * 4));
     for (int64_t i = 0; i < n; ++i) f[i] = dist(rng);
-    TensorView t{"bias", DType::kF32, {n}, buf.get()};
-    w.owned_buffers.push_back(std::move(buf));
-    return t;
+    return TensorView{"bias", DType::kF32, {n}, f};
   };
   const ModelConfig& c = w.config;
   for (LayerWeights& l : w.layers) {

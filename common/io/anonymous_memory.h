@@ -1,0 +1,41 @@
+#ifndef KVSERVE_COMMON_IO_ANONYMOUS_MEMORY_H_
+#define KVSERVE_COMMON_IO_ANONYMOUS_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvserve {
+
+/// Zeroed memory of one private anonymous mapping, made without touching it: RAM is committed as
+/// pages are first written, so a large reservation costs address space until it is used. The
+/// mapping is advised to use transparent huge pages (where the kernel offers them): streaming
+/// reads then cross no 4 KiB page boundary and miss the TLB 512 times less often; reading model
+/// weights from 2 MiB pages, one thread streamed ~1.3 times as fast as from 4 KiB pages
+/// (docs/benchmarks.md, "Weights on huge pages"). The price is committing memory in 2 MiB steps.
+/// Move-only; unmaps on destruction.
+class AnonymousMemory {
+ public:
+  AnonymousMemory() = default;
+  AnonymousMemory(AnonymousMemory&& other) noexcept;
+  AnonymousMemory& operator=(AnonymousMemory&& other) noexcept;
+  AnonymousMemory(const AnonymousMemory&) = delete;
+  AnonymousMemory& operator=(const AnonymousMemory&) = delete;
+  ~AnonymousMemory();
+
+  /// Maps `bytes` (at least one) zero bytes, replacing any earlier mapping; false when the
+  /// address space is not there (the earlier mapping is then kept).
+  bool Map(size_t bytes);
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void Reset();
+
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace kvserve
+
+#endif  // KVSERVE_COMMON_IO_ANONYMOUS_MEMORY_H_
