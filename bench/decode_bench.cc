@@ -5,10 +5,10 @@
 //   build/bench/decode_bench --benchmark_filter=BM_DecodeSynthetic --benchmark_repetitions=3
 //
 // Counters: tok/s (tokens generated per second), weight_GB/s (bytes of weights and KV read per
-// step / step time), triad_GB/s (STREAM triad measured at start-up), bw_ratio = weight_GB/s /
-// triad_GB/s; prefill reports GFLOP/s, the register-only FMA peak of the same threads measured
-// right after it (peak_GFLOP/s, bench/peak_fma.h) and their ratio; BM_DecodeKvDtype compares KV
-// cache dtypes at a long context.
+// step / step time), triad_GB/s (STREAM triad of the same threads right after the case, on huge
+// pages as the weights are), bw_ratio = weight_GB/s / triad_GB/s; prefill reports GFLOP/s, the
+// register-only FMA peak of the same threads measured right after it (peak_GFLOP/s,
+// bench/peak_fma.h) and their ratio; BM_DecodeKvDtype compares KV cache dtypes at a long context.
 
 #include <benchmark/benchmark.h>
 

@@ -281,7 +281,7 @@ void BM_ParallelForOverhead(benchmark::State& state) {
 }
 BENCHMARK(BM_ParallelForOverhead)->ArgName("dynamic")->Arg(0)->Arg(1)->UseRealTime();
 
-// The machine's memory bandwidth (STREAM triad, 64 MiB arrays) in the same run, for comparison.
+// The machine's memory bandwidth (STREAM triad, 64 MiB arrays on huge pages) in the same run.
 void BM_TriadBandwidth(benchmark::State& state) {
   double best = 0;
   for (auto _ : state) {

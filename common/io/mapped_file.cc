@@ -50,11 +50,11 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
       return ErrnoError(path, "cannot mmap", err);
     }
 #if defined(MADV_HUGEPAGE)
-    // Before the first touch: where the kernel caches files in large folios (Linux 6.x on ext4,
-    // xfs, tmpfs with huge pages), pages the file faults in from disk are then cached and mapped
-    // 2 MiB at a time, and decode streams the weights ~1.3 times as fast as from 4 KiB pages
-    // (docs/benchmarks.md, "Weights on huge pages"). Parts already cached in small pages stay
-    // small. Still zero-copy; advice only: failure changes nothing.
+    // Before the first touch, so that pages read from disk may be cached and mapped 2 MiB at a
+    // time where the kernel caches files in large folios: one decode thread streams weights
+    // from 2 MiB pages ~1.25 times as fast as from 4 KiB ones (docs/benchmarks.md, "Weights on
+    // huge pages"). Parts already cached in small pages stay small. Still zero-copy; advice
+    // only: failure changes nothing.
     (void)::madvise(addr, file.size_, MADV_HUGEPAGE);
 #endif
     file.data_ = static_cast<const uint8_t*>(addr);
