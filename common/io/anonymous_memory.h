@@ -10,7 +10,7 @@ namespace kvserve {
 /// pages are first written, so a large reservation costs address space until it is used. The
 /// mapping is advised to use transparent huge pages (where the kernel offers them): streaming
 /// reads then cross no 4 KiB page boundary and miss the TLB 512 times less often; reading model
-/// weights from 2 MiB pages, one thread streamed ~1.3 times as fast as from 4 KiB pages
+/// weights from 2 MiB pages, one thread streamed ~1.25 times as fast as from 4 KiB pages
 /// (docs/benchmarks.md, "Weights on huge pages"). The price is committing memory in 2 MiB steps.
 /// Move-only; unmaps on destruction.
 class AnonymousMemory {

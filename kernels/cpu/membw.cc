@@ -13,8 +13,9 @@ double MeasureTriadBandwidth(ThreadPool* pool, size_t bytes_per_array, int reps)
   const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(bytes_per_array / sizeof(float)));
   // On huge pages, as the engine maps weights and KV (common/io/anonymous_memory.h), so that the
   // bandwidth kernels are scaled by is the machine's best, not one cut by 4 KiB page walks. The
-  // arrays start 64 and 128 bytes past each other's offset: with equal offsets the store to a[i]
-  // and the loads of b[i] and c[i] alias in the 4 KiB-indexed load/store queues.
+  // arrays start 64 and 128 bytes past each other's offset, as STREAM offsets its arrays against
+  // 4 KiB aliasing of the store to a[i] with the loads of b[i] and c[i] (on the Zen 4 VM of
+  // docs/benchmarks.md it measured the same either way).
   AnonymousMemory buffers[3];
   for (AnonymousMemory& m : buffers) {
     if (!m.Map(static_cast<size_t>(n) * sizeof(float) + 256)) return 0.0;

@@ -349,9 +349,10 @@ class Binder {
   }
 
  private:
-  /// `data` itself, or an owned copy when it is not aligned for `dtype` (safetensors offsets
-  /// need not be; quantized blocks hold fp16 fields at even offsets, read with memcpy, so they
-  /// need 2-byte alignment).
+  /// `data` (`bytes` of tensor `r`) itself, or an owned copy when it is not aligned for `r.dtype`
+  /// (safetensors offsets need not be; quantized blocks hold fp16 fields at even offsets, read
+  /// with memcpy, so they need 2-byte alignment); RESOURCE_EXHAUSTED when the copy cannot be
+  /// made.
   absl::StatusOr<const void*> AlignedData(const RawTensor& r, const uint8_t* data, uint64_t bytes) {
     const uintptr_t need = DTypeIsQuantized(r.dtype) ? 2 : DTypeBlockBytes(r.dtype);
     if (reinterpret_cast<uintptr_t>(data) % need == 0) return data;
