@@ -66,7 +66,8 @@ void StoreSums(const __m256* acc, const float* bias, float* y, int64_t col_step)
 // One R x C register tile: rows row0.., weight rows col0...
 template <class W, int R, int C>
 void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0, int64_t col_step,
-          WeightLookahead* ahead) {
+          WeightLookahead* walk) {
+  WeightLookahead ahead = *walk;  // in registers while the tile runs (WeightLookahead)
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride;
   const uint8_t* w[C];
@@ -80,7 +81,7 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
     __m256 wv[C][W::kVecs];
-    ahead->Advance(C * W::kStep * W::kElemBytes);
+    ahead.Advance(C * W::kStep * W::kElemBytes);
     for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < W::kVecs; ++v) {
@@ -108,6 +109,7 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     StoreSums<C>(acc[r], a.bias != nullptr ? a.bias + col0 : nullptr,
                  a.y + (row0 + r) * a.y_stride + col0, col_step);
   }
+  *walk = ahead;
 }
 
 // The decode tiles: every x row (fewer than kMaxRows; more take the panel path) against weight
