@@ -45,6 +45,22 @@ TEST(AnonymousMemoryTest, CommitsPagesOnlyAsTheyAreWritten) {
   EXPECT_LE(resident * static_cast<size_t>(sysconf(_SC_PAGESIZE)), size_t{2} << 20);
 }
 
+TEST(AnonymousMemoryTest, LargeMappingsCoverWholeAlignedHugePages) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  for (const size_t bytes : {kHuge, kHuge * 11 / 4, kHuge * 5 + 1}) {
+    AnonymousMemory m;
+    ASSERT_TRUE(m.Map(bytes));
+    EXPECT_EQ(m.size(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m.data()) % kHuge, 0u) << bytes;
+    // The mapping runs on to the next huge-page boundary: mincore fails (ENOMEM) on unmapped
+    // pages, so this checks the rounded-up tail is there.
+    const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+    std::vector<unsigned char> in_core(mapped / static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+    EXPECT_EQ(mincore(m.data(), mapped, in_core.data()), 0) << bytes;
+    m.data()[bytes - 1] = 3;
+  }
+}
+
 TEST(AnonymousMemoryTest, MovesOwnership) {
   AnonymousMemory a;
   ASSERT_TRUE(a.Map(4096));
