@@ -302,7 +302,7 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
 
 // The AVX-512 path with and without VNNI: q8_0/q4_0 take different kernels (512-bit vpdpbusd on
 // block pairs, or 256-bit vpmaddubsw), each matching the reference and each batch-invariant; the
-// K-quants apply their scales in vpmaddwd either way, so they give identical bits.
+// K-quants take the same tile either way, so they give identical bits.
 TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
     GTEST_SKIP() << "no AVX-512 on this CPU"
@@ -341,6 +341,33 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
     }
   }
   SetAvx512VnniOverride(std::nullopt);
+}
+
+// The K-quant tile is one 256-bit source on every x86 path (matmul_int8.inc) with exact integer
+// super-block sums, so AVX2 and AVX-512 give the same bits, in decode tiles (m < 4: eight weight
+// rows per tile, one lane each) and batched ones (lanes per activation and weight row pair).
+TEST(MatmulTest, KQuantsGiveTheSameBitsOnEveryX86Path) {
+  if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU"
+                 << testing_ci::DeclaredCiSkip("CI machines may lack it");
+  }
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (int64_t m : {1, 3, 6}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " m=" + std::to_string(m));
+      const Problem p(m, 37, 1024, dtype, true, 13);
+      std::vector<float> avx2, avx512;
+      {
+        const ScopedIsa scoped(CpuIsa::kAvx2);
+        avx2 = p.Run(nullptr);
+      }
+      {
+        const ScopedIsa scoped(CpuIsa::kAvx512);
+        avx512 = p.Run(nullptr);
+      }
+      ExpectMatchesReference(p, avx2);
+      EXPECT_EQ(0, std::memcmp(avx2.data(), avx512.data(), avx2.size() * sizeof(float)));
+    }
+  }
 }
 
 // The SIMD activation quantizer gives the portable one's bits: random rows, a zero block, exact
