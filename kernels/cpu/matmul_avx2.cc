@@ -20,17 +20,21 @@ constexpr int kLanes = 8;
 // x rows from which the panel path takes over; fewer take the decode tiles.
 constexpr int kMaxRows = 4;
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
-// chains. Tile shapes never change any element's reduction order. (Eight for one x row measured
-// the same as four here: a streamed bf16 GEMV ran at ~21 GB/s on one Zen 4 thread either way.)
+// chains. Tile shapes never change any element's reduction order. One x row takes eight (8
+// accumulators; one-thread f32 and bf16 GEMVs streamed 5-13 % faster than with four), two or
+// three take four.
+constexpr int kColsOneRow = 8;
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
 
-// Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
+// Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk, and LoadX()
+// the x vectors they multiply, in the same element order.
 struct F32W {
   static constexpr int kStep = 8, kVecs = 1, kElemBytes = 4;
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
     out[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + kk);
   }
+  static void LoadX(const float* x, __m256* out) { out[0] = _mm256_loadu_ps(x); }
 };
 
 struct F16W {
@@ -38,13 +42,25 @@ struct F16W {
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
     out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk)));
   }
+  static void LoadX(const float* x, __m256* out) { out[0] = _mm256_loadu_ps(x); }
 };
 
+// bf16 is the top half of an fp32, so interleaving zero words below 16 weights widens them with
+// one in-lane shuffle per eight: the two vectors hold elements {0-3, 8-11} and {4-7, 12-15}, and
+// LoadX gives x in that order. vpmovzxwd + vpslld (two operations per eight, one crossing lanes)
+// held a one-row GEMV in L2 to 28-32 GB/s on one Zen 4 thread, below what memory delivers.
 struct BF16W {
-  static constexpr int kStep = 8, kVecs = 1, kElemBytes = 2;
+  static constexpr int kStep = 16, kVecs = 2, kElemBytes = 2;
   static void Load(const uint8_t* row, int64_t kk, __m256* out) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * kk));
-    out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk));
+    out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
+    out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
+  }
+  static void LoadX(const float* x, __m256* out) {
+    const __m256 lo = _mm256_loadu_ps(x);
+    const __m256 hi = _mm256_loadu_ps(x + 8);
+    out[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+    out[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
   }
 };
 
@@ -81,29 +97,35 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   }
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
-    __m256 wv[C][W::kVecs];
     ahead.Advance(C * W::kStep * W::kElemBytes);
-    for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < W::kVecs; ++v) {
-        const __m256 xv = _mm256_loadu_ps(x[r] + kk + v * kLanes);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][v], acc[r][c]);
+    __m256 xv[R][W::kVecs];
+    for (int r = 0; r < R; ++r) W::LoadX(x[r] + kk, xv[r]);
+    // Each weight row used as soon as it is converted: all C rows first (8 x 2 vectors for bf16)
+    // left GCC no registers for the accumulators, and it spilled them on every step.
+    for (int c = 0; c < C; ++c) {
+      __m256 wv[W::kVecs];
+      W::Load(w[c], kk, wv);
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < W::kVecs; ++v) acc[r][c] = _mm256_fmadd_ps(xv[r][v], wv[v], acc[r][c]);
       }
     }
   }
   if (kk < a.k) {  // zero-padded final step
     const int64_t rest = a.k - kk;
-    __m256 wv[C][1];
+    __m256 wv[C][W::kVecs];
     for (int c = 0; c < C; ++c) {
-      alignas(32) uint8_t buf[kLanes * 4] = {};
+      alignas(32) uint8_t buf[W::kStep * W::kElemBytes] = {};
       std::memcpy(buf, w[c] + kk * W::kElemBytes, rest * W::kElemBytes);
       W::Load(buf, 0, wv[c]);
     }
     for (int r = 0; r < R; ++r) {
-      alignas(32) float xb[kLanes] = {};
+      alignas(32) float xb[W::kStep] = {};
       std::memcpy(xb, x[r] + kk, rest * sizeof(float));
-      const __m256 xv = _mm256_load_ps(xb);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c][0], acc[r][c]);
+      __m256 xv[W::kVecs];
+      W::LoadX(xb, xv);
+      for (int v = 0; v < W::kVecs; ++v) {
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv[v], wv[c][v], acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -138,7 +160,6 @@ void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64
 using Vec = __m256;
 Vec VecZero() { return _mm256_setzero_ps(); }
 Vec VecLoad(const float* p) { return _mm256_load_ps(p); }
-Vec VecLoadU(const float* p) { return _mm256_loadu_ps(p); }
 void VecStore(float* p, Vec v) { _mm256_store_ps(p, v); }
 Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
 // 4 x 2: 8 accumulators + 2 weight vectors + 1 x vector of the 16 ymm registers.
@@ -155,6 +176,14 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
   // registers, more weight rows in flight.
+  if (a.m == 1) {
+    WalkDecodeColumns<kColsOneRow, kCols>(
+        a.w, plan.w_row_bytes, n_begin, n_end,
+        [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
+          Tile<W, 1, decltype(cols)::value>(a, plan, 0, col, step, ahead);
+        });
+    return;
+  }
   WalkDecodeColumns<kColsFewRows, kCols>(
       a.w, plan.w_row_bytes, n_begin, n_end,
       [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {

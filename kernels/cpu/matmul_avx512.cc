@@ -21,7 +21,6 @@ constexpr int kMaxRows = 4;
 using Vec = __m512;
 Vec VecZero() { return _mm512_setzero_ps(); }
 Vec VecLoad(const float* p) { return _mm512_load_ps(p); }
-Vec VecLoadU(const float* p) { return _mm512_loadu_ps(p); }
 void VecStore(float* p, Vec v) { _mm512_store_ps(p, v); }
 Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
 
@@ -47,7 +46,8 @@ void StoreSums(const __m512* acc, const float* bias, float* y, int64_t col_step)
 constexpr int kColsFewRows = 8;
 constexpr int kCols = 4;  // weight rows per register tile
 
-// Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk.
+// Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk, and LoadX()
+// the x vectors they multiply, in the same element order.
 struct F32W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 4;
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
@@ -56,6 +56,7 @@ struct F32W {
   static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
     out[0] = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + kk);
   }
+  static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
 };
 
 struct F16W {
@@ -66,6 +67,7 @@ struct F16W {
   static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
     out[0] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * kk));
   }
+  static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
 };
 
 struct BF16W {
@@ -79,6 +81,7 @@ struct BF16W {
   static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
     out[0] = Widen(_mm256_maskz_loadu_epi16(m, row + 2 * kk));
   }
+  static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
 };
 
 #include "kernels/cpu/matmul_walk.inc"  // before the files that use it
@@ -107,12 +110,14 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     ahead.Advance(C * W::kStep * W::kElemBytes);
     for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
     for (int r = 0; r < R; ++r) {
+      __m512 xv[W::kVecs];
+      W::LoadX(x[r] + kk, xv);
       for (int v = 0; v < W::kVecs; ++v) {
-        const __m512 xv = _mm512_loadu_ps(x[r] + kk + v * kLanes);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c][v], acc[r][c]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv[v], wv[c][v], acc[r][c]);
       }
     }
   }
+  static_assert(W::kVecs == 1, "the masked final step loads one vector");
   if (kk < a.k) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (a.k - kk)) - 1u);
     __m512 wv[C][1];
