@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>&
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -36,6 +38,12 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>&
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Killed with its parent: a parent that dies without stopping it (a test that aborts, `kvserve
+    // up` killed) would otherwise leave it serving, and holding the stdout of whoever ran the
+    // parent (ctest waited on such an orphaned worker until it was killed by hand). SIGKILL, as a
+    // child the parent paused with SIGSTOP would never act on SIGTERM. If the parent is already
+    // gone, the signal will not come: exit now.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
     ::dup2(fds[1], STDOUT_FILENO);
     ::execv(args[0], args.data());
     ::_exit(127);

@@ -12,7 +12,9 @@
 namespace kvserve::cli {
 
 /// A child process whose stdout is read line by line by its parent (stderr is inherited, so
-/// its logs reach the terminal). Move-only; the destructor kills a still-running child.
+/// its logs reach the terminal). Move-only; the destructor kills a still-running child, and the
+/// child is killed (SIGKILL) when the thread that spawned it exits, so spawn from a thread that
+/// outlives the child (the main thread).
 class ChildProcess {
  public:
   /// Starts `argv[0]` with `argv`; argv[0] is a path.
