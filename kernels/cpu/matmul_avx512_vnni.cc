@@ -1,5 +1,5 @@
 // The AVX-512 path's int8 dot-product matmul with VNNI: matmul_int8.inc compiled with
-// -mavx512vnni (q8_0 in 512-bit vpdpbusd block pairs, q4_0 in block quads). Selected by Matmul()
+// -mavx512vnni (q8_0 through 256-bit vpdpbusd, q4_0 in 512-bit block quads). Selected by Matmul()
 // when CpuAvx512VnniEnabled().
 
 #include "kernels/cpu/matmul_impl.h"

@@ -301,9 +301,9 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
   }
 }
 
-// The AVX-512 path with and without VNNI: q8_0/q4_0 take different kernels (512-bit vpdpbusd on
-// block pairs, or 256-bit vpmaddubsw), each matching the reference and each batch-invariant; the
-// K-quants take the same tile either way, so they give identical bits.
+// The AVX-512 path with and without VNNI: q4_0 takes different kernels (512-bit vpdpbusd on block
+// quads, or 256-bit vpmaddubsw), each matching the reference and each batch-invariant; q8_0 (one
+// tile, vpdpbusd or vpmaddubsw for the same exact sums) and the K-quants give identical bits.
 TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
     GTEST_SKIP() << "no AVX-512 on this CPU"
@@ -317,8 +317,8 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   }
   const ScopedIsa scoped(CpuIsa::kAvx512);
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    // k = 1024 and block counts that leave 1, 2 and 3 blocks after the VNNI kernels' steps of
-    // two (q8_0) or four (q4_0) blocks: 9, 10 and 11 blocks of 32.
+    // k = 1024 and block counts that leave 1, 2 and 3 blocks after the q4_0 VNNI kernel's steps
+    // of four blocks: 9, 10 and 11 blocks of 32.
     std::vector<int64_t> ks = {1024, 768};
     if (DTypeBlockElems(dtype) == 32) ks = {1024, 288, 320, 352};
     for (int64_t k : ks) {
@@ -335,7 +335,7 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
         SetAvx512VnniOverride(false);
         const std::vector<float> plain = p.Run(nullptr);
         ExpectMatchesReference(p, plain);
-        if (DTypeBlockElems(dtype) == 256) {
+        if (dtype != DType::kQ4_0) {
           EXPECT_EQ(0, std::memcmp(vnni.data(), plain.data(), vnni.size() * sizeof(float)));
         }
       }
@@ -344,15 +344,15 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
   SetAvx512VnniOverride(std::nullopt);
 }
 
-// The K-quant tile is one 256-bit source on every x86 path (matmul_int8.inc) with exact integer
-// super-block sums, so AVX2 and AVX-512 give the same bits, in decode tiles (m < 4: eight weight
-// rows per tile, one lane each) and batched ones (lanes per activation and weight row pair).
-TEST(MatmulTest, KQuantsGiveTheSameBitsOnEveryX86Path) {
+// The q8_0 and K-quant tiles are one 256-bit source each on every x86 path (matmul_int8.inc) with
+// exact integer sums, so AVX2 and AVX-512 (with VNNI where the CPU has it) give the same bits, in
+// decode tiles (m < 4: eight weight rows per tile) and batched ones.
+TEST(MatmulTest, Q8AndKQuantsGiveTheSameBitsOnEveryX86Path) {
   if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
     GTEST_SKIP() << "no AVX-512 on this CPU"
                  << testing_ci::DeclaredCiSkip("CI machines may lack it");
   }
-  for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (int64_t m : {1, 3, 6}) {
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " m=" + std::to_string(m));
       const Problem p(m, 37, 1024, dtype, true, 13);
