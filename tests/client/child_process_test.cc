@@ -36,8 +36,13 @@ TEST(ChildProcessTest, ChildDiesWithItsParent) {
   const pid_t parent = ::fork();
   ASSERT_GE(parent, 0);
   if (parent == 0) {
-    absl::StatusOr<ChildProcess> child = ChildProcess::Spawn({"/bin/sleep", "600"});
-    const pid_t pid = child.ok() ? child->pid() : -1;
+    // The parent dies only once the child runs (it has printed its line): a parent that is gone
+    // before the child starts makes the child exit by itself (status 127), not by the signal.
+    absl::StatusOr<ChildProcess> child =
+        ChildProcess::Spawn({"/bin/sh", "-c", "echo started; exec sleep 600"});
+    const pid_t pid = child.ok() && child->WaitForLine("started", std::chrono::seconds(30)).ok()
+                          ? child->pid()
+                          : -1;
     if (::write(fds[1], &pid, sizeof(pid)) != sizeof(pid)) ::_exit(2);
     ::_exit(0);  // no destructors: the child is not stopped
   }
