@@ -44,19 +44,26 @@ void StoreSums(const __m512* acc, const float* bias, float* y, int64_t col_step)
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 8;
+
+// The first n (<= 16) of 16 lanes.
+__mmask16 Mask16(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 constexpr int kCols = 4;  // weight rows per register tile
 
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk, and LoadX()
-// the x vectors they multiply, in the same element order.
+// the x vectors they multiply, in the same element order; the Masked forms read only the first
+// `rest` (< kStep) elements and give zeros for the others.
 struct F32W {
   static constexpr int kStep = 16, kVecs = 1, kElemBytes = 4;
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
     out[0] = _mm512_loadu_ps(reinterpret_cast<const float*>(row) + kk);
   }
-  static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
-    out[0] = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + kk);
+  static void LoadMasked(const uint8_t* row, int64_t kk, int rest, __m512* out) {
+    out[0] = _mm512_maskz_loadu_ps(Mask16(rest), reinterpret_cast<const float*>(row) + kk);
   }
   static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
+  static void LoadXMasked(const float* x, int rest, __m512* out) {
+    out[0] = _mm512_maskz_loadu_ps(Mask16(rest), x);
+  }
 };
 
 struct F16W {
@@ -64,24 +71,42 @@ struct F16W {
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
     out[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk)));
   }
-  static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
-    out[0] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * kk));
+  static void LoadMasked(const uint8_t* row, int64_t kk, int rest, __m512* out) {
+    out[0] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(Mask16(rest), row + 2 * kk));
   }
   static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
+  static void LoadXMasked(const float* x, int rest, __m512* out) {
+    out[0] = _mm512_maskz_loadu_ps(Mask16(rest), x);
+  }
 };
 
+// bf16 is the top half of an fp32, so interleaving zero words below 32 weights widens them with
+// one in-lane shuffle per 16 (vpmovzxwd + vpslld were two, one crossing lanes): the two vectors
+// hold elements {0-3, 8-11, 16-19, 24-27} and {4-7, 12-15, 20-23, 28-31}, and LoadX gives x in that
+// order (one 128-bit-lane shuffle per vector).
 struct BF16W {
-  static constexpr int kStep = 16, kVecs = 1, kElemBytes = 2;
-  static __m512 Widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  static constexpr int kStep = 32, kVecs = 2, kElemBytes = 2;
+  static void Widen(__m512i h, __m512* out) {
+    out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), h));
+    out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), h));
   }
   static void Load(const uint8_t* row, int64_t kk, __m512* out) {
-    out[0] = Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk)));
+    Widen(_mm512_loadu_si512(row + 2 * kk), out);
   }
-  static void LoadMasked(const uint8_t* row, int64_t kk, __mmask16 m, __m512* out) {
-    out[0] = Widen(_mm256_maskz_loadu_epi16(m, row + 2 * kk));
+  static void LoadMasked(const uint8_t* row, int64_t kk, int rest, __m512* out) {
+    Widen(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << rest) - 1), row + 2 * kk), out);
   }
-  static void LoadX(const float* x, __m512* out) { out[0] = _mm512_loadu_ps(x); }
+  static void Regroup(__m512 lo, __m512 hi, __m512* out) {
+    out[0] = _mm512_shuffle_f32x4(lo, hi, 0x88);  // 128-bit lanes 0, 2 of lo, then of hi
+    out[1] = _mm512_shuffle_f32x4(lo, hi, 0xdd);  // lanes 1, 3
+  }
+  static void LoadX(const float* x, __m512* out) {
+    Regroup(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), out);
+  }
+  static void LoadXMasked(const float* x, int rest, __m512* out) {
+    Regroup(_mm512_maskz_loadu_ps(Mask16(rest < 16 ? rest : 16), x),
+            _mm512_maskz_loadu_ps(Mask16(rest > 16 ? rest - 16 : 0), x + 16), out);
+  }
 };
 
 #include "kernels/cpu/matmul_walk.inc"  // before the files that use it
@@ -106,25 +131,27 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   }
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
-    __m512 wv[C][W::kVecs];
     ahead.Advance(C * W::kStep * W::kElemBytes);
-    for (int c = 0; c < C; ++c) W::Load(w[c], kk, wv[c]);
-    for (int r = 0; r < R; ++r) {
-      __m512 xv[W::kVecs];
-      W::LoadX(x[r] + kk, xv);
-      for (int v = 0; v < W::kVecs; ++v) {
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv[v], wv[c][v], acc[r][c]);
+    __m512 xv[R][W::kVecs];
+    for (int r = 0; r < R; ++r) W::LoadX(x[r] + kk, xv[r]);
+    for (int c = 0; c < C; ++c) {  // each weight row used as soon as it is converted
+      __m512 wv[W::kVecs];
+      W::Load(w[c], kk, wv);
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < W::kVecs; ++v) acc[r][c] = _mm512_fmadd_ps(xv[r][v], wv[v], acc[r][c]);
       }
     }
   }
-  static_assert(W::kVecs == 1, "the masked final step loads one vector");
-  if (kk < a.k) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (a.k - kk)) - 1u);
-    __m512 wv[C][1];
-    for (int c = 0; c < C; ++c) W::LoadMasked(w[c], kk, mask, wv[c]);
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[r] + kk);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c][0], acc[r][c]);
+  if (kk < a.k) {  // masked final step: zeros beyond k, as the panel path's zero padding
+    const int rest = static_cast<int>(a.k - kk);
+    __m512 xv[R][W::kVecs];
+    for (int r = 0; r < R; ++r) W::LoadXMasked(x[r] + kk, rest, xv[r]);
+    for (int c = 0; c < C; ++c) {
+      __m512 wv[W::kVecs];
+      W::LoadMasked(w[c], kk, rest, wv);
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < W::kVecs; ++v) acc[r][c] = _mm512_fmadd_ps(xv[r][v], wv[v], acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
