@@ -44,10 +44,10 @@ void StoreSums(const __m512* acc, const float* bias, float* y, int64_t col_step)
 // Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
 // chains. Tile shapes never change any element's reduction order.
 constexpr int kColsFewRows = 8;
+constexpr int kCols = 4;  // weight rows per register tile
 
 // The first n (<= 16) of 16 lanes.
 __mmask16 Mask16(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
-constexpr int kCols = 4;  // weight rows per register tile
 
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk, and LoadX()
 // the x vectors they multiply, in the same element order; the Masked forms read only the first
