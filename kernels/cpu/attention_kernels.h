@@ -9,14 +9,15 @@
 // scalar fp8 through kv_quant.h's 256-entry table, SIMD fp8 by a bit move to f16 (see
 // Fp8ToHalfBits); int8 / fp8 rows carry an f32 scale applied outside the element loops.
 //
-// Orders (fixed per ISA and dtype, independent of how a context is cut into runs):
-//   scores: per key one dot product of q with the decoded row — scalar 8 lane sums + fixed
-//           combine; avx2 one 8-lane FMA accumulator over the 8-element chunks, the last partial
-//           chunk zero-padded, fixed horizontal sum; avx512 the same with 16 lanes; then
+// Orders (fixed per ISA and dtype, independent of how a context is cut into runs and of the
+// group size: the group's queries share row decodes, not arithmetic):
+//   scores: per query and key one dot product of q with the decoded row — scalar 8 lane sums +
+//           fixed combine; avx2 one 8-lane FMA accumulator over the 8-element chunks, the last
+//           partial chunk zero-padded, fixed horizontal sum; avx512 the same with 16 lanes; then
 //           * row scale (int8 / fp8 only), then * scale.
-//   accumulate: per output element d, acc[d] += w_i * decoded v_i[d] for keys i in order (FMA on
-//           SIMD paths), where w_i = probs[i] (times the row scale for int8 / fp8), so carrying
-//           acc across runs changes nothing.
+//   accumulate: per query and output element d, acc[d] += w_i * decoded v_i[d] for keys i in
+//           order (FMA on SIMD paths), where w_i = probs[i] (times the row scale for int8 / fp8),
+//           so carrying acc across runs changes nothing.
 
 #include <cstdint>
 
@@ -24,14 +25,19 @@
 
 namespace kvserve::cpu::internal {
 
-/// scores[i] = dot(q, decoded row i) [* row_scales[i]] * scale for i in [0, count); row i starts
-/// at element i * head_dim of `k` (a pointer to the run's first row, in the dtype's storage).
-/// row_scales is read only for int8 / fp8.
-using AttentionScoresFn = void (*)(const float* q, const void* k, const float* row_scales,
-                                   int64_t count, int64_t head_dim, float scale, float* scores);
-/// acc[d] += probs[i] [* row_scales[i]] * decoded v row i [d] for i in [0, count), in order of i.
-using AttentionAccumulateFn = void (*)(const float* probs, const void* v, const float* row_scales,
-                                       int64_t count, int64_t head_dim, float* acc);
+/// For the `group` query heads of one KV head at once (query g at q + g * head_dim), so each K or
+/// V row is decoded once for the whole group:
+/// scores[g * scores_stride + i] = dot(q_g, decoded row i) [* row_scales[i]] * scale for i in
+/// [0, count); row i starts at element i * head_dim of `k` (a pointer to the run's first row, in
+/// the dtype's storage). row_scales is read only for int8 / fp8.
+using AttentionScoresFn = void (*)(const float* q, int64_t group, const void* k,
+                                   const float* row_scales, int64_t count, int64_t head_dim,
+                                   float scale, float* scores, int64_t scores_stride);
+/// acc[g * head_dim + d] += probs[g * probs_stride + i] [* row_scales[i]] * decoded v row i [d]
+/// for g in [0, group), i in [0, count), in order of i.
+using AttentionAccumulateFn = void (*)(const float* probs, int64_t probs_stride, int64_t group,
+                                       const void* v, const float* row_scales, int64_t count,
+                                       int64_t head_dim, float* acc);
 
 /// One ISA's pair of inner loops for one KV dtype.
 struct AttentionKernels {

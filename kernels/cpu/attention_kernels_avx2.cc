@@ -13,8 +13,6 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int kKeysPerPass = 8;    // independent dot products in flight, reduced together
-constexpr int kChunksPerPass = 4;  // independent 8-float accumulator chunks in flight
 
 // Loads 8 consecutive elements of a cache row as exact floats.
 template <KvCacheDType T>
@@ -79,63 +77,117 @@ __m256 LoadTail(const typename Elem<T>::Type* p, int64_t n) {
 
 __m256 LoadTailF32(const float* p, int64_t n) { return LoadTail<KvCacheDType::kF32>(p, n); }
 
-#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum8
+#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4, HorizontalSum8
 
-// The N accumulators of keys k .. k + N - 1 (rows head_dim elements apart): acc[j] += q * row j
-// over 8-element chunks, the last partial one zero-padded.
-template <KvCacheDType T, int N>
-void DotAccumulators(const float* q, const typename Elem<T>::Type* k, int64_t head_dim,
-                     __m256* acc) {
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+// Score tiles: K keys x G queries of the group, K * G in {1, 2, 4, 8} dot products in flight.
+// Each chunk of a key row is decoded once for the G queries. acc[g * K + j] is query g's sum for
+// key j, so after HorizontalSum8 query g's K scores are lanes g * K .. g * K + K - 1.
+template <KvCacheDType T, int K, int G>
+inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+                      int64_t head_dim, float scale, float* scores, int64_t stride) {
+  constexpr int kDots = K * G;
+  __m256 acc[kDots];
+#pragma GCC unroll 8
+  for (int i = 0; i < kDots; ++i) acc[i] = _mm256_setzero_ps();
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    for (int j = 0; j < N; ++j) {
-      acc[j] = _mm256_fmadd_ps(qv, Elem<T>::Load(k + j * head_dim + d), acc[j]);
+    __m256 qv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * head_dim + d);
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) {
+      const __m256 kv = Elem<T>::Load(k + j * head_dim + d);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g * K + j] = _mm256_fmadd_ps(qv[g], kv, acc[g * K + j]);
     }
   }
-  if (d < head_dim) {
-    const __m256 qv = LoadTailF32(q + d, head_dim - d);
-    for (int j = 0; j < N; ++j) {
-      acc[j] = _mm256_fmadd_ps(qv, LoadTail<T>(k + j * head_dim + d, head_dim - d), acc[j]);
+  if (d < head_dim) {  // the last partial chunk, zero-padded
+    __m256 qv[G];
+    for (int g = 0; g < G; ++g) qv[g] = LoadTailF32(q + g * head_dim + d, head_dim - d);
+    for (int j = 0; j < K; ++j) {
+      const __m256 kv = LoadTail<T>(k + j * head_dim + d, head_dim - d);
+      for (int g = 0; g < G; ++g) acc[g * K + j] = _mm256_fmadd_ps(qv[g], kv, acc[g * K + j]);
+    }
+  }
+  if constexpr (kDots == 8) {
+    __m256 s = HorizontalSum8(acc);
+    if constexpr (KvCacheDTypeHasScales(T)) {
+      __m256 rs;
+      if constexpr (K == 8) {
+        rs = _mm256_loadu_ps(row_scales);
+      } else if constexpr (K == 4) {
+        rs = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(row_scales));
+      } else {
+        double pair;
+        std::memcpy(&pair, row_scales, sizeof(pair));
+        rs = _mm256_castpd_ps(_mm256_set1_pd(pair));
+      }
+      s = _mm256_mul_ps(s, rs);
+    }
+    s = _mm256_mul_ps(s, _mm256_set1_ps(scale));
+    if constexpr (G == 1) {
+      _mm256_storeu_ps(scores, s);
+    } else if constexpr (G == 2) {
+      _mm_storeu_ps(scores, _mm256_castps256_ps128(s));
+      _mm_storeu_ps(scores + stride, _mm256_extractf128_ps(s, 1));
+    } else {
+      const __m128 lo = _mm256_castps256_ps128(s);
+      const __m128 hi = _mm256_extractf128_ps(s, 1);
+      _mm_storel_pi(reinterpret_cast<__m64*>(scores), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(scores + stride), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(scores + 2 * stride), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(scores + 3 * stride), hi);
+    }
+  } else {
+    float sums[kDots];
+    if constexpr (kDots == 4) {
+      HorizontalSum4(acc, sums);
+    } else {
+      for (int i = 0; i < kDots; ++i) sums[i] = HorizontalSum(acc[i]);
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int j = 0; j < K; ++j) {
+        float v = sums[g * K + j];
+        if constexpr (KvCacheDTypeHasScales(T)) v *= row_scales[j];
+        scores[g * stride + j] = v * scale;
+      }
     }
   }
 }
 
-// Eight keys: their sums land in the lanes of one vector (HorizontalSum8), scaled and stored at
-// once.
-template <KvCacheDType T>
-void Scores8(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m256 acc[8];
-  DotAccumulators<T, 8>(q, k, head_dim, acc);
-  __m256 s = HorizontalSum8(acc);
-  if constexpr (KvCacheDTypeHasScales(T)) s = _mm256_mul_ps(s, _mm256_loadu_ps(row_scales));
-  _mm256_storeu_ps(scores, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
-}
-
-template <KvCacheDType T>
-void Scores1(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m256 acc[1];
-  DotAccumulators<T, 1>(q, k, head_dim, acc);
-  float s = HorizontalSum(acc[0]);
-  if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[0];
-  scores[0] = s * scale;
-}
-
-template <KvCacheDType T>
-void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
-            int64_t head_dim, float scale, float* scores) {
-  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
+// G queries over a run: tiles of 8 / G keys, then single keys.
+template <KvCacheDType T, int G>
+void ScoresForQueries(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+  constexpr int kKeys = 8 / G;
+  const auto at = [&](int64_t key) { return row_scales + (row_scales ? key : 0); };
   int64_t key = 0;
-  for (; key + kKeysPerPass <= count; key += kKeysPerPass) {
-    Scores8<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-               scores + key);
+  for (; key + kKeys <= count; key += kKeys) {
+    ScoreTile<T, kKeys, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
   }
   for (; key < count; ++key) {
-    Scores1<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-               scores + key);
+    ScoreTile<T, 1, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
+  }
+}
+
+// The group in blocks of 4, 2 and 1 queries.
+template <KvCacheDType T>
+void Scores(const float* q, int64_t group, const void* k_bytes, const float* row_scales,
+            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) {
+    ScoresForQueries<T, 4>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
+  }
+  if (g + 2 <= group) {
+    ScoresForQueries<T, 2>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
+    g += 2;
+  }
+  if (g < group) {
+    ScoresForQueries<T, 1>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
   }
 }
 
@@ -145,43 +197,91 @@ float Weight(const float* probs, const float* row_scales, int64_t key) {
   return probs[key];
 }
 
-template <KvCacheDType T>
-void Accumulate(const float* probs, const void* v_bytes, const float* row_scales, int64_t count,
-                int64_t head_dim, float* acc) {
-  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
+// G queries x C full chunks of 8 output elements from element d0: each chunk of a value row is
+// decoded once for the G queries.
+template <KvCacheDType T, int G, int C>
+inline void AccumulateTile(const float* probs, int64_t probs_stride, const float* row_scales,
+                           const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
+                           int64_t d0, float* acc) {
+  __m256 a[G * C];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      a[g * C + c] = _mm256_loadu_ps(acc + g * head_dim + d0 + c * kLanes);
+  }
+  for (int64_t key = 0; key < count; ++key) {
+    __m256 w[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      w[g] = _mm256_set1_ps(Weight<T>(probs + g * probs_stride, row_scales, key));
+    }
+    const auto* vr = v + key * head_dim + d0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 vv = Elem<T>::Load(vr + c * kLanes);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) a[g * C + c] = _mm256_fmadd_ps(w[g], vv, a[g * C + c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      _mm256_storeu_ps(acc + g * head_dim + d0 + c * kLanes, a[g * C + c]);
+  }
+}
+
+// G queries over the head: passes of 8 / G full chunks (eight FMA chains), then single full
+// chunks, then the d % 8 tail zero-padded (head_dim is rarely not a multiple of 8).
+template <KvCacheDType T, int G>
+void AccumulateForQueries(const float* probs, int64_t probs_stride, const float* row_scales,
+                          const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
+                          float* acc) {
+  constexpr int kChunks = 8 / G;
   const int64_t full = head_dim / kLanes * kLanes;
   int64_t d0 = 0;
-  for (; d0 + kLanes * kChunksPerPass <= full; d0 += kLanes * kChunksPerPass) {
-    __m256 a[kChunksPerPass];
-    for (int c = 0; c < kChunksPerPass; ++c) a[c] = _mm256_loadu_ps(acc + d0 + c * kLanes);
-    for (int64_t key = 0; key < count; ++key) {
-      const __m256 p = _mm256_set1_ps(Weight<T>(probs, row_scales, key));
-      const auto* vr = v + key * head_dim + d0;
-      for (int c = 0; c < kChunksPerPass; ++c) {
-        a[c] = _mm256_fmadd_ps(p, Elem<T>::Load(vr + c * kLanes), a[c]);
-      }
-    }
-    for (int c = 0; c < kChunksPerPass; ++c) _mm256_storeu_ps(acc + d0 + c * kLanes, a[c]);
+  for (; d0 + kLanes * kChunks <= full; d0 += kLanes * kChunks) {
+    AccumulateTile<T, G, kChunks>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
   }
   for (; d0 < full; d0 += kLanes) {
-    __m256 a = _mm256_loadu_ps(acc + d0);
-    for (int64_t key = 0; key < count; ++key) {
-      const __m256 p = _mm256_set1_ps(Weight<T>(probs, row_scales, key));
-      a = _mm256_fmadd_ps(p, Elem<T>::Load(v + key * head_dim + d0), a);
-    }
-    _mm256_storeu_ps(acc + d0, a);
+    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
   }
-  if (full < head_dim) {  // d % 8 tail (head_dim is rarely not a multiple), zero-padded
+  if (full < head_dim) {
     const int64_t rest = head_dim - full;
-    float tail[kLanes] = {};
-    std::memcpy(tail, acc + full, static_cast<size_t>(rest) * sizeof(float));
-    __m256 a = _mm256_loadu_ps(tail);
-    for (int64_t key = 0; key < count; ++key) {
-      const __m256 p = _mm256_set1_ps(Weight<T>(probs, row_scales, key));
-      a = _mm256_fmadd_ps(p, LoadTail<T>(v + key * head_dim + full, rest), a);
+    for (int g = 0; g < G; ++g) {
+      const float* p = probs + g * probs_stride;
+      float* out = acc + g * head_dim + full;
+      float tail[kLanes] = {};
+      std::memcpy(tail, out, static_cast<size_t>(rest) * sizeof(float));
+      __m256 a = _mm256_loadu_ps(tail);
+      for (int64_t key = 0; key < count; ++key) {
+        const __m256 w = _mm256_set1_ps(Weight<T>(p, row_scales, key));
+        a = _mm256_fmadd_ps(w, LoadTail<T>(v + key * head_dim + full, rest), a);
+      }
+      _mm256_storeu_ps(tail, a);
+      std::memcpy(out, tail, static_cast<size_t>(rest) * sizeof(float));
     }
-    _mm256_storeu_ps(tail, a);
-    std::memcpy(acc + full, tail, static_cast<size_t>(rest) * sizeof(float));
+  }
+}
+
+template <KvCacheDType T>
+void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v_bytes,
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) {
+    AccumulateForQueries<T, 4>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
+  }
+  if (g + 2 <= group) {
+    AccumulateForQueries<T, 2>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
+    g += 2;
+  }
+  if (g < group) {
+    AccumulateForQueries<T, 1>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
   }
 }
 

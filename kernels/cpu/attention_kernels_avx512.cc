@@ -11,8 +11,7 @@ namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kKeysPerPass = 16;   // independent dot products in flight, reduced together
-constexpr int kChunksPerPass = 4;  // independent 16-float accumulator chunks in flight
+constexpr int kChunksPerPass = 4;  // 16-float output chunks per accumulate pass
 
 __mmask16 TailMask(int64_t remaining) {
   return remaining >= kLanes ? static_cast<__mmask16>(0xffff)
@@ -75,72 +74,110 @@ struct Elem<KvCacheDType::kFp8E4M3> {
 
 #include "kernels/cpu/avx512_reduce.inc"  // HorizontalSum, HorizontalSum4, HorizontalSum16
 
-// The N accumulators of keys k .. k + N - 1 (rows head_dim elements apart): acc[j] += q * row j
-// over 16-element chunks, the last one masked.
-template <KvCacheDType T, int N>
-void DotAccumulators(const float* q, const typename Elem<T>::Type* k, int64_t head_dim,
-                     __m512* acc) {
-  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+// Score tiles: K keys x G queries of the group, K * G in {1, 2, 4, 16} dot products in flight.
+// Each chunk of a key row is decoded once for the G queries. acc[g * K + j] is query g's sum
+// for key j, so after HorizontalSum16 query g's K scores are lanes g * K .. g * K + K - 1.
+template <KvCacheDType T, int K, int G>
+inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+                      int64_t head_dim, float scale, float* scores, int64_t stride) {
+  constexpr int kDots = K * G;
+  __m512 acc[kDots];
+#pragma GCC unroll 16
+  for (int i = 0; i < kDots; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += kLanes) {
     const __mmask16 m = TailMask(head_dim - d);
-    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-    for (int j = 0; j < N; ++j) {
-      acc[j] = _mm512_fmadd_ps(qv, Elem<T>::Load(k + j * head_dim + d, m), acc[j]);
+    __m512 qv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_maskz_loadu_ps(m, q + g * head_dim + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < K; ++j) {
+      const __m512 kv = Elem<T>::Load(k + j * head_dim + d, m);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g * K + j] = _mm512_fmadd_ps(qv[g], kv, acc[g * K + j]);
+    }
+  }
+  if constexpr (kDots == 16) {
+    __m512 s = HorizontalSum16(acc);
+    if constexpr (KvCacheDTypeHasScales(T)) {
+      __m512 rs;
+      if constexpr (K == 16) {
+        rs = _mm512_loadu_ps(row_scales);
+      } else if constexpr (K == 8) {
+        const __m256d half = _mm256_castps_pd(_mm256_loadu_ps(row_scales));
+        rs = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(half), half, 1));
+      } else {
+        rs = _mm512_broadcast_f32x4(_mm_loadu_ps(row_scales));
+      }
+      s = _mm512_mul_ps(s, rs);
+    }
+    s = _mm512_mul_ps(s, _mm512_set1_ps(scale));
+    if constexpr (G == 1) {
+      _mm512_storeu_ps(scores, s);
+    } else if constexpr (G == 2) {
+      _mm256_storeu_ps(scores, _mm512_castps512_ps256(s));
+      _mm256_storeu_ps(scores + stride,
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    } else {
+      _mm_storeu_ps(scores, _mm512_castps512_ps128(s));
+      _mm_storeu_ps(scores + stride, _mm512_extractf32x4_ps(s, 1));
+      _mm_storeu_ps(scores + 2 * stride, _mm512_extractf32x4_ps(s, 2));
+      _mm_storeu_ps(scores + 3 * stride, _mm512_extractf32x4_ps(s, 3));
+    }
+  } else {
+    float sums[kDots];
+    if constexpr (kDots == 4) {
+      HorizontalSum4(acc, sums);
+    } else {
+      for (int i = 0; i < kDots; ++i) sums[i] = HorizontalSum(acc[i]);
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int j = 0; j < K; ++j) {
+        float v = sums[g * K + j];
+        if constexpr (KvCacheDTypeHasScales(T)) v *= row_scales[j];
+        scores[g * stride + j] = v * scale;
+      }
     }
   }
 }
 
-// Sixteen keys: their sums land in the lanes of one vector (HorizontalSum16), scaled and stored
-// at once.
-template <KvCacheDType T>
-void Scores16(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-              int64_t head_dim, float scale, float* scores) {
-  __m512 acc[16];
-  DotAccumulators<T, 16>(q, k, head_dim, acc);
-  __m512 s = HorizontalSum16(acc);
-  if constexpr (KvCacheDTypeHasScales(T)) s = _mm512_mul_ps(s, _mm512_loadu_ps(row_scales));
-  _mm512_storeu_ps(scores, _mm512_mul_ps(s, _mm512_set1_ps(scale)));
-}
-
-template <KvCacheDType T>
-void Scores4(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m512 acc[4];
-  DotAccumulators<T, 4>(q, k, head_dim, acc);
-  float s[4];
-  HorizontalSum4(acc, s);
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (KvCacheDTypeHasScales(T)) s[j] *= row_scales[j];
-    scores[j] = s[j] * scale;
-  }
-}
-
-template <KvCacheDType T>
-void Scores1(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-             int64_t head_dim, float scale, float* scores) {
-  __m512 acc[1];
-  DotAccumulators<T, 1>(q, k, head_dim, acc);
-  float s = HorizontalSum(acc[0]);
-  if constexpr (KvCacheDTypeHasScales(T)) s *= row_scales[0];
-  scores[0] = s * scale;
-}
-
-template <KvCacheDType T>
-void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
-            int64_t head_dim, float scale, float* scores) {
-  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
+// G queries over a run: tiles of 16 / G keys, then (one query) 4 keys, then single keys.
+template <KvCacheDType T, int G>
+void ScoresForQueries(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
+                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+  constexpr int kKeys = 16 / G;
+  const auto at = [&](int64_t key) { return row_scales + (row_scales ? key : 0); };
   int64_t key = 0;
-  for (; key + kKeysPerPass <= count; key += kKeysPerPass) {
-    Scores16<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-                scores + key);
+  for (; key + kKeys <= count; key += kKeys) {
+    ScoreTile<T, kKeys, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
   }
-  for (; key + 4 <= count; key += 4) {
-    Scores4<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-               scores + key);
+  if constexpr (G == 1) {
+    for (; key + 4 <= count; key += 4) {
+      ScoreTile<T, 4, 1>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
+    }
   }
   for (; key < count; ++key) {
-    Scores1<T>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale,
-               scores + key);
+    ScoreTile<T, 1, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
+  }
+}
+
+// The group in blocks of 4, 2 and 1 queries.
+template <KvCacheDType T>
+void Scores(const float* q, int64_t group, const void* k_bytes, const float* row_scales,
+            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) {
+    ScoresForQueries<T, 4>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
+  }
+  if (g + 2 <= group) {
+    ScoresForQueries<T, 2>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
+    g += 2;
+  }
+  if (g < group) {
+    ScoresForQueries<T, 1>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                           scores + g * stride, stride);
   }
 }
 
@@ -150,32 +187,78 @@ float Weight(const float* probs, const float* row_scales, int64_t key) {
   return probs[key];
 }
 
-template <KvCacheDType T>
-void Accumulate(const float* probs, const void* v_bytes, const float* row_scales, int64_t count,
-                int64_t head_dim, float* acc) {
-  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
-  const __mmask16 all = TailMask(kLanes);
-  int64_t d0 = 0;
-  for (; d0 + kLanes * kChunksPerPass <= head_dim; d0 += kLanes * kChunksPerPass) {
-    __m512 a[kChunksPerPass];
-    for (int c = 0; c < kChunksPerPass; ++c) a[c] = _mm512_loadu_ps(acc + d0 + c * kLanes);
-    for (int64_t key = 0; key < count; ++key) {
-      const __m512 p = _mm512_set1_ps(Weight<T>(probs, row_scales, key));
-      const auto* vr = v + key * head_dim + d0;
-      for (int c = 0; c < kChunksPerPass; ++c) {
-        a[c] = _mm512_fmadd_ps(p, Elem<T>::Load(vr + c * kLanes, all), a[c]);
-      }
+// G queries x C chunks of 16 output elements from element d0 (the head's last chunk masked): each
+// chunk of a value row is decoded once for the G queries.
+template <KvCacheDType T, int G, int C>
+inline void AccumulateTile(const float* probs, int64_t probs_stride, const float* row_scales,
+                           const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
+                           int64_t d0, float* acc) {
+  __mmask16 m[C];
+  __m512 a[G * C];
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) m[c] = TailMask(head_dim - d0 - c * kLanes);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      a[g * C + c] = _mm512_maskz_loadu_ps(m[c], acc + g * head_dim + d0 + c * kLanes);
     }
-    for (int c = 0; c < kChunksPerPass; ++c) _mm512_storeu_ps(acc + d0 + c * kLanes, a[c]);
   }
-  for (; d0 < head_dim; d0 += kLanes) {  // remaining chunks, the last one masked
-    const __mmask16 m = TailMask(head_dim - d0);
-    __m512 a = _mm512_maskz_loadu_ps(m, acc + d0);
-    for (int64_t key = 0; key < count; ++key) {
-      const __m512 p = _mm512_set1_ps(Weight<T>(probs, row_scales, key));
-      a = _mm512_fmadd_ps(p, Elem<T>::Load(v + key * head_dim + d0, m), a);
+  for (int64_t key = 0; key < count; ++key) {
+    __m512 w[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      w[g] = _mm512_set1_ps(Weight<T>(probs + g * probs_stride, row_scales, key));
     }
-    _mm512_mask_storeu_ps(acc + d0, m, a);
+    const auto* vr = v + key * head_dim + d0;
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 vv = Elem<T>::Load(vr + c * kLanes, m[c]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) a[g * C + c] = _mm512_fmadd_ps(w[g], vv, a[g * C + c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      _mm512_mask_storeu_ps(acc + g * head_dim + d0 + c * kLanes, m[c], a[g * C + c]);
+    }
+  }
+}
+
+// G queries over the head: passes of kChunksPerPass chunks, then single chunks.
+template <KvCacheDType T, int G>
+void AccumulateForQueries(const float* probs, int64_t probs_stride, const float* row_scales,
+                          const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
+                          float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + kLanes * (kChunksPerPass - 1) < head_dim; d0 += kLanes * kChunksPerPass) {
+    AccumulateTile<T, G, kChunksPerPass>(probs, probs_stride, row_scales, v, count, head_dim, d0,
+                                         acc);
+  }
+  for (; d0 < head_dim; d0 += kLanes) {
+    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
+  }
+}
+
+template <KvCacheDType T>
+void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v_bytes,
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) {
+    AccumulateForQueries<T, 4>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
+  }
+  if (g + 2 <= group) {
+    AccumulateForQueries<T, 2>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
+    g += 2;
+  }
+  if (g < group) {
+    AccumulateForQueries<T, 1>(probs + g * probs_stride, probs_stride, row_scales, v, count,
+                               head_dim, acc + g * head_dim);
   }
 }
 

@@ -40,9 +40,10 @@ struct Elem<KvCacheDType::kFp8E4M3> {
   static float Get(const uint8_t* p, int64_t i, const float* table) { return table[p[i]]; }
 };
 
+// One query's scores.
 template <KvCacheDType T>
-void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
-            int64_t head_dim, float scale, float* scores) {
+void QueryScores(const float* q, const void* k_bytes, const float* row_scales, int64_t count,
+                 int64_t head_dim, float scale, float* scores) {
   using E = Elem<T>;
   const auto* k = static_cast<const typename E::Type*>(k_bytes);
   const float* table = T == KvCacheDType::kFp8E4M3 ? Fp8E4M3DecodeTable() : nullptr;
@@ -62,8 +63,18 @@ void Scores(const float* q, const void* k_bytes, const float* row_scales, int64_
 }
 
 template <KvCacheDType T>
-void Accumulate(const float* probs, const void* v_bytes, const float* row_scales, int64_t count,
-                int64_t head_dim, float* acc) {
+void Scores(const float* q, int64_t group, const void* k, const float* row_scales, int64_t count,
+            int64_t head_dim, float scale, float* scores, int64_t scores_stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    QueryScores<T>(q + g * head_dim, k, row_scales, count, head_dim, scale,
+                   scores + g * scores_stride);
+  }
+}
+
+// One query's accumulation.
+template <KvCacheDType T>
+void QueryAccumulate(const float* probs, const void* v_bytes, const float* row_scales,
+                     int64_t count, int64_t head_dim, float* acc) {
   using E = Elem<T>;
   const auto* v = static_cast<const typename E::Type*>(v_bytes);
   const float* table = T == KvCacheDType::kFp8E4M3 ? Fp8E4M3DecodeTable() : nullptr;
@@ -72,6 +83,15 @@ void Accumulate(const float* probs, const void* v_bytes, const float* row_scales
     if constexpr (KvCacheDTypeHasScales(T)) p *= row_scales[key];
     const auto* vr = v + key * head_dim;
     for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * E::Get(vr, d, table);
+  }
+}
+
+template <KvCacheDType T>
+void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v,
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+  for (int64_t g = 0; g < group; ++g) {
+    QueryAccumulate<T>(probs + g * probs_stride, v, row_scales, count, head_dim,
+                       acc + g * head_dim);
   }
 }
 

@@ -67,6 +67,33 @@ void PrefetchRun(const uint8_t* data, const float* scales, const KeyRun& run, in
   if (scales != nullptr) __builtin_prefetch(scales + run.row, 0, 2);
 }
 
+// Eight independent lanes, so that the baseline build vectorizes both loops: a one-accumulator
+// loop is one dependent add (or max) per key and query head, a third of a short context's time.
+constexpr int kSumLanes = 8;
+
+// The maximum of p[0, n), n >= 1 (exact in any order).
+float MaxOf(const float* p, int64_t n) {
+  float lane[kSumLanes];
+  std::fill_n(lane, kSumLanes, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (int l = 0; l < kSumLanes; ++l) lane[l] = std::max(lane[l], p[i + l]);
+  }
+  for (; i < n; ++i) lane[0] = std::max(lane[0], p[i]);
+  return *std::max_element(lane, lane + kSumLanes);
+}
+
+// The sum of p[0, n): lane l adds p[i] for i = l mod 8 in order, then a fixed combine.
+float LaneSum(const float* p, int64_t n) {
+  float lane[kSumLanes] = {};
+  int64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (int l = 0; l < kSumLanes; ++l) lane[l] += p[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += p[i];
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 // All query heads of one kv head for one query token: K and V rows are read once per group.
 void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& kernels,
                  const QueryToken& token, int64_t kv_head, Scratch& scratch) {
@@ -104,20 +131,14 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
     const KeyRun& run = runs[r];
     const void* k = k_data + run.row * row_bytes;
     const float* k_scales = scaled ? a.k_cache.scales + run.row : nullptr;
-    for (int64_t g = 0; g < group; ++g) {
-      kernels.scores(q + g * hd, k, k_scales, run.count, hd, a.scale, probs + g * keys + run.key);
-    }
+    kernels.scores(q, group, k, k_scales, run.count, hd, a.scale, probs + run.key, keys);
   }
   scratch.inv_sum.resize(static_cast<size_t>(group));
   float* inv_sum = scratch.inv_sum.data();
   for (int64_t g = 0; g < group; ++g) {
     float* p = probs + g * keys;
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < keys; ++i) max_score = std::max(max_score, p[i]);
-    ExpShifted(p, keys, max_score, 1.0f, p);  // exp(p[i] - max), vectorized
-    float sum = 0.0f;
-    for (int64_t i = 0; i < keys; ++i) sum += p[i];
-    inv_sum[g] = 1.0f / sum;
+    ExpShifted(p, keys, MaxOf(p, keys), 1.0f, p);  // exp(p[i] - max), vectorized
+    inv_sum[g] = 1.0f / LaneSum(p, keys);
   }
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
@@ -128,9 +149,7 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
     const KeyRun& run = runs[r];
     const void* v = v_data + run.row * row_bytes;
     const float* v_scales = scaled ? a.v_cache.scales + run.row : nullptr;
-    for (int64_t g = 0; g < group; ++g) {
-      kernels.accumulate(probs + g * keys + run.key, v, v_scales, run.count, hd, acc + g * hd);
-    }
+    kernels.accumulate(probs + run.key, keys, group, v, v_scales, run.count, hd, acc);
   }
   float* out = a.out + row * a.out_stride + kv_head * group * hd;
   for (int64_t g = 0; g < group; ++g) {

@@ -145,14 +145,18 @@ class Batch {
   int64_t num_tokens() const { return num_tokens_; }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(layout_.head_dim)); }
 
-  std::vector<float> Run(ThreadPool* pool) const {
+  // All query heads, or (one KV head only) `count` of them from `first` as a group of their own;
+  // the other heads' outputs stay 0.
+  std::vector<float> Run(ThreadPool* pool, int64_t first = 0, int64_t count = 0) const {
     std::vector<float> out(static_cast<size_t>(num_tokens_ * out_stride()), 0.0f);
-    PagedAttentionArgs args{q_.data(),
+    if (count == 0) count = num_heads_;
+    const int64_t offset = first * layout_.head_dim;
+    PagedAttentionArgs args{q_.data() + offset,
                             q_stride(),
-                            out.data(),
+                            out.data() + offset,
                             out_stride(),
                             static_cast<int64_t>(seqs_.size()),
-                            num_heads_,
+                            count,
                             q_start_.data(),
                             q_len_.data(),
                             context_len_.data(),
@@ -314,7 +318,7 @@ TEST(PagedAttentionTest, MatchesContiguousNaiveAttention) {
   ThreadPool pool(2);
   uint32_t seed = 1;
   for (int64_t head_dim : {8, 64, 128}) {
-    for (int64_t group : {1, 2, 4, 8}) {
+    for (int64_t group : {1, 2, 3, 4, 5, 8}) {
       for (int64_t block_size : {16, 1}) {
         for (int32_t window : {0, 5}) {
           SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " group " + std::to_string(group) +
@@ -377,6 +381,33 @@ TEST(PagedAttentionTest, PrefillChunkedAndDecodeAgreeBitwise) {
       const ScopedIsa scoped(isa);
       CheckPrefillChunkedDecode(dtype);
       if (HasFailure()) return;
+    }
+  }
+}
+
+// The SIMD loops take a group's query heads four, two or one at a time, sharing each K/V row's
+// decode: every head keeps its bits whether it is computed with its group (7 heads: 4 + 2 + 1) or
+// alone.
+TEST(PagedAttentionTest, EachQueryHeadKeepsItsBitsWhateverItsGroup) {
+  constexpr int64_t kGroup = 7;
+  for (KvCacheDType dtype : kAllKvCacheDTypes) {
+    for (int64_t head_dim : {64, 77}) {
+      const Batch batch(MixedSeqs(), kGroup, 1, head_dim, 16, 0, 21, dtype);
+      for (CpuIsa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                     " head_dim " + std::to_string(head_dim));
+        const ScopedIsa scoped(isa);
+        const std::vector<float> grouped = batch.Run(nullptr);
+        for (int64_t h = 0; h < kGroup; ++h) {
+          const std::vector<float> alone = batch.Run(nullptr, h, 1);
+          for (int64_t t = 0; t < batch.num_tokens(); ++t) {
+            const int64_t at = t * batch.out_stride() + h * head_dim;
+            ASSERT_EQ(0, std::memcmp(alone.data() + at, grouped.data() + at,
+                                     static_cast<size_t>(head_dim) * sizeof(float)))
+                << "head " << h << " token " << t;
+          }
+        }
+      }
     }
   }
 }
@@ -467,7 +498,7 @@ TEST(PagedAttentionTest, EveryDTypeMatchesReferences) {
   for (KvCacheDType dtype : kAllKvCacheDTypes) {
     double worst_held = 0.0, worst_f32 = 0.0;
     for (int64_t head_dim : {8, 77, 128}) {
-      for (int64_t group : {1, 4}) {
+      for (int64_t group : {1, 3, 4}) {
         for (int64_t block_size : {16, 1}) {
           for (int32_t window : {0, 5}) {
             SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)) + " head_dim " +
