@@ -25,6 +25,15 @@
 
 namespace kvserve::cpu::internal {
 
+/// The first `rows` rows of another run (same dtype and head_dim) for a kernel to request into L2
+/// while it reads its own: it issues the requests in address order at the pace of its loop
+/// instead of in one burst (paged_attention.cc says when each is used). A hint only: `data` may
+/// be null.
+struct RowPrefetch {
+  const void* data = nullptr;
+  int64_t rows = 0;
+};
+
 /// For the `group` query heads of one KV head at once (query g at q + g * head_dim), so each K or
 /// V row is decoded once for the whole group:
 /// scores[g * scores_stride + i] = dot(q_g, decoded row i) [* row_scales[i]] * scale for i in
@@ -32,12 +41,13 @@ namespace kvserve::cpu::internal {
 /// the dtype's storage). row_scales is read only for int8 / fp8.
 using AttentionScoresFn = void (*)(const float* q, int64_t group, const void* k,
                                    const float* row_scales, int64_t count, int64_t head_dim,
-                                   float scale, float* scores, int64_t scores_stride);
+                                   float scale, float* scores, int64_t scores_stride,
+                                   RowPrefetch prefetch);
 /// acc[g * head_dim + d] += probs[g * probs_stride + i] [* row_scales[i]] * decoded v row i [d]
 /// for g in [0, group), i in [0, count), in order of i.
 using AttentionAccumulateFn = void (*)(const float* probs, int64_t probs_stride, int64_t group,
                                        const void* v, const float* row_scales, int64_t count,
-                                       int64_t head_dim, float* acc);
+                                       int64_t head_dim, float* acc, RowPrefetch prefetch);
 
 /// One ISA's pair of inner loops for one KV dtype.
 struct AttentionKernels {

@@ -7,12 +7,14 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvserve::cpu::internal {
 namespace {
 
 constexpr int kLanes = 8;
+constexpr int64_t kLine = 64;  // cache line bytes (RowPrefetch)
 
 // Loads 8 consecutive elements of a cache row as exact floats.
 template <KvCacheDType T>
@@ -82,20 +84,31 @@ __m256 LoadTailF32(const float* p, int64_t n) { return LoadTail<KvCacheDType::kF
 // Score tiles: K keys x G queries of the group, K * G in {1, 2, 4, 8} dot products in flight.
 // Each chunk of a key row is decoded once for the G queries. acc[g * K + j] is query g's sum for
 // key j, so after HorizontalSum8 query g's K scores are lanes g * K .. g * K + K - 1.
+// `pf` (null for none) is the prefetch run's row for the tile's first key, `pf_rows` rows left:
+// with each chunk step the tile requests K lines of them, in address order (row by row, not the
+// tile's column order: the L2 prefetcher follows ascending requests).
 template <KvCacheDType T, int K, int G>
 inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-                      int64_t head_dim, float scale, float* scores, int64_t stride) {
+                      int64_t head_dim, float scale, float* scores, int64_t stride,
+                      const uint8_t* pf, int64_t pf_rows) {
   constexpr int kDots = K * G;
+  constexpr int64_t kElemBytes = sizeof(typename Elem<T>::Type);
+  const int64_t pf_bytes = pf_rows * head_dim * kElemBytes;
   __m256 acc[kDots];
 #pragma GCC unroll 8
   for (int i = 0; i < kDots; ++i) acc[i] = _mm256_setzero_ps();
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
+    // A new line of each row: request K lines of the prefetch rows, in address order.
+    const bool request = pf != nullptr && d * kElemBytes % kLine == 0;
+    int64_t line = d * kElemBytes * K;
     __m256 qv[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * head_dim + d);
 #pragma GCC unroll 8
     for (int j = 0; j < K; ++j) {
+      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 2);
+      line += kLine;
       const __m256 kv = Elem<T>::Load(k + j * head_dim + d);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g * K + j] = _mm256_fmadd_ps(qv[g], kv, acc[g * K + j]);
@@ -158,36 +171,41 @@ inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const flo
 // G queries over a run: tiles of 8 / G keys, then single keys.
 template <KvCacheDType T, int G>
 void ScoresForQueries(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride,
+                      RowPrefetch prefetch) {
   constexpr int kKeys = 8 / G;
-  const auto at = [&](int64_t key) { return row_scales + (row_scales ? key : 0); };
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(typename Elem<T>::Type));
+  const auto* pf = static_cast<const uint8_t*>(prefetch.data);
   int64_t key = 0;
-  for (; key + kKeys <= count; key += kKeys) {
-    ScoreTile<T, kKeys, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
-  }
-  for (; key < count; ++key) {
-    ScoreTile<T, 1, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
-  }
+  const auto tile = [&]<int kTileKeys>() {
+    ScoreTile<T, kTileKeys, G>(q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim,
+                               scale, scores + key, stride,
+                               pf != nullptr ? pf + key * row_bytes : nullptr, prefetch.rows - key);
+  };
+  for (; key + kKeys <= count; key += kKeys) tile.template operator()<kKeys>();
+  for (; key < count; ++key) tile.template operator()<1>();
 }
 
-// The group in blocks of 4, 2 and 1 queries.
+// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
 template <KvCacheDType T>
 void Scores(const float* q, int64_t group, const void* k_bytes, const float* row_scales,
-            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride,
+            RowPrefetch prefetch) {
   const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) {
+  for (; g + 4 <= group; g += 4, prefetch = {}) {
     ScoresForQueries<T, 4>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
   }
   if (g + 2 <= group) {
     ScoresForQueries<T, 2>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
     g += 2;
+    prefetch = {};
   }
   if (g < group) {
     ScoresForQueries<T, 1>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
   }
 }
 
@@ -198,19 +216,35 @@ float Weight(const float* probs, const float* row_scales, int64_t key) {
 }
 
 // G queries x C full chunks of 8 output elements from element d0: each chunk of a value row is
-// decoded once for the G queries.
+// decoded once for the G queries. Key i's pass also requests the same bytes of prefetch row i.
 template <KvCacheDType T, int G, int C>
 inline void AccumulateTile(const float* probs, int64_t probs_stride, const float* row_scales,
                            const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
-                           int64_t d0, float* acc) {
+                           int64_t d0, float* acc, RowPrefetch prefetch) {
+  constexpr int64_t kElemBytes = sizeof(typename Elem<T>::Type);
+  constexpr int64_t kPassBytes = C * kLanes * kElemBytes;
+  const int64_t row_bytes = head_dim * kElemBytes;
+  // Requests in address order: as if the prefetch run were laid out pass by pass, this pass
+  // takes its `count` rows' share of the bytes from offset d0 * count.
+  const auto* pf = static_cast<const uint8_t*>(prefetch.data);
+  const int64_t pf_bytes = pf != nullptr ? prefetch.rows * row_bytes : 0;
+  int64_t pf_line = d0 * kElemBytes * count;
   __m256 a[G * C];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
+    for (int c = 0; c < C; ++c) {
       a[g * C + c] = _mm256_loadu_ps(acc + g * head_dim + d0 + c * kLanes);
+    }
   }
   for (int64_t key = 0; key < count; ++key) {
+    if (pf_line < pf_bytes) {
+#pragma GCC unroll 4
+      for (int64_t b = 0; b < kPassBytes; b += kLine) {
+        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 2);
+      }
+      pf_line += kPassBytes;
+    }
     __m256 w[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
@@ -227,8 +261,9 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
+    for (int c = 0; c < C; ++c) {
       _mm256_storeu_ps(acc + g * head_dim + d0 + c * kLanes, a[g * C + c]);
+    }
   }
 }
 
@@ -237,15 +272,16 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
 template <KvCacheDType T, int G>
 void AccumulateForQueries(const float* probs, int64_t probs_stride, const float* row_scales,
                           const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
-                          float* acc) {
+                          float* acc, RowPrefetch prefetch) {
   constexpr int kChunks = 8 / G;
   const int64_t full = head_dim / kLanes * kLanes;
   int64_t d0 = 0;
   for (; d0 + kLanes * kChunks <= full; d0 += kLanes * kChunks) {
-    AccumulateTile<T, G, kChunks>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
+    AccumulateTile<T, G, kChunks>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc,
+                                  prefetch);
   }
   for (; d0 < full; d0 += kLanes) {
-    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
+    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc, prefetch);
   }
   if (full < head_dim) {
     const int64_t rest = head_dim - full;
@@ -265,23 +301,26 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
   }
 }
 
+// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
 template <KvCacheDType T>
 void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v_bytes,
-                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc,
+                RowPrefetch prefetch) {
   const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) {
+  for (; g + 4 <= group; g += 4, prefetch = {}) {
     AccumulateForQueries<T, 4>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
   }
   if (g + 2 <= group) {
     AccumulateForQueries<T, 2>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
     g += 2;
+    prefetch = {};
   }
   if (g < group) {
     AccumulateForQueries<T, 1>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
   }
 }
 

@@ -5,6 +5,8 @@
 
 #if defined(__AVX512F__)
 
+#include <algorithm>
+
 #include "kernels/cpu/avx512_intrinsics.h"
 
 namespace kvserve::cpu::internal {
@@ -12,6 +14,7 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int kChunksPerPass = 4;  // 16-float output chunks per accumulate pass
+constexpr int64_t kLine = 64;      // cache line bytes (RowPrefetch)
 
 __mmask16 TailMask(int64_t remaining) {
   return remaining >= kLanes ? static_cast<__mmask16>(0xffff)
@@ -77,20 +80,31 @@ struct Elem<KvCacheDType::kFp8E4M3> {
 // Score tiles: K keys x G queries of the group, K * G in {1, 2, 4, 16} dot products in flight.
 // Each chunk of a key row is decoded once for the G queries. acc[g * K + j] is query g's sum
 // for key j, so after HorizontalSum16 query g's K scores are lanes g * K .. g * K + K - 1.
+// `pf` (null for none) is the prefetch run's row for the tile's first key, `pf_rows` rows left:
+// with each chunk step the tile requests K lines of them, in address order (row by row, not the
+// tile's column order: the L2 prefetcher follows ascending requests).
 template <KvCacheDType T, int K, int G>
 inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-                      int64_t head_dim, float scale, float* scores, int64_t stride) {
+                      int64_t head_dim, float scale, float* scores, int64_t stride,
+                      const uint8_t* pf, int64_t pf_rows) {
   constexpr int kDots = K * G;
+  constexpr int64_t kElemBytes = sizeof(typename Elem<T>::Type);
+  const int64_t pf_bytes = pf_rows * head_dim * kElemBytes;
   __m512 acc[kDots];
 #pragma GCC unroll 16
   for (int i = 0; i < kDots; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += kLanes) {
     const __mmask16 m = TailMask(head_dim - d);
+    // A new line of each row: request K lines of the prefetch rows, in address order.
+    const bool request = pf != nullptr && d * kElemBytes % kLine == 0;
+    int64_t line = d * kElemBytes * K;
     __m512 qv[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) qv[g] = _mm512_maskz_loadu_ps(m, q + g * head_dim + d);
 #pragma GCC unroll 16
     for (int j = 0; j < K; ++j) {
+      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 2);
+      line += kLine;
       const __m512 kv = Elem<T>::Load(k + j * head_dim + d, m);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g * K + j] = _mm512_fmadd_ps(qv[g], kv, acc[g * K + j]);
@@ -143,41 +157,44 @@ inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const flo
 // G queries over a run: tiles of 16 / G keys, then (one query) 4 keys, then single keys.
 template <KvCacheDType T, int G>
 void ScoresForQueries(const float* q, const typename Elem<T>::Type* k, const float* row_scales,
-                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+                      int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride,
+                      RowPrefetch prefetch) {
   constexpr int kKeys = 16 / G;
-  const auto at = [&](int64_t key) { return row_scales + (row_scales ? key : 0); };
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(typename Elem<T>::Type));
+  const auto* pf = static_cast<const uint8_t*>(prefetch.data);
   int64_t key = 0;
-  for (; key + kKeys <= count; key += kKeys) {
-    ScoreTile<T, kKeys, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
-  }
+  const auto tile = [&]<int kTileKeys, int kTileQueries>() {
+    ScoreTile<T, kTileKeys, kTileQueries>(
+        q, k + key * head_dim, row_scales + (row_scales ? key : 0), head_dim, scale, scores + key,
+        stride, pf != nullptr ? pf + key * row_bytes : nullptr, prefetch.rows - key);
+  };
+  for (; key + kKeys <= count; key += kKeys) tile.template operator()<kKeys, G>();
   if constexpr (G == 1) {
-    for (; key + 4 <= count; key += 4) {
-      ScoreTile<T, 4, 1>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
-    }
+    for (; key + 4 <= count; key += 4) tile.template operator()<4, 1>();
   }
-  for (; key < count; ++key) {
-    ScoreTile<T, 1, G>(q, k + key * head_dim, at(key), head_dim, scale, scores + key, stride);
-  }
+  for (; key < count; ++key) tile.template operator()<1, G>();
 }
 
-// The group in blocks of 4, 2 and 1 queries.
+// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
 template <KvCacheDType T>
 void Scores(const float* q, int64_t group, const void* k_bytes, const float* row_scales,
-            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride) {
+            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride,
+            RowPrefetch prefetch) {
   const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) {
+  for (; g + 4 <= group; g += 4, prefetch = {}) {
     ScoresForQueries<T, 4>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
   }
   if (g + 2 <= group) {
     ScoresForQueries<T, 2>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
     g += 2;
+    prefetch = {};
   }
   if (g < group) {
     ScoresForQueries<T, 1>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride);
+                           scores + g * stride, stride, prefetch);
   }
 }
 
@@ -188,11 +205,21 @@ float Weight(const float* probs, const float* row_scales, int64_t key) {
 }
 
 // G queries x C chunks of 16 output elements from element d0 (the head's last chunk masked): each
-// chunk of a value row is decoded once for the G queries.
+// chunk of a value row is decoded once for the G queries. Key i's pass also requests the same
+// bytes of prefetch row i.
 template <KvCacheDType T, int G, int C>
 inline void AccumulateTile(const float* probs, int64_t probs_stride, const float* row_scales,
                            const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
-                           int64_t d0, float* acc) {
+                           int64_t d0, float* acc, RowPrefetch prefetch) {
+  constexpr int64_t kElemBytes = sizeof(typename Elem<T>::Type);
+  constexpr int64_t kPassBytes = C * kLanes * kElemBytes;
+  const int64_t row_bytes = head_dim * kElemBytes;
+  const int64_t pass_bytes = std::min(kPassBytes, row_bytes - d0 * kElemBytes);
+  // Requests in address order: as if the prefetch run were laid out pass by pass, this pass
+  // takes its `count` rows' share of the bytes from offset d0 * count.
+  const auto* pf = static_cast<const uint8_t*>(prefetch.data);
+  const int64_t pf_bytes = pf != nullptr ? prefetch.rows * row_bytes : 0;
+  int64_t pf_line = d0 * kElemBytes * count;
   __mmask16 m[C];
   __m512 a[G * C];
 #pragma GCC unroll 4
@@ -205,6 +232,12 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
     }
   }
   for (int64_t key = 0; key < count; ++key) {
+    if (pf_line < pf_bytes) {
+      for (int64_t b = 0; b < pass_bytes; b += kLine) {
+        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 2);
+      }
+      pf_line += pass_bytes;
+    }
     __m512 w[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
@@ -231,34 +264,37 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
 template <KvCacheDType T, int G>
 void AccumulateForQueries(const float* probs, int64_t probs_stride, const float* row_scales,
                           const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
-                          float* acc) {
+                          float* acc, RowPrefetch prefetch) {
   int64_t d0 = 0;
   for (; d0 + kLanes * (kChunksPerPass - 1) < head_dim; d0 += kLanes * kChunksPerPass) {
     AccumulateTile<T, G, kChunksPerPass>(probs, probs_stride, row_scales, v, count, head_dim, d0,
-                                         acc);
+                                         acc, prefetch);
   }
   for (; d0 < head_dim; d0 += kLanes) {
-    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc);
+    AccumulateTile<T, G, 1>(probs, probs_stride, row_scales, v, count, head_dim, d0, acc, prefetch);
   }
 }
 
+// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
 template <KvCacheDType T>
 void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v_bytes,
-                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc,
+                RowPrefetch prefetch) {
   const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) {
+  for (; g + 4 <= group; g += 4, prefetch = {}) {
     AccumulateForQueries<T, 4>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
   }
   if (g + 2 <= group) {
     AccumulateForQueries<T, 2>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
     g += 2;
+    prefetch = {};
   }
   if (g < group) {
     AccumulateForQueries<T, 1>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim);
+                               head_dim, acc + g * head_dim, prefetch);
   }
 }
 

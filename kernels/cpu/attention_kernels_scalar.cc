@@ -64,7 +64,8 @@ void QueryScores(const float* q, const void* k_bytes, const float* row_scales, i
 
 template <KvCacheDType T>
 void Scores(const float* q, int64_t group, const void* k, const float* row_scales, int64_t count,
-            int64_t head_dim, float scale, float* scores, int64_t scores_stride) {
+            int64_t head_dim, float scale, float* scores, int64_t scores_stride,
+            RowPrefetch /*prefetch*/) {
   for (int64_t g = 0; g < group; ++g) {
     QueryScores<T>(q + g * head_dim, k, row_scales, count, head_dim, scale,
                    scores + g * scores_stride);
@@ -88,7 +89,8 @@ void QueryAccumulate(const float* probs, const void* v_bytes, const float* row_s
 
 template <KvCacheDType T>
 void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v,
-                const float* row_scales, int64_t count, int64_t head_dim, float* acc) {
+                const float* row_scales, int64_t count, int64_t head_dim, float* acc,
+                RowPrefetch /*prefetch*/) {
   for (int64_t g = 0; g < group; ++g) {
     QueryAccumulate<T>(probs + g * probs_stride, v, row_scales, count, head_dim,
                        acc + g * head_dim);
