@@ -192,19 +192,27 @@ ArgMaxResult ArgMaxChecked(const float* x, int64_t n) {
 }
 
 void ExpShifted(const float* x, int64_t n, float shift, float scale, float* out) {
-  if (ActiveCpuIsa() == CpuIsa::kAvx512) {
-    internal::ExpShiftedAvx512(x, n, shift, scale, out);
-  } else {
-    internal::ExpShiftedBase(x, n, shift, scale, out);
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return internal::ExpShiftedAvx512(x, n, shift, scale, out);
+    case CpuIsa::kAvx2:
+      return internal::ExpShiftedAvx2(x, n, shift, scale, out);
+    case CpuIsa::kScalar:
+      break;
   }
+  internal::ExpShiftedBase(x, n, shift, scale, out);
 }
 
 void ExpBlockSums(const float* x, int64_t n, float shift, float scale, float* sums) {
-  if (ActiveCpuIsa() == CpuIsa::kAvx512) {
-    internal::ExpBlockSumsAvx512(x, n, shift, scale, sums);
-  } else {
-    internal::ExpBlockSumsBase(x, n, shift, scale, sums);
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return internal::ExpBlockSumsAvx512(x, n, shift, scale, sums);
+    case CpuIsa::kAvx2:
+      return internal::ExpBlockSumsAvx2(x, n, shift, scale, sums);
+    case CpuIsa::kScalar:
+      break;
   }
+  internal::ExpBlockSumsBase(x, n, shift, scale, sums);
 }
 
 }  // namespace kvserve::cpu

@@ -3,9 +3,10 @@
 
 // Kernels over one row of vocabulary logits, for the sampler (worker/engine/sampler.cc): they
 // run on every vocabulary entry of every sampled sequence of every step, on the engine's
-// sampling threads. Each has an SSE2 baseline and an AVX-512 path (kernels/cpu/cpu_isa.h picks);
-// both compute every element with the same float operations, so results are bit-identical
-// across paths and machines (a seeded request samples the same tokens everywhere).
+// sampling threads. Each has an SSE2 baseline and an AVX-512 path, the exps an AVX2 path too
+// (kernels/cpu/cpu_isa.h picks); all compute every element with the same float operations, so
+// results are bit-identical across paths and machines (a seeded request samples the same tokens
+// everywhere). Paged attention's softmax uses ExpShifted as well.
 
 #include <algorithm>
 #include <cmath>
@@ -81,8 +82,10 @@ namespace internal {
 ArgMaxResult ArgMaxCheckedBase(const float* x, int64_t n);
 ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n);
 void ExpShiftedBase(const float* x, int64_t n, float shift, float scale, float* out);
+void ExpShiftedAvx2(const float* x, int64_t n, float shift, float scale, float* out);
 void ExpShiftedAvx512(const float* x, int64_t n, float shift, float scale, float* out);
 void ExpBlockSumsBase(const float* x, int64_t n, float shift, float scale, float* sums);
+void ExpBlockSumsAvx2(const float* x, int64_t n, float shift, float scale, float* sums);
 void ExpBlockSumsAvx512(const float* x, int64_t n, float shift, float scale, float* sums);
 }  // namespace internal
 

@@ -22,6 +22,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 std::vector<CpuIsa> Paths() {
   std::vector<CpuIsa> paths = {CpuIsa::kScalar};
+  if (CpuSupportsIsa(CpuIsa::kAvx2)) paths.push_back(CpuIsa::kAvx2);
   if (CpuSupportsIsa(CpuIsa::kAvx512)) paths.push_back(CpuIsa::kAvx512);
   return paths;
 }
