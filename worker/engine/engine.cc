@@ -777,12 +777,20 @@ void Engine::Launch(SchedulerOutput out) {
     if (s.wants_logits) f.sampled.push_back(seq);
     seq->in_flight = pipelined;
   }
-  // The whole step samples on the device or none of it: one copy of the logits either way.
-  f.device_sampling = device_sampler_ != nullptr && !f.sampled.empty() &&
-                      std::all_of(f.sampled.begin(), f.sampled.end(),
+  // The logits stay on the device when any row can be sampled there; only the rows of the
+  // requests the device sampler cannot serve come to the host (one vocabulary row each).
+  f.device_sampling = device_sampler_ != nullptr &&
+                      std::any_of(f.sampled.begin(), f.sampled.end(),
                                   [this](const Sequence* seq) { return DeviceSampleable(seq); });
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  if (!f.device_sampling) f.logits.resize(f.sampled.size() * vocab);
+  if (f.device_sampling) {
+    for (size_t i = 0; i < f.sampled.size(); ++i) {
+      if (!DeviceSampleable(f.sampled[i])) f.host_rows.push_back(static_cast<int64_t>(i));
+    }
+    f.logits.resize(f.host_rows.size() * vocab);
+  } else {
+    f.logits.resize(f.sampled.size() * vocab);
+  }
   const Clock::time_point forward_start = Clock::now();
   const ForwardBatch batch = builder_.Build();
   if (f.device_sampling) {
@@ -902,13 +910,30 @@ void Engine::FinishStep(Flight& f, const absl::Status& status) {
   if (offloader_ != nullptr) offloader_->Offload(kv_->TakeStoredBlocks());
   // Every token of the step is out at the same moment.
   step_time_ = Clock::now();
-  // Which sequence samples from which logits row (forks share the prompt's row).
+  // Which sequence samples from which logits row (forks share the prompt's row). With device
+  // sampling, the rows the device cannot sample come to the host first.
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  absl::Status host_copy;
+  std::vector<int64_t> host_index(f.sampled.size(), -1);  // row -> its place in f.logits
+  if (f.device_sampling) {
+    for (size_t k = 0; k < f.host_rows.size(); ++k) {
+      host_index[static_cast<size_t>(f.host_rows[k])] = static_cast<int64_t>(k);
+      if (host_copy.ok()) {
+        host_copy = backend_->CopyToHost(f.logits.data() + k * vocab,
+                                         device_model_->device_logits() + f.host_rows[k] * vocab,
+                                         vocab * sizeof(float));
+      }
+    }
+  } else {
+    for (size_t i = 0; i < f.sampled.size(); ++i) host_index[i] = static_cast<int64_t>(i);
+  }
   std::vector<PendingSample> pending;
   for (size_t i = 0; i < f.sampled.size(); ++i) {
     Sequence* seq = f.sampled[i];
     std::span<const float> logits;
-    if (!f.device_sampling) logits = std::span<const float>(f.logits.data() + i * vocab, vocab);
+    if (host_index[i] >= 0) {
+      logits = std::span<const float>(f.logits.data() + host_index[i] * vocab, vocab);
+    }
     const int64_t row = static_cast<int64_t>(i);
     auto* state = seq->request;
     if (!state->forked && state->request.n > 1) ForkSamples(seq);
@@ -919,21 +944,33 @@ void Engine::FinishStep(Flight& f, const absl::Status& status) {
       pending.push_back({seq, logits, row});
     }
   }
-  if (f.device_sampling) {
-    SampleOnDevice(pending);
-  } else {
-    SampleAll(pending);
+  std::vector<PendingSample*> on_device, on_host;
+  for (PendingSample& p : pending) {
+    if (host_index[static_cast<size_t>(p.row)] >= 0) {
+      on_host.push_back(&p);
+    } else {
+      on_device.push_back(&p);
+    }
   }
+  if (!host_copy.ok()) {
+    for (PendingSample* p : on_host) {
+      p->result = absl::InternalError(
+          absl::StrCat("copying logits from the device: ", host_copy.message()));
+    }
+    on_host.clear();
+  }
+  if (!on_device.empty()) SampleOnDevice(on_device);
+  if (!on_host.empty()) SampleAll(on_host);
   for (PendingSample& p : pending) Emit(p);
 }
 
-void Engine::SampleAll(std::vector<PendingSample>& pending) {
-  for (PendingSample& p : pending) {
-    if (!p.seq->sampler.has_value()) InitSampling(p.seq);
+void Engine::SampleAll(std::span<PendingSample* const> pending) {
+  for (PendingSample* p : pending) {
+    if (!p->seq->sampler.has_value()) InitSampling(p->seq);
   }
   auto sample = [&pending](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      PendingSample& p = pending[i];
+      PendingSample& p = *pending[i];
       Sequence* seq = p.seq;
       if (seq->status != Sequence::Status::kRunning || !seq->sampler.has_value()) continue;
       std::span<const TokenId> prompt(seq->tokens.data(), seq->num_prompt_tokens);
@@ -963,7 +1000,7 @@ void Engine::SampleAll(std::vector<PendingSample>& pending) {
   } else {
     sample(0, n);
   }
-  for (const PendingSample& p : pending) constraint_seconds_ += p.constraint_seconds;
+  for (const PendingSample* p : pending) constraint_seconds_ += p->constraint_seconds;
 }
 
 bool Engine::DeviceSampleable(const Sequence* seq) const {
@@ -972,9 +1009,9 @@ bool Engine::DeviceSampleable(const Sequence* seq) const {
          DeviceSampler::RowParams(state->request.params, model_->config().vocab_size).has_value();
 }
 
-void Engine::SampleOnDevice(std::vector<PendingSample>& pending) {
-  for (PendingSample& p : pending) {
-    if (!p.seq->sampler.has_value()) InitSampling(p.seq);
+void Engine::SampleOnDevice(std::span<PendingSample* const> pending) {
+  for (PendingSample* p : pending) {
+    if (!p->seq->sampler.has_value()) InitSampling(p->seq);
   }
   // One kernel row per live sequence; forks of one request read the same logits row. Each
   // non-greedy row takes its uniform from its own sampler's RNG here, in place of the draw
@@ -982,7 +1019,8 @@ void Engine::SampleOnDevice(std::vector<PendingSample>& pending) {
   const int32_t vocab = model_->config().vocab_size;
   std::vector<SampleRowParams> rows;
   std::vector<PendingSample*> owners;
-  for (PendingSample& p : pending) {
+  for (PendingSample* pp : pending) {
+    PendingSample& p = *pp;
     Sequence* seq = p.seq;
     if (seq->status != Sequence::Status::kRunning || !seq->sampler.has_value()) continue;
     const SamplingParams& params = seq->request->request.params;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -237,9 +238,13 @@ class Engine {
   struct Flight {
     SchedulerOutput out;
     std::vector<Sequence*> sampled;  // sequences whose logits rows the step yields, in order
-    std::vector<float> logits;  // [sampled, vocab] on the host; empty when sampled on the device
-    /// The logits stayed on the device (device_model_->device_logits()) to be sampled there.
+    /// [sampled, vocab] on the host; with device_sampling only the host_rows, in their order.
+    std::vector<float> logits;
+    /// The logits stayed on the device (device_model_->device_logits()) to be sampled there,
+    /// except the rows of sequences the device sampler cannot serve (host_rows, indices into
+    /// `sampled`): only those are copied to the host and sampled there.
     bool device_sampling = false;
+    std::vector<int64_t> host_rows;
     StepMetrics metrics;
     int64_t prompt_tokens = 0;
     double forward_seconds = 0.0;  // this process's forward pass plus the wait for the stages
@@ -274,12 +279,12 @@ class Engine {
   /// parameters are refused).
   void InitSampling(Sequence* seq);
   /// Draws the next token of every pending sequence, in parallel over the vocabulary-sized work.
-  void SampleAll(std::vector<PendingSample>& pending);
+  void SampleAll(std::span<PendingSample* const> pending);
   /// Whether `seq`'s next token can be sampled on the device (EngineOptions::device_sampling).
   bool DeviceSampleable(const Sequence* seq) const;
   /// SampleAll for a step whose logits stayed on the device: one kernel launch for every
   /// pending sequence, each drawing its uniform from its own sampler's RNG.
-  void SampleOnDevice(std::vector<PendingSample>& pending);
+  void SampleOnDevice(std::span<PendingSample* const> pending);
   /// Appends the drawn token, streams its text and finishes the sequence if it stops; in order.
   void Emit(PendingSample& p);
   /// Forks the remaining samples of a request off its first sequence after prefill.
