@@ -175,29 +175,6 @@ void ScoresForQueries(const float* q, const typename Elem<T>::Type* k, const flo
   for (; key < count; ++key) tile.template operator()<1, G>();
 }
 
-// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
-template <KvCacheDType T>
-void Scores(const float* q, int64_t group, const void* k_bytes, const float* row_scales,
-            int64_t count, int64_t head_dim, float scale, float* scores, int64_t stride,
-            RowPrefetch prefetch) {
-  const auto* k = static_cast<const typename Elem<T>::Type*>(k_bytes);
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4, prefetch = {}) {
-    ScoresForQueries<T, 4>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride, prefetch);
-  }
-  if (g + 2 <= group) {
-    ScoresForQueries<T, 2>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride, prefetch);
-    g += 2;
-    prefetch = {};
-  }
-  if (g < group) {
-    ScoresForQueries<T, 1>(q + g * head_dim, k, row_scales, count, head_dim, scale,
-                           scores + g * stride, stride, prefetch);
-  }
-}
-
 template <KvCacheDType T>
 float Weight(const float* probs, const float* row_scales, int64_t key) {
   if constexpr (KvCacheDTypeHasScales(T)) return probs[key] * row_scales[key];
@@ -275,28 +252,7 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
   }
 }
 
-// The group in blocks of 4, 2 and 1 queries; the first block requests the prefetch rows.
-template <KvCacheDType T>
-void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const void* v_bytes,
-                const float* row_scales, int64_t count, int64_t head_dim, float* acc,
-                RowPrefetch prefetch) {
-  const auto* v = static_cast<const typename Elem<T>::Type*>(v_bytes);
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4, prefetch = {}) {
-    AccumulateForQueries<T, 4>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim, prefetch);
-  }
-  if (g + 2 <= group) {
-    AccumulateForQueries<T, 2>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim, prefetch);
-    g += 2;
-    prefetch = {};
-  }
-  if (g < group) {
-    AccumulateForQueries<T, 1>(probs + g * probs_stride, probs_stride, row_scales, v, count,
-                               head_dim, acc + g * head_dim, prefetch);
-  }
-}
+#include "kernels/cpu/attention_groups.inc"  // Scores, Accumulate
 
 }  // namespace
 
