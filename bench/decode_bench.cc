@@ -55,6 +55,7 @@ double BytesPerDecodeStep(const ModelWeights& w, int batch, int context) {
   return weights + kv;
 }
 
+// Issue 13's model: 8 layers, hidden 1024, 16 query / 4 KV heads, FFN 2816, vocab 32000 (156M).
 const ModelWeights* SyntheticModel(DType dtype) {
   static std::map<DType, std::unique_ptr<ModelWeights>> models;
   std::unique_ptr<ModelWeights>& m = models[dtype];
@@ -63,7 +64,7 @@ const ModelWeights* SyntheticModel(DType dtype) {
     o.num_layers = 8;
     o.hidden_size = 1024;
     o.num_heads = 16;
-    o.num_kv_heads = 16;
+    o.num_kv_heads = 4;
     o.intermediate_size = 2816;
     o.vocab_size = 32000;
     o.dtype = dtype;
