@@ -193,7 +193,8 @@ float Weight(const float* probs, const float* row_scales, int64_t key) {
 }
 
 // G queries x C full chunks of 8 output elements from element d0: each chunk of a value row is
-// decoded once for the G queries. Key i's pass also requests the same bytes of prefetch row i.
+// decoded once for the G queries. Each key also requests a pass's worth of the prefetch run's
+// bytes, in address order.
 template <KvCacheDType T, int G, int C>
 inline void AccumulateTile(const float* probs, int64_t probs_stride, const float* row_scales,
                            const typename Elem<T>::Type* v, int64_t count, int64_t head_dim,
