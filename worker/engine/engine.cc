@@ -779,18 +779,15 @@ void Engine::Launch(SchedulerOutput out) {
   }
   // The logits stay on the device when any row can be sampled there; only the rows of the
   // requests the device sampler cannot serve come to the host (one vocabulary row each).
-  f.device_sampling = device_sampler_ != nullptr &&
-                      std::any_of(f.sampled.begin(), f.sampled.end(),
-                                  [this](const Sequence* seq) { return DeviceSampleable(seq); });
-  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  if (f.device_sampling) {
+  if (device_sampler_ != nullptr) {
     for (size_t i = 0; i < f.sampled.size(); ++i) {
       if (!DeviceSampleable(f.sampled[i])) f.host_rows.push_back(static_cast<int64_t>(i));
     }
-    f.logits.resize(f.host_rows.size() * vocab);
-  } else {
-    f.logits.resize(f.sampled.size() * vocab);
+    f.device_sampling = f.host_rows.size() < f.sampled.size();
+    if (!f.device_sampling) f.host_rows.clear();  // every row: the plain host path
   }
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  f.logits.resize((f.device_sampling ? f.host_rows.size() : f.sampled.size()) * vocab);
   const Clock::time_point forward_start = Clock::now();
   const ForwardBatch batch = builder_.Build();
   if (f.device_sampling) {
