@@ -19,10 +19,10 @@ namespace {
 constexpr int kLanes = 8;
 // x rows from which the panel path takes over; fewer take the decode tiles.
 constexpr int kMaxRows = 4;
-// Weight rows per tile when fewer than kMaxRows x rows remain (decode): more independent FMA
-// chains. Tile shapes never change any element's reduction order. One x row takes eight (8
-// accumulators; one-thread f32 and bf16 GEMVs streamed 5-13 % faster than with four), two or
-// three take four.
+// f16 and bf16 weight rows per tile when fewer than kMaxRows x rows remain (decode; f32 takes one,
+// Columns says why): more independent FMA chains. Tile shapes never change any element's reduction
+// order. One x row takes eight (8 accumulators; one-thread bf16 GEMVs streamed 5-13 % faster than
+// with four), two or three take four.
 constexpr int kColsOneRow = 8;
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
@@ -175,7 +175,18 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
     return;
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
-  // registers, more weight rows in flight.
+  // registers. f32 takes one weight row per tile, in address order, so that a matrix is one
+  // ascending stream, which the hardware prefetchers follow at the speed of a plain read loop
+  // without a look-ahead: the walks of eight rows side by side (WalkDecodeColumns), look-ahead
+  // included, streamed f32 18 % slower in one-thread decode on Zen 4 (docs/benchmarks.md, "One
+  // weight row at a time"). Tile shapes never change an element's reduction order. f16 and bf16
+  // keep the walks: one row has one chain of FMAs through its accumulator, four per 64 bytes of
+  // weights, which held them to 17 GB/s.
+  if constexpr (std::is_same_v<W, F32W>) {
+    WeightLookahead none;
+    for (int64_t col = n_begin; col < n_end; ++col) DecodeRows<W, 1>(a, plan, col, 1, &none);
+    return;
+  }
   if (a.m == 1) {
     WalkDecodeColumns<kColsOneRow, kCols>(
         a.w, plan.w_row_bytes, n_begin, n_end,

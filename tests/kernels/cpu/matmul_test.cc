@@ -169,11 +169,12 @@ TEST(MatmulTest, SimdPathsAgreeWithScalar) {
 TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (DType dtype : kAllDTypes) {
-    // Float formats also at k = 36, 77 and 104: partial final steps (AVX2 bf16 works in
-    // 16-element groups whose two vectors hold elements 0-3 + 8-11 and 4-7 + 12-15, every path
-    // in 8 or 16 lanes).
+    // Float formats also at k = 20, 36, 48, 77 and 104: partial final steps (AVX2 bf16 works in
+    // 16-element groups whose two vectors hold elements 0-3 + 8-11 and 4-7 + 12-15, AVX-512 f16
+    // and bf16 in 32-element steps of two vectors, every path in 8 or 16 lanes), and a masked
+    // step with a whole zero vector (AVX-512 f16 at k = 20 and 48).
     std::vector<int64_t> ks = {DTypeBlockElems(dtype) == 256 ? int64_t{256} : int64_t{96}, 4096};
-    if (DTypeBlockElems(dtype) == 1) ks.insert(ks.end(), {36, 77, 104});
+    if (DTypeBlockElems(dtype) == 1) ks.insert(ks.end(), {20, 36, 48, 77, 104});
     for (int64_t k : ks) {
       const int64_t m = 17;
       const Problem p(m, 37, k, dtype, true, 7);
