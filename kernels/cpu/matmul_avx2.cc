@@ -178,7 +178,7 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   // registers. f32 takes one weight row per tile, in address order, so that a matrix is one
   // ascending stream, which the hardware prefetchers follow at the speed of a plain read loop
   // without a look-ahead: the walks of eight rows side by side (WalkDecodeColumns), look-ahead
-  // included, streamed f32 18 % slower in one-thread decode on Zen 4 (docs/benchmarks.md, "One
+  // included, streamed f32 9-17 % slower in one-thread decode on Zen 4 (docs/benchmarks.md, "One
   // weight row at a time"). Tile shapes never change an element's reduction order. f16 and bf16
   // keep the walks: one row has one chain of FMAs through its accumulator, four per 64 bytes of
   // weights, which held them to 17 GB/s.
