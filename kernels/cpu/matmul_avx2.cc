@@ -21,9 +21,12 @@ constexpr int kLanes = 8;
 constexpr int kMaxRows = 4;
 // f16 and bf16 weight rows per tile when fewer than kMaxRows x rows remain (decode; f32 takes one,
 // Columns says why): more independent FMA chains. Tile shapes never change any element's reduction
-// order. One x row takes eight (8 accumulators; one-thread bf16 GEMVs streamed 5-13 % faster than
-// with four), two or three take four.
-constexpr int kColsOneRow = 8;
+// order. One x row takes eight for bf16 (8 accumulators; one-thread bf16 GEMVs streamed 5-13 %
+// faster than with four) and four for f16 (one-thread f16 decode streamed 12 % faster than with
+// eight, 25.7 against 23.0 GB/s; bf16 7 % slower, sixteen slower for both); two or three x rows
+// take four.
+constexpr int kColsOneRowBF16 = 8;
+constexpr int kColsOneRowF16 = 4;
 constexpr int kColsFewRows = 4;
 constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
 
@@ -188,6 +191,7 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
     return;
   }
   if (a.m == 1) {
+    constexpr int kColsOneRow = std::is_same_v<W, F16W> ? kColsOneRowF16 : kColsOneRowBF16;
     WalkDecodeColumns<kColsOneRow, kCols>(
         a.w, plan.w_row_bytes, n_begin, n_end,
         [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
