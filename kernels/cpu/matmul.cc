@@ -17,7 +17,7 @@ constexpr int64_t kMinMacsPerChunk = int64_t{1} << 16;
 // atomic add) stays negligible.
 constexpr int64_t kPiecesPerThread = 4;
 // Piece sizes are a multiple of this many columns so every register tile / weight panel of the
-// ISA paths stays whole (matmul_avx512.cc: 8-column decode tiles and weight panels).
+// ISA paths stays whole (matmul_int8.inc: 8-column decode tiles; matmul_panel.inc: weight panels).
 constexpr int64_t kColumnGrain = 8;
 
 int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }

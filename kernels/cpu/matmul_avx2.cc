@@ -19,16 +19,10 @@ namespace {
 constexpr int kLanes = 8;
 // x rows from which the panel path takes over; fewer take the decode tiles.
 constexpr int kMaxRows = 4;
-// f16 and bf16 weight rows per tile when fewer than kMaxRows x rows remain (decode; f32 takes one,
-// Columns says why): more independent FMA chains. Tile shapes never change any element's reduction
-// order. One x row takes eight for bf16 (8 accumulators; one-thread bf16 GEMVs streamed 5-13 %
-// faster than with four) and four for f16 (one-thread f16 decode streamed 12 % faster than with
-// eight, 25.7 against 23.0 GB/s; bf16 7 % slower, sixteen slower for both); two or three x rows
-// take four.
-constexpr int kColsOneRowBF16 = 8;
-constexpr int kColsOneRowF16 = 4;
-constexpr int kColsFewRows = 4;
-constexpr int kCols = 2;  // weight rows per register tile (16 ymm registers)
+// Weight streams of the decode tiles (fewer than kMaxRows x rows; Columns says why): four for one
+// x row, two for two or three (4 and 6 accumulators of the 16 ymm registers).
+constexpr int kStreamsOneRow = 4;
+constexpr int kStreamsFewRows = 2;
 
 // Weight converters: Load() gives the kVecs fp32 vectors of the kStep elements at kk, and LoadX()
 // the x vectors they multiply, in the same element order.
@@ -67,8 +61,6 @@ struct BF16W {
   }
 };
 
-#include "kernels/cpu/matmul_walk.inc"  // before the files that use it
-
 #include "kernels/cpu/matmul_int8.inc"
 
 #include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4
@@ -85,9 +77,8 @@ void StoreSums(const __m256* acc, const float* bias, float* y, int64_t col_step)
 
 // One R x C register tile: rows row0.., weight rows col0...
 template <class W, int R, int C>
-void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0, int64_t col_step,
-          WeightLookahead* walk) {
-  WeightLookahead ahead = *walk;  // in registers while the tile runs (WeightLookahead)
+void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col0,
+          int64_t col_step) {
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.x + (row0 + r) * a.x_stride;
   const uint8_t* w[C];
@@ -100,7 +91,6 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
   }
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
-    ahead.Advance(C * W::kStep * W::kElemBytes);
     __m256 xv[R][W::kVecs];
     for (int r = 0; r < R; ++r) W::LoadX(x[r] + kk, xv[r]);
     // Each weight row used as soon as it is converted: all C rows first (8 x 2 vectors for bf16)
@@ -135,28 +125,35 @@ void Tile(const MatmulArgs& a, const MatmulPlan& plan, int64_t row0, int64_t col
     StoreSums<C>(acc[r], a.bias != nullptr ? a.bias + col0 : nullptr,
                  a.y + (row0 + r) * a.y_stride + col0, col_step);
   }
-  *walk = ahead;
 }
 
-// The decode tiles: every x row (fewer than kMaxRows; more take the panel path) against weight
-// rows col0, col0 + col_step, ..., col0 + (C - 1) * col_step.
+// The decode tiles: the x rows (fewer than kMaxRows) against weight rows col0, col0 + col_step,
+// ..., col0 + (C - 1) * col_step.
 template <class W, int C>
-void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step,
-                WeightLookahead* ahead) {
+void DecodeRows(const MatmulArgs& a, const MatmulPlan& plan, int64_t col0, int64_t col_step) {
   static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
   switch (a.m) {
     case 3:
-      Tile<W, 3, C>(a, plan, 0, col0, col_step, ahead);
+      Tile<W, 3, C>(a, plan, 0, col0, col_step);
       break;
     case 2:
-      Tile<W, 2, C>(a, plan, 0, col0, col_step, ahead);
+      Tile<W, 2, C>(a, plan, 0, col0, col_step);
       break;
     case 1:
-      Tile<W, 1, C>(a, plan, 0, col0, col_step, ahead);
+      Tile<W, 1, C>(a, plan, 0, col0, col_step);
       break;
     default:
       break;
   }
+}
+
+// Columns [n_begin, n_end) cut into S equal parts, tile i taking weight row i of every part: each
+// part is read as one ascending stream (Columns says why).
+template <class W, int S>
+void StreamTiles(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
+  const int64_t part = (n_end - n_begin) / S;
+  for (int64_t i = 0; i < part; ++i) DecodeRows<W, S>(a, plan, n_begin + i, part);
+  for (int64_t col = n_begin + S * part; col < n_end; ++col) DecodeRows<W, 1>(a, plan, col, 1);
 }
 
 // ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
@@ -178,32 +175,21 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
     return;
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in
-  // registers. f32 takes one weight row per tile, in address order, so that a matrix is one
-  // ascending stream, which the hardware prefetchers follow at the speed of a plain read loop
-  // without a look-ahead: the walks of eight rows side by side (WalkDecodeColumns), look-ahead
-  // included, streamed f32 9-17 % slower in one-thread decode on Zen 4 (docs/benchmarks.md, "One
-  // weight row at a time"). Tile shapes never change an element's reduction order. f16 and bf16
-  // keep the walks: one row has one chain of FMAs through its accumulator, four per 64 bytes of
-  // weights, which held them to 17 GB/s.
-  if constexpr (std::is_same_v<W, F32W>) {
-    WeightLookahead none;
-    for (int64_t col = n_begin; col < n_end; ++col) DecodeRows<W, 1>(a, plan, col, 1, &none);
-    return;
-  }
+  // registers, each piece of columns cut into equal parts read side by side, every part one
+  // ascending stream start to end. The hardware prefetchers follow such streams at the speed of a
+  // plain read loop, and the parts' weight rows give the core independent FMA chains: one row at
+  // a time has a single chain through its accumulator, four FMAs per 64 bytes of f16/bf16, which
+  // held those to 17 GB/s. Eight rows side by side within a page (plus a software look-ahead)
+  // streamed 9-17 % slower than one ascending stream. One-thread decode on Zen 4, AVX2 forced,
+  // fraction of the triad, medians of six alternating runs (docs/benchmarks.md, "Weight
+  // streams"): f32 0.86 -> 0.93, f16 0.76 -> 0.87, bf16 0.73 -> 0.83 with four streams against
+  // the previous tiles; two and three streams were slower, six and eight slower still. Tile
+  // shapes never change an element's reduction order.
   if (a.m == 1) {
-    constexpr int kColsOneRow = std::is_same_v<W, F16W> ? kColsOneRowF16 : kColsOneRowBF16;
-    WalkDecodeColumns<kColsOneRow, kCols>(
-        a.w, plan.w_row_bytes, n_begin, n_end,
-        [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
-          Tile<W, 1, decltype(cols)::value>(a, plan, 0, col, step, ahead);
-        });
-    return;
+    StreamTiles<W, kStreamsOneRow>(a, plan, n_begin, n_end);
+  } else {
+    StreamTiles<W, kStreamsFewRows>(a, plan, n_begin, n_end);
   }
-  WalkDecodeColumns<kColsFewRows, kCols>(
-      a.w, plan.w_row_bytes, n_begin, n_end,
-      [&](auto cols, int64_t col, int64_t step, WeightLookahead* ahead) {
-        DecodeRows<W, decltype(cols)::value>(a, plan, col, step, ahead);
-      });
 }
 
 }  // namespace

@@ -115,52 +115,73 @@ struct BF16W {
   }
 };
 
-#include "kernels/cpu/matmul_walk.inc"  // before the files that use it
-
 #include "kernels/cpu/matmul_int8.inc"
 
-// The decode tile (fewer than kMaxRows x rows; more take the panel path): weight row `col` against
-// x rows 0 .. R - 1, the row read once from its first byte to its last, so that a matrix is one
-// ascending stream, which the hardware prefetchers follow at the speed of a plain read loop. Tiles
-// of eight weight rows read side by side, with a software look-ahead one tile group ahead, streamed
-// 8-12 % slower in one-thread decode on Zen 4 (docs/benchmarks.md, "One weight row at a time").
-// One accumulator per x row, as in the panel path: every output keeps its reduction order.
-template <class W, int R>
-void RowTile(const MatmulArgs& a, const MatmulPlan& plan, int64_t col) {
-  const uint8_t* const w = static_cast<const uint8_t*>(a.w) + col * plan.w_row_bytes;
+// The decode tiles (fewer than kMaxRows x rows; more take the panel path). A piece of columns is
+// cut into kStreams equal parts, and tile i takes weight row i of every part against x rows
+// 0 .. R - 1: each part is read as one ascending stream, start to end, which the hardware
+// prefetchers follow at the speed of a plain read loop, and the parts' rows give the core
+// independent FMA chains. One accumulator per (weight row, x row), as in the panel path: every
+// output keeps its reduction order. One-thread decode on Zen 4, medians of six alternating runs,
+// fraction of the triad (docs/benchmarks.md, "Weight streams"): one stream (one weight row at a
+// time, a single chain of FMAs) f32 0.83, f16 0.85, bf16 0.85; two streams 0.91, 0.89, 0.93; four
+// 0.86, 0.85, 0.86. Eight rows side by side within a page were slower than one stream ("One weight
+// row at a time").
+constexpr int kStreams = 2;
+
+template <class W, int R, int S>
+void StreamTile(const MatmulArgs& a, const MatmulPlan& plan, const int64_t* cols) {
+  const uint8_t* w[S];
+  for (int s = 0; s < S; ++s) w[s] = static_cast<const uint8_t*>(a.w) + cols[s] * plan.w_row_bytes;
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.x + r * a.x_stride;
-  __m512 acc[R];
-  for (__m512& v : acc) v = _mm512_setzero_ps();
+  __m512 acc[S][R];
+  for (auto& row : acc) {
+    for (__m512& v : row) v = _mm512_setzero_ps();
+  }
   int64_t kk = 0;
   for (; kk + W::kStep <= a.k; kk += W::kStep) {
-    __m512 wv[W::kVecs];
-    W::Load(w, kk, wv);
+    __m512 wv[S][W::kVecs];
+    for (int s = 0; s < S; ++s) W::Load(w[s], kk, wv[s]);
     for (int r = 0; r < R; ++r) {
       __m512 xv[W::kVecs];
       W::LoadX(x[r] + kk, xv);
-      for (int v = 0; v < W::kVecs; ++v) acc[r] = _mm512_fmadd_ps(xv[v], wv[v], acc[r]);
+      for (int v = 0; v < W::kVecs; ++v) {
+        for (int s = 0; s < S; ++s) acc[s][r] = _mm512_fmadd_ps(xv[v], wv[s][v], acc[s][r]);
+      }
     }
   }
   if (kk < a.k) {  // masked final step: zeros beyond k, as the panel path's zero padding
     const int rest = static_cast<int>(a.k - kk);
-    __m512 wv[W::kVecs];
-    W::LoadMasked(w, kk, rest, wv);
+    __m512 wv[S][W::kVecs];
+    for (int s = 0; s < S; ++s) W::LoadMasked(w[s], kk, rest, wv[s]);
     for (int r = 0; r < R; ++r) {
       __m512 xv[W::kVecs];
       W::LoadXMasked(x[r] + kk, rest, xv);
-      for (int v = 0; v < W::kVecs; ++v) acc[r] = _mm512_fmadd_ps(xv[v], wv[v], acc[r]);
+      for (int v = 0; v < W::kVecs; ++v) {
+        for (int s = 0; s < S; ++s) acc[s][r] = _mm512_fmadd_ps(xv[v], wv[s][v], acc[s][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    StoreSums<1>(&acc[r], a.bias != nullptr ? a.bias + col : nullptr, a.y + r * a.y_stride + col,
-                 1);
+  for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < R; ++r) {
+      StoreSums<1>(&acc[s][r], a.bias != nullptr ? a.bias + cols[s] : nullptr,
+                   a.y + r * a.y_stride + cols[s], 1);
+    }
   }
 }
 
 template <class W, int R>
-void RowTiles(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
-  for (int64_t col = n_begin; col < n_end; ++col) RowTile<W, R>(a, plan, col);
+void StreamTiles(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
+  const int64_t part = (n_end - n_begin) / kStreams;
+  for (int64_t i = 0; i < part; ++i) {
+    int64_t cols[kStreams];
+    for (int s = 0; s < kStreams; ++s) cols[s] = n_begin + s * part + i;
+    StreamTile<W, R, kStreams>(a, plan, cols);
+  }
+  for (int64_t col = n_begin + kStreams * part; col < n_end; ++col) {
+    StreamTile<W, R, 1>(a, plan, &col);
+  }
 }
 
 // ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
@@ -177,13 +198,13 @@ void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64
   static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
   switch (a.m) {
     case 3:
-      RowTiles<W, 3>(a, plan, n_begin, n_end);
+      StreamTiles<W, 3>(a, plan, n_begin, n_end);
       break;
     case 2:
-      RowTiles<W, 2>(a, plan, n_begin, n_end);
+      StreamTiles<W, 2>(a, plan, n_begin, n_end);
       break;
     case 1:
-      RowTiles<W, 1>(a, plan, n_begin, n_end);
+      StreamTiles<W, 1>(a, plan, n_begin, n_end);
       break;
     default:
       break;

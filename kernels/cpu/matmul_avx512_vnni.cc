@@ -14,8 +14,6 @@
 namespace kvserve::cpu::internal {
 namespace {
 
-#include "kernels/cpu/matmul_walk.inc"  // before the files that use it
-
 #include "kernels/cpu/matmul_int8.inc"
 
 }  // namespace
