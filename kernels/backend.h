@@ -94,13 +94,19 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+/// What a prepared weight matrix is for: rows gathered by Embedding, or the weights of Matmul
+/// (which a backend may lay out for its kernels).
+enum class MatrixUse { kEmbedding, kMatmul };
+
 /// A weight matrix [rows, cols] as the backend's matmul and embedding ops want it: for the CPU
-/// the file's own bytes (stored dtype, no copy); for CUDA a device copy as stored (f16, bf16 and
+/// the file's own bytes (stored dtype, no copy), except q4_0 / q8_0 Matmul weights, packed once
+/// at load (kernels/cpu/packed_weights.h); for CUDA a device copy as stored (f16, bf16 and
 /// quantized blocks) or in bf16 (f32 weights converted at load).
 struct PreparedMatrix {
-  const void* data = nullptr;  // [rows, cols] row-major in `dtype`
+  const void* data = nullptr;  // [rows, cols] row-major in `dtype`, or packed (below)
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;
+  bool packed = false;   // data in the CPU's packed layout (cpu::MatmulArgs::w_packed): Matmul only
   DeviceBuffer storage;  // owns `data` when the backend made a copy
 };
 
@@ -173,9 +179,10 @@ class Backend {
   }
 
   // ---- Weights --------------------------------------------------------------------------------
-  /// Makes a host weight matrix usable by Matmul / Embedding (see PreparedMatrix).
+  /// Makes a host weight matrix usable by Matmul or Embedding, as `use` says (see
+  /// PreparedMatrix).
   virtual absl::StatusOr<PreparedMatrix> PrepareMatrix(const void* host, DType dtype, int64_t rows,
-                                                       int64_t cols) = 0;
+                                                       int64_t cols, MatrixUse use) = 0;
   /// Makes a host f32 vector usable by the ops.
   virtual absl::StatusOr<PreparedVector> PrepareVector(const float* host, int64_t n) = 0;
 

@@ -300,12 +300,12 @@ void QuantizeQ45K(const float* x, int nmax, uint8_t* b) {
     sc[j] = d > 0 ? Clamp(RoundToInt(a[j] / d), 0, 63) : 0;
     mq[j] = dmin > 0 ? Clamp(RoundToInt(m[j] / dmin), 0, 63) : 0;
   }
-  uint8_t* scales = b + 4;
-  for (int j = 0; j < 4; ++j) {
-    scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-    scales[j + 4] = static_cast<uint8_t>(mq[j] | ((mq[j + 4] >> 4) << 6));
-    scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mq[j + 4] & 15) << 4));
+  uint8_t sc6[8], m6[8];
+  for (int j = 0; j < 8; ++j) {
+    sc6[j] = static_cast<uint8_t>(sc[j]);
+    m6[j] = static_cast<uint8_t>(mq[j]);
   }
+  PackScalesMinsK4(sc6, m6, b + 4);
   uint8_t* qh = nmax == 31 ? b + 16 : nullptr;
   uint8_t* qs = nmax == 31 ? b + 48 : b + 16;
   if (qh != nullptr) std::memset(qh, 0, 32);
@@ -436,6 +436,23 @@ void QuantizeRow(const float* x, DType dtype, int64_t n, void* dst) {
         QuantizeQ6_K(v, b);
         break;
     }
+  }
+}
+
+void UnpackScalesMinsK4(const uint8_t* scales, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) {
+    int s6, m6;
+    ScaleMinK4(scales, j, &s6, &m6);
+    sc[j] = static_cast<uint8_t>(s6);
+    m[j] = static_cast<uint8_t>(m6);
+  }
+}
+
+void PackScalesMinsK4(const uint8_t* sc, const uint8_t* m, uint8_t* scales) {
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    scales[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+    scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
   }
 }
 

@@ -25,6 +25,11 @@ void DequantizeRow(const void* src, DType dtype, int64_t n, float* dst);
 /// sub-block scales against fp16 super-block scales); finite inputs give finite, valid blocks.
 void QuantizeRow(const float* x, DType dtype, int64_t n, void* dst);
 
+/// A q4_k / q5_k block's eight 6-bit sub-block scales sc[j] and mins m[j] from its scales[12]
+/// (packing in kernels/dtype.h), and back: PackScalesMinsK4 is the exact inverse.
+void UnpackScalesMinsK4(const uint8_t* scales, uint8_t* sc, uint8_t* m);
+void PackScalesMinsK4(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_BLOCK_QUANT_H_

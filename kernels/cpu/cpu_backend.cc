@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/logits.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -23,6 +26,28 @@ namespace kvserve::cpu {
 namespace {
 
 constexpr size_t kAlignment = 256;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Whether Matmul weights get the packed layout: on unless KVSERVE_CPU_PACK_WEIGHTS=0.
+bool PackWeightsEnabled() {
+  const char* v = std::getenv("KVSERVE_CPU_PACK_WEIGHTS");
+  return v == nullptr || std::string_view(v) != "0";
+}
+
+// Asks the kernel to reclaim the whole pages of [p, p + bytes) now. The contents stay what they
+// were (file pages are read again, anonymous ones come back from swap, or stay if there is none):
+// advice only, and a kernel without MADV_PAGEOUT ignores it.
+void ReleasePages(const void* p, size_t bytes) {
+#if defined(MADV_PAGEOUT)
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGE_SIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
 
 // Whether a is ranked before b: larger value first, the lower index on ties; NaN ranks last.
 bool RanksBefore(float va, int64_t a, float vb, int64_t b) {
@@ -79,12 +104,35 @@ absl::StatusOr<std::pair<int64_t, int64_t>> CpuBackend::MemoryInfo() const {
 }
 
 absl::StatusOr<PreparedMatrix> CpuBackend::PrepareMatrix(const void* host, DType dtype,
-                                                         int64_t rows, int64_t cols) {
+                                                         int64_t rows, int64_t cols,
+                                                         MatrixUse use) {
   PreparedMatrix m;
   m.data = host;  // the kernels read every stored dtype in place
   m.dtype = dtype;
   m.rows = rows;
   m.cols = cols;
+  if (use != MatrixUse::kMatmul || !PackedLayoutSupported(dtype) || rows <= 0 || cols <= 0 ||
+      cols % DTypeBlockElems(dtype) != 0 || !PackWeightsEnabled()) {
+    return m;
+  }
+  // q4_0 / q8_0 Matmul weights: packed once (packed_weights.h), on huge pages where the kernel
+  // offers them (decode streams them), and the source's pages handed back to the kernel: read
+  // again only if something gathers rows from them (a tied embedding), from the file.
+  const auto bytes = static_cast<size_t>(PackedBytes(dtype, rows, cols));
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes for packed weights"));
+  }
+#if defined(MADV_HUGEPAGE)
+  (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only
+#endif
+  PackRows(host, dtype, rows, cols, p);
+  m.data = p;
+  m.packed = true;
+  m.storage = DeviceBuffer(this, p, bytes);
+  ReleasePages(host, static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows));
   return m;
 }
 

@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() const override;
 
   absl::StatusOr<PreparedMatrix> PrepareMatrix(const void* host, DType dtype, int64_t rows,
-                                               int64_t cols) override;
+                                               int64_t cols, MatrixUse use) override;
   absl::StatusOr<PreparedVector> PrepareVector(const float* host, int64_t n) override;
 
   void Embedding(const EmbeddingArgs& args) override;

@@ -17,7 +17,8 @@ constexpr int64_t kMinMacsPerChunk = int64_t{1} << 16;
 // atomic add) stays negligible.
 constexpr int64_t kPiecesPerThread = 4;
 // Piece sizes are a multiple of this many columns so every register tile / weight panel of the
-// ISA paths stays whole (matmul_int8.inc: 8-column decode tiles; matmul_panel.inc: weight panels).
+// ISA paths stays whole (matmul_int8.inc: 8-column decode tiles; matmul_panel.inc: weight panels;
+// packed weights: whole groups of kPackedGroupRows).
 constexpr int64_t kColumnGrain = 8;
 
 int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
@@ -104,19 +105,20 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
     plan.xs = act.sums.data();
   }
 
+  const int64_t column_grain = args.w_packed ? kPackedGroupRows : kColumnGrain;
   const int64_t macs_per_column = std::max<int64_t>(1, args.m * args.k);
   const int64_t min_chunk =
-      RoundUp((kMinMacsPerChunk + macs_per_column - 1) / macs_per_column, kColumnGrain);
+      RoundUp((kMinMacsPerChunk + macs_per_column - 1) / macs_per_column, column_grain);
   if (pool == nullptr || pool->num_threads() == 1 || min_chunk * 2 > args.n) {
     columns(args, plan, 0, args.n);
     return;
   }
   // Every output element is computed whole by one thread in an order fixed by k, so which
   // thread takes which piece cannot change the result: balance the load dynamically.
-  const int64_t grain = std::max(
-      min_chunk, RoundUp((args.n + pool->num_threads() * kPiecesPerThread - 1) /
-                             (pool->num_threads() * kPiecesPerThread),
-                         kColumnGrain));
+  const int64_t grain =
+      std::max(min_chunk, RoundUp((args.n + pool->num_threads() * kPiecesPerThread - 1) /
+                                      (pool->num_threads() * kPiecesPerThread),
+                                  column_grain));
   pool->ParallelForDynamic(args.n, grain,
                            [&](int64_t begin, int64_t end) { columns(args, plan, begin, end); });
 }

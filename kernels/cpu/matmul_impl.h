@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_weights.h"
 
 namespace kvserve::cpu::internal {
 

@@ -226,7 +226,8 @@ absl::StatusOr<std::pair<int64_t, int64_t>> CudaBackend::MemoryInfo() const {
 }
 
 absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DType dtype,
-                                                          int64_t rows, int64_t cols) {
+                                                          int64_t rows, int64_t cols,
+                                                          MatrixUse /*use*/) {
   Bind();
   PreparedMatrix m;
   m.rows = rows;

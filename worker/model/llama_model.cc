@@ -249,11 +249,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
 
 absl::Status LlamaModel::PrepareWeights() {
   Backend& b = *backend_;
-  auto matrix = [&b](const TensorView& t, PreparedMatrix* out) -> absl::Status {
+  auto matrix = [&b](const TensorView& t, PreparedMatrix* out,
+                     MatrixUse use = MatrixUse::kMatmul) -> absl::Status {
     if (t.shape.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("weight '", t.name, "' is not a matrix"));
     }
-    absl::StatusOr<PreparedMatrix> m = b.PrepareMatrix(t.data, t.dtype, t.shape[0], t.shape[1]);
+    absl::StatusOr<PreparedMatrix> m =
+        b.PrepareMatrix(t.data, t.dtype, t.shape[0], t.shape[1], use);
     if (!m.ok()) return m.status();
     *out = std::move(*m);
     return absl::OkStatus();
@@ -269,7 +271,10 @@ absl::Status LlamaModel::PrepareWeights() {
   const ModelConfig& c = weights_->config;
   // A pipeline stage holds the embedding only when it embeds tokens or computes logits with it.
   if (weights_->token_embedding.present()) {
-    if (absl::Status s = matrix(weights_->token_embedding, &embedding_); !s.ok()) return s;
+    if (absl::Status s = matrix(weights_->token_embedding, &embedding_, MatrixUse::kEmbedding);
+        !s.ok()) {
+      return s;
+    }
   } else if (c.first_stage()) {
     return absl::InvalidArgumentError("LlamaModel: no token embedding");
   }
@@ -316,7 +321,7 @@ absl::Status LlamaModel::PrepareWeights() {
       at += static_cast<size_t>(p->nbytes());
     }
     absl::StatusOr<PreparedMatrix> m =
-        b.PrepareMatrix(host.data(), first.dtype, rows, first.shape[1]);
+        b.PrepareMatrix(host.data(), first.dtype, rows, first.shape[1], MatrixUse::kMatmul);
     if (!m.ok()) return m.status();
     *out = std::move(*m);
     return absl::OkStatus();
@@ -441,11 +446,11 @@ absl::Status LlamaModel::PrepareMla(const LayerWeights& w, Layer& l) {
       cpu::ConvertRowFromF32(row.data(), cols, dtype, storage.data() + r * row_bytes);
     }
     absl::StatusOr<PreparedMatrix> absorb =
-        backend_->PrepareMatrix(storage.data(), dtype, rows, cols);
+        backend_->PrepareMatrix(storage.data(), dtype, rows, cols, MatrixUse::kMatmul);
     if (!absorb.ok()) return absorb.status();
     l.w_q_absorb.push_back(std::move(*absorb));
-    absl::StatusOr<PreparedMatrix> uv =
-        backend_->PrepareMatrix(src + (first + nope) * kv_b.row_bytes(), kv_b.dtype, v_dim, rank);
+    absl::StatusOr<PreparedMatrix> uv = backend_->PrepareMatrix(
+        src + (first + nope) * kv_b.row_bytes(), kv_b.dtype, v_dim, rank, MatrixUse::kMatmul);
     if (!uv.ok()) return uv.status();
     l.w_uv.push_back(std::move(*uv));
   }
@@ -597,6 +602,7 @@ void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedM
   args.x_stride = x_stride;
   args.w = w.data;
   args.w_dtype = w.dtype;
+  args.w_packed = w.packed;
   args.bias = bias.data;
   args.y = y;
   args.y_stride = y_stride;

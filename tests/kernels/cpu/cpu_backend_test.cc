@@ -1,14 +1,21 @@
 // CpuBackend's share of bf16 activations (Backend::activation_dtype): it keeps f32, refuses an op
 // asked for another dtype with a FAILED_PRECONDITION naming it at the next Synchronize (once),
-// and serves the q/k/v biases of the RoPE + KV write (the CPU twin of the CUDA fusion).
+// and serves the q/k/v biases of the RoPE + KV write (the CPU twin of the CUDA fusion). Weights:
+// q4_0 / q8_0 Matmul weights are packed at PrepareMatrix, everything else used in place.
 
 #include "kernels/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
 #include <vector>
 
+#include "kernels/cpu/block_quant.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve::cpu {
@@ -31,6 +38,62 @@ TEST(CpuBackendTest, KeepsF32ActivationsAndRefusesBf16Ops) {
   cpu.RmsNorm(a);
   EXPECT_TRUE(cpu.Synchronize().ok());
   EXPECT_NEAR(y[0], 1.0f, 1e-5f);
+}
+
+// q4_0 / q8_0 weights for Matmul are packed (PackRows' bytes, flagged, owned by the matrix) and
+// give cpu::Matmul's packed result; for Embedding, in other dtypes or with
+// KVSERVE_CPU_PACK_WEIGHTS=0 the matrix is the caller's bytes in place.
+TEST(CpuBackendTest, PrepareMatrixPacksQuantizedMatmulWeights) {
+  CpuBackend cpu(nullptr);
+  const int64_t rows = 40, cols = 64;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal;
+  std::vector<float> wf(static_cast<size_t>(rows * cols)), x(static_cast<size_t>(cols));
+  for (float& v : wf) v = normal(rng);
+  for (float& v : x) v = normal(rng);
+  for (DType dtype : {DType::kQ4_0, DType::kQ8_0}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    std::vector<uint8_t> w(static_cast<size_t>(rows * DTypeRowBytes(dtype, cols)));
+    for (int64_t r = 0; r < rows; ++r) {
+      QuantizeRow(&wf[r * cols], dtype, cols, &w[r * DTypeRowBytes(dtype, cols)]);
+    }
+    absl::StatusOr<PreparedMatrix> m =
+        cpu.PrepareMatrix(w.data(), dtype, rows, cols, MatrixUse::kMatmul);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(m->packed);
+    ASSERT_NE(m->data, w.data());
+    ASSERT_EQ(m->data, m->storage.get());
+    std::vector<uint8_t> expect(static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+    PackRows(w.data(), dtype, rows, cols, expect.data());
+    ASSERT_EQ(0, std::memcmp(m->data, expect.data(), expect.size()));
+    std::vector<float> y(rows), direct(rows);
+    MatmulArgs args{x.data(), cols, m->data, dtype, nullptr, y.data(), rows, 1, rows, cols};
+    args.w_packed = true;
+    cpu.Matmul(args);
+    ASSERT_TRUE(cpu.Synchronize().ok());
+    args.y = direct.data();
+    Matmul(args, nullptr);
+    EXPECT_EQ(0, std::memcmp(y.data(), direct.data(), y.size() * sizeof(float)));
+
+    absl::StatusOr<PreparedMatrix> gather =
+        cpu.PrepareMatrix(w.data(), dtype, rows, cols, MatrixUse::kEmbedding);
+    ASSERT_TRUE(gather.ok()) << gather.status();
+    EXPECT_FALSE(gather->packed);
+    EXPECT_EQ(gather->data, w.data());
+
+    ASSERT_EQ(0, setenv("KVSERVE_CPU_PACK_WEIGHTS", "0", 1));
+    absl::StatusOr<PreparedMatrix> off =
+        cpu.PrepareMatrix(w.data(), dtype, rows, cols, MatrixUse::kMatmul);
+    ASSERT_EQ(0, unsetenv("KVSERVE_CPU_PACK_WEIGHTS"));
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_FALSE(off->packed);
+    EXPECT_EQ(off->data, w.data());
+  }
+  absl::StatusOr<PreparedMatrix> f32 =
+      cpu.PrepareMatrix(wf.data(), DType::kF32, rows, cols, MatrixUse::kMatmul);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_FALSE(f32->packed);
+  EXPECT_EQ(f32->data, wf.data());
 }
 
 // RoPE + KV write with biases = the same without, on q/k/v that already hold the biases.

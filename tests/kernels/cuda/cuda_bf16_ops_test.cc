@@ -101,7 +101,8 @@ TEST(CudaBf16OpsTest, MatmulEveryWeightPath) {
           std::vector<float> want(m * n);
           cpu.Matmul(
               {x.data(), k, w.data(), dtype, bias ? b.data() : nullptr, want.data(), n, m, n, k});
-          absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), dtype, n, k);
+          absl::StatusOr<PreparedMatrix> pw =
+              gpu->PrepareMatrix(w.data(), dtype, n, k, MatrixUse::kMatmul);
           ASSERT_TRUE(pw.ok()) << pw.status();
           DeviceBuffer dx = Upload(gpu, ToBf16(x));
           DeviceBuffer db = Upload(gpu, b);
@@ -156,7 +157,8 @@ TEST(CudaBf16OpsTest, QuantizedSlabsWithBiasIntoBf16) {
   const std::vector<float> b = Random(n, 23, -3.0f, 3.0f);
   std::vector<float> want(m * n);
   cpu.Matmul({x.data(), k, w.data(), DType::kQ8_0, b.data(), want.data(), n, m, n, k});
-  absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), DType::kQ8_0, n, k);
+  absl::StatusOr<PreparedMatrix> pw =
+      gpu->PrepareMatrix(w.data(), DType::kQ8_0, n, k, MatrixUse::kMatmul);
   ASSERT_TRUE(pw.ok()) << pw.status();
   DeviceBuffer dx = Upload(gpu, ToBf16(x));
   DeviceBuffer db = Upload(gpu, b);

@@ -177,7 +177,8 @@ TEST(CudaOpsTest, MatmulEveryWeightDType) {
       const std::vector<float> bias = Random(n, 13);
       std::vector<float> want(m * n);
       cpu.Matmul({x.data(), k, w.data(), dtype, bias.data(), want.data(), n, m, n, k});
-      absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), dtype, n, k);
+      absl::StatusOr<PreparedMatrix> pw =
+          gpu->PrepareMatrix(w.data(), dtype, n, k, MatrixUse::kMatmul);
       ASSERT_TRUE(pw.ok()) << pw.status();
       // Quantized weights stay packed on the device: no bf16 copy of 2-3.5x the bytes.
       if (DTypeIsQuantized(dtype)) {
@@ -213,7 +214,8 @@ TEST(CudaOpsTest, QuantizedMatmulOverSeveralSlabs) {
   const std::vector<float> x = Random(m * k, 22);
   std::vector<float> want(m * n);
   cpu.Matmul({x.data(), k, w.data(), DType::kQ8_0, nullptr, want.data(), n, m, n, k});
-  absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), DType::kQ8_0, n, k);
+  absl::StatusOr<PreparedMatrix> pw =
+      gpu->PrepareMatrix(w.data(), DType::kQ8_0, n, k, MatrixUse::kMatmul);
   ASSERT_TRUE(pw.ok()) << pw.status();
   DeviceBuffer dx = Upload(gpu, x);
   DeviceBuffer dy = Upload(gpu, std::vector<float>(m * n));
@@ -583,7 +585,8 @@ TEST(CudaOpsTest, ErrorsAreReportedOnceAndAFailedCaptureLeavesTheBackendUsable) 
   const int64_t m = 8, n = 32, k = 256;
   std::vector<uint16_t> w(n * k);
   for (size_t i = 0; i < w.size(); ++i) w[i] = FloatToBF16(static_cast<float>(i % 7) * 0.25f);
-  absl::StatusOr<PreparedMatrix> pw = gpu->PrepareMatrix(w.data(), DType::kBF16, n, k);
+  absl::StatusOr<PreparedMatrix> pw =
+      gpu->PrepareMatrix(w.data(), DType::kBF16, n, k, MatrixUse::kMatmul);
   ASSERT_TRUE(pw.ok()) << pw.status();
   DeviceBuffer dx = testing_cuda::Upload(gpu, std::vector<float>(m * k, 1.0f));
   DeviceBuffer dy = testing_cuda::Upload(gpu, std::vector<float>(m * n));

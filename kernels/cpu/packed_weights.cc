@@ -1,0 +1,117 @@
+#include "kernels/cpu/packed_weights.h"
+
+#include <cstring>
+
+#include "kernels/cpu/block_quant.h"
+
+namespace kvserve::cpu {
+namespace {
+
+constexpr int64_t kScaleBytes = 2;
+
+// Quant bytes per row and block of q4_0 / q8_0 (the block's bytes after its fp16 d).
+int64_t QuantBytes(DType dtype) { return DTypeRowBytes(dtype, 32) - kScaleBytes; }
+
+// Where byte `q` of row `i`'s 4-byte chunks sits, counted from the chunks' start.
+int64_t ChunkOffset(int64_t i, int64_t q) { return 64 * (q / 4) + 4 * i + q % 4; }
+
+// q4_k group-block: d[16], dmin[16] (fp16), sc[8][16], m[4][16][2] (bytes), qs chunks.
+constexpr int64_t kQ4KDmin = 32, kQ4KSc = 64, kQ4KMin = 192, kQ4KQs = 320, kQ4KBytes = 2368;
+
+// Calls field(stored_offset, packed_offset, bytes) for every byte range that moves as it is
+// between a stored block and row slot i of a group-block (all but q4_k's scales and mins).
+template <class Field>
+void ForEachField(DType dtype, int64_t i, Field&& field) {
+  field(0, kScaleBytes * i, kScaleBytes);  // d
+  if (dtype == DType::kQ4_K) {
+    field(2, kQ4KDmin + kScaleBytes * i, kScaleBytes);
+    for (int64_t q = 0; q < 128; q += 4) field(16 + q, kQ4KQs + ChunkOffset(i, q), 4);
+    return;
+  }
+  for (int64_t q = 0; q < QuantBytes(dtype); q += 4) {
+    field(kScaleBytes + q, kPackedGroupRows * kScaleBytes + ChunkOffset(i, q), 4);
+  }
+}
+
+// Where q4_k's sub-block j scale and min of row slot i sit in a group-block.
+int64_t Q4KScaleAt(int64_t i, int j) { return kQ4KSc + 16 * j + i; }
+int64_t Q4KMinAt(int64_t i, int j) { return kQ4KMin + 32 * (j / 2) + 2 * i + j % 2; }
+
+void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
+  ForEachField(dtype, i, [&](int64_t from, int64_t to, int64_t n) {
+    std::memcpy(gb + to, block + from, static_cast<size_t>(n));
+  });
+  if (dtype == DType::kQ4_K) {
+    uint8_t sc[8], m[8];
+    UnpackScalesMinsK4(block + 4, sc, m);
+    for (int j = 0; j < 8; ++j) {
+      gb[Q4KScaleAt(i, j)] = sc[j];
+      gb[Q4KMinAt(i, j)] = m[j];
+    }
+  }
+}
+
+void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
+  ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
+    std::memcpy(block + to, gb + from, static_cast<size_t>(n));
+  });
+  if (dtype == DType::kQ4_K) {
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = gb[Q4KScaleAt(i, j)];
+      m[j] = gb[Q4KMinAt(i, j)];
+    }
+    PackScalesMinsK4(sc, m, block + 4);
+  }
+}
+
+// Blocks per row, stored bytes per block, and the first group-block of `row`'s group.
+struct RowPlace {
+  int64_t blocks, block_bytes, group_block, group_offset;
+  RowPlace(DType dtype, int64_t cols, int64_t row)
+      : blocks(cols / DTypeBlockElems(dtype)),
+        block_bytes(DTypeRowBytes(dtype, DTypeBlockElems(dtype))),
+        group_block(PackedGroupBlockBytes(dtype)),
+        group_offset(row / kPackedGroupRows * blocks * group_block) {}
+};
+
+}  // namespace
+
+bool PackedLayoutSupported(DType dtype) {
+  return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || dtype == DType::kQ4_K;
+}
+
+int64_t PackedGroupBlockBytes(DType dtype) {
+  if (dtype == DType::kQ4_K) return kQ4KBytes;
+  return kPackedGroupRows * (kScaleBytes + QuantBytes(dtype));
+}
+
+int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols) {
+  const int64_t groups = (rows + kPackedGroupRows - 1) / kPackedGroupRows;
+  return groups * (cols / DTypeBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
+}
+
+void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst) {
+  std::memset(dst, 0, static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+  const int64_t row_bytes = DTypeRowBytes(dtype, cols);
+  for (int64_t row = 0; row < rows; ++row) {
+    const RowPlace at(dtype, cols, row);
+    const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;
+    uint8_t* group = static_cast<uint8_t*>(dst) + at.group_offset;
+    for (int64_t b = 0; b < at.blocks; ++b) {
+      PackBlock(dtype, row % kPackedGroupRows, in + b * at.block_bytes, group + b * at.group_block);
+    }
+  }
+}
+
+void UnpackRow(const void* packed, DType dtype, int64_t cols, int64_t row, void* dst) {
+  const RowPlace at(dtype, cols, row);
+  const uint8_t* group = static_cast<const uint8_t*>(packed) + at.group_offset;
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < at.blocks; ++b) {
+    UnpackBlock(dtype, row % kPackedGroupRows, group + b * at.group_block,
+                out + b * at.block_bytes);
+  }
+}
+
+}  // namespace kvserve::cpu

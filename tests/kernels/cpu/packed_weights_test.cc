@@ -1,0 +1,291 @@
+#include "kernels/cpu/packed_weights.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/cpu/kernel_test_util.h"
+
+namespace kvserve::cpu {
+namespace {
+
+using testing::EncodeRows;
+using testing::RandomFloats;
+using testing::ScopedIsa;
+using testing::SupportedIsas;
+
+constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
+constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K};
+
+std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
+
+// Random bytes for every quant byte and a finite fp16 scale per block: the layout test needs
+// every byte distinguishable, not meaningful weights.
+std::vector<uint8_t> RandomBlocks(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const int64_t block_bytes = DTypeRowBytes(dtype, DTypeBlockElems(dtype));
+  std::vector<uint8_t> w(static_cast<size_t>(rows * DTypeRowBytes(dtype, cols)));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  for (size_t at = 0; at < w.size(); at += block_bytes) {
+    const uint16_t d = FloatToHalf(std::ldexp(1.0f + (rng() % 64) / 64.0f, -8));
+    std::memcpy(&w[at], &d, sizeof(d));
+  }
+  return w;
+}
+
+// The byte layout packed_weights.h describes, checked byte by byte: a group-block of sixteen
+// rows holds their fp16 scales, then 4-byte chunk j of row i at 32 + 64 j + 4 i; the last group
+// is padded with zero rows.
+TEST(PackedWeightsTest, LayoutFollowsTheDescription) {
+  std::mt19937 rng(1);
+  for (DType dtype : kPackedDTypes) {
+    SCOPED_TRACE(Name(dtype));
+    const int64_t rows = 19, cols = 64, blocks = 2;
+    const int64_t quant_bytes = dtype == DType::kQ4_0 ? 16 : 32;
+    const int64_t group_block = 16 * (2 + quant_bytes);
+    ASSERT_EQ(PackedGroupBlockBytes(dtype), group_block);
+    ASSERT_EQ(PackedBytes(dtype, rows, cols), 2 * blocks * group_block);
+    const std::vector<uint8_t> w = RandomBlocks(dtype, rows, cols, rng);
+    std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)), 0xAB);
+    PackRows(w.data(), dtype, rows, cols, packed.data());
+    const int64_t row_bytes = DTypeRowBytes(dtype, cols);
+    for (int64_t row = 0; row < 32; ++row) {
+      const int64_t g = row / 16, i = row % 16;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* gb = packed.data() + (g * blocks + b) * group_block;
+        const uint8_t* src =
+            row < rows ? w.data() + row * row_bytes + b * (2 + quant_bytes) : nullptr;
+        for (int t = 0; t < 2; ++t) {
+          ASSERT_EQ(gb[2 * i + t], src != nullptr ? src[t] : 0) << "row " << row << " scale";
+        }
+        for (int64_t q = 0; q < quant_bytes; ++q) {
+          ASSERT_EQ(gb[32 + 64 * (q / 4) + 4 * i + q % 4], src != nullptr ? src[2 + q] : 0)
+              << "row " << row << " block " << b << " quant byte " << q;
+        }
+      }
+    }
+  }
+}
+
+// q4_k: d, dmin, the sub-block scales and mins decoded to bytes (sc_j at 64 + 16 j + i, m_j at
+// 192 + 32 (j / 2) + 2 i + j % 2, from the 6-bit packing kernels/dtype.h describes), then the
+// 128 qs bytes in 4-byte chunks from byte 320.
+TEST(PackedWeightsTest, Q4KLayoutFollowsTheDescription) {
+  std::mt19937 rng(5);
+  const int64_t rows = 21, cols = 512, blocks = 2;
+  ASSERT_EQ(PackedGroupBlockBytes(DType::kQ4_K), 2368);
+  const std::vector<uint8_t> w = RandomBlocks(DType::kQ4_K, rows, cols, rng);
+  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(DType::kQ4_K, rows, cols)));
+  ASSERT_EQ(packed.size(), 2u * blocks * 2368);
+  PackRows(w.data(), DType::kQ4_K, rows, cols, packed.data());
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t i = row % 16;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* src = w.data() + row * 288 + b * 144;
+      const uint8_t* gb = packed.data() + (row / 16 * blocks + b) * 2368;
+      const uint8_t* s = src + 4;
+      for (int t = 0; t < 2; ++t) {
+        ASSERT_EQ(gb[2 * i + t], src[t]);
+        ASSERT_EQ(gb[32 + 2 * i + t], src[2 + t]);
+      }
+      for (int j = 0; j < 8; ++j) {
+        const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        ASSERT_EQ(gb[64 + 16 * j + i], sc) << "row " << row << " sub-block " << j;
+        ASSERT_EQ(gb[192 + 32 * (j / 2) + 2 * i + j % 2], m) << "row " << row << " sub-block " << j;
+      }
+      for (int q = 0; q < 128; ++q) {
+        ASSERT_EQ(gb[320 + 64 * (q / 4) + 4 * i + q % 4], src[16 + q]) << "row " << row;
+      }
+    }
+  }
+}
+
+TEST(PackedWeightsTest, UnpackRowRestoresEveryRow) {
+  std::mt19937 rng(2);
+  for (DType dtype : kAllPackedDTypes) {
+    for (int64_t rows : {1, 16, 37}) {
+      SCOPED_TRACE(Name(dtype) + " rows=" + std::to_string(rows));
+      const int64_t cols = DTypeBlockElems(dtype) * 3, row_bytes = DTypeRowBytes(dtype, cols);
+      const std::vector<uint8_t> w = RandomBlocks(dtype, rows, cols, rng);
+      std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+      PackRows(w.data(), dtype, rows, cols, packed.data());
+      std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+      for (int64_t r = 0; r < rows; ++r) {
+        UnpackRow(packed.data(), dtype, cols, r, row.data());
+        ASSERT_EQ(0, std::memcmp(row.data(), w.data() + r * row_bytes, row.size())) << r;
+      }
+    }
+  }
+}
+
+// The int8 form of one activation row as matmul_impl.h specifies it (one scale per 32
+// elements, q = x * (127 / max|x|) rounded to nearest, ties to even), written from that text.
+struct Int8Row {
+  std::vector<int32_t> q;
+  std::vector<float> d;
+};
+Int8Row QuantizeRow32(const float* x, int64_t k) {
+  Int8Row out;
+  out.q.resize(static_cast<size_t>(k));
+  for (int64_t b = 0; b < k / 32; ++b) {
+    float amax = 0.0f;
+    for (int64_t e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[b * 32 + e]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t e = 0; e < 32; ++e) {
+      out.q[b * 32 + e] = static_cast<int32_t>(std::nearbyint(x[b * 32 + e] * inv));
+    }
+    out.d.push_back(amax / 127.0f);
+  }
+  return out;
+}
+
+// Block b's stored quants of a row as signed integers (q4_0: nibble - 8, q8_0: int8).
+std::vector<int32_t> WeightQuants(DType dtype, const uint8_t* row, int64_t k) {
+  std::vector<int32_t> q(static_cast<size_t>(k));
+  const int64_t block_bytes = DTypeRowBytes(dtype, 32);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const uint8_t* block = row + b * block_bytes + 2;
+    for (int e = 0; e < 32; ++e) {
+      if (dtype == DType::kQ4_0) {
+        const int nibble = e < 16 ? block[e] & 15 : block[e - 16] >> 4;
+        q[b * 32 + e] = nibble - 8;
+      } else {
+        q[b * 32 + e] = static_cast<int8_t>(block[e]);
+      }
+    }
+  }
+  return q;
+}
+
+// y[i, j] by the arithmetic matmul_packed.inc fixes for every path: per block the exact
+// integer dot product S_b, acc = fma(float(S_b), d_w * d_x, acc) in block order, then + bias.
+std::vector<float> PackedReference(DType dtype, const std::vector<uint8_t>& w, const float* x,
+                                   int64_t x_stride, const float* bias, int64_t m, int64_t n,
+                                   int64_t k) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const int64_t row_bytes = DTypeRowBytes(dtype, k), block_bytes = DTypeRowBytes(dtype, 32);
+  for (int64_t i = 0; i < m; ++i) {
+    const Int8Row xq = QuantizeRow32(x + i * x_stride, k);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* row = w.data() + j * row_bytes;
+      const std::vector<int32_t> wq = WeightQuants(dtype, row, k);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        int32_t s = 0;
+        for (int64_t e = b * 32; e < b * 32 + 32; ++e) s += wq[e] * xq.q[e];
+        uint16_t half;
+        std::memcpy(&half, row + b * block_bytes, sizeof(half));
+        acc = std::fma(static_cast<float>(s), HalfToFloat(half) * xq.d[b], acc);
+      }
+      y[i * n + j] = bias != nullptr ? acc + bias[j] : acc;
+    }
+  }
+  return y;
+}
+
+// Every ISA path (the AVX-512 one with and without VNNI, where the CPU has it) gives the
+// reference's bits for every batch size, thread count, a row alone and a matrix whose last group
+// is partial; and the packed result stays within fp32 rounding of the stored layout's.
+TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
+  ThreadPool pool2(2), pool3(3);
+  std::mt19937 rng(3);
+  for (DType dtype : kPackedDTypes) {
+    for (int64_t k : {32, 96, 1024}) {
+      for (int64_t n : {16, 37, 301}) {
+        const int64_t m = 17, x_stride = k + 3;
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
+        const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
+        const std::vector<uint8_t> w =
+            EncodeRows(dtype, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
+        std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
+        PackRows(w.data(), dtype, n, k, packed.data());
+        const std::vector<float> ref =
+            PackedReference(dtype, w, x.data(), x_stride, bias.data(), m, n, k);
+        auto run = [&](const void* weights, bool is_packed, int64_t rows, const float* xs,
+                       ThreadPool* pool) {
+          std::vector<float> y(static_cast<size_t>(rows * n));
+          MatmulArgs args{xs, x_stride, weights, dtype, bias.data(), y.data(), n, rows, n, k};
+          args.w_packed = is_packed;
+          Matmul(args, pool);
+          return y;
+        };
+        std::vector<std::optional<bool>> vnni_modes = {std::nullopt};
+        if (CpuSupportsIsa(CpuIsa::kAvx512)) vnni_modes = {true, false};
+        for (CpuIsa isa : SupportedIsas()) {
+          for (std::optional<bool> vnni : isa == CpuIsa::kAvx512
+                                              ? vnni_modes
+                                              : std::vector<std::optional<bool>>{std::nullopt}) {
+            SetAvx512VnniOverride(vnni);
+            const ScopedIsa scoped(isa);
+            SCOPED_TRACE(Name(dtype) + " " + std::string(CpuIsaName(isa)) +
+                         (CpuAvx512VnniEnabled() && isa == CpuIsa::kAvx512 ? " vnni" : "") +
+                         " k=" + std::to_string(k) + " n=" + std::to_string(n));
+            for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+              const std::vector<float> y = run(packed.data(), true, m, x.data(), pool);
+              ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+                  << (pool != nullptr ? pool->num_threads() : 1) << " threads";
+            }
+            for (int64_t i : {int64_t{0}, m - 1}) {
+              const std::vector<float> y = run(packed.data(), true, 1, &x[i * x_stride], nullptr);
+              ASSERT_EQ(0, std::memcmp(y.data(), &ref[i * n], n * sizeof(float))) << "row " << i;
+            }
+            const std::vector<float> stored = run(w.data(), false, m, x.data(), nullptr);
+            for (size_t e = 0; e < stored.size(); ++e) {
+              ASSERT_NEAR(stored[e], ref[e], 1e-5 * (1.0 + std::fabs(ref[e]))) << e;
+            }
+          }
+        }
+        SetAvx512VnniOverride(std::nullopt);
+      }
+    }
+  }
+}
+
+// Packed q4_k follows the stored layout's arithmetic (KQuantTile): the same bits on each path,
+// for every batch size and thread count.
+TEST(PackedWeightsTest, Q4KGivesTheStoredLayoutsBits) {
+  ThreadPool pool2(2), pool3(3);
+  std::mt19937 rng(6);
+  for (int64_t k : {256, 1024}) {
+    for (int64_t n : {16, 37}) {
+      for (int64_t m : {1, 2, 3, 5, 17}) {
+        const int64_t x_stride = k + 3;
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
+        const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
+        const std::vector<uint8_t> w =
+            EncodeRows(DType::kQ4_K, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
+        std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(DType::kQ4_K, n, k)));
+        PackRows(w.data(), DType::kQ4_K, n, k, packed.data());
+        for (CpuIsa isa : SupportedIsas()) {
+          const ScopedIsa scoped(isa);
+          SCOPED_TRACE(std::string(CpuIsaName(isa)) + " k=" + std::to_string(k) +
+                       " n=" + std::to_string(n) + " m=" + std::to_string(m));
+          std::vector<float> stored(static_cast<size_t>(m * n));
+          MatmulArgs args{x.data(), x_stride, w.data(), DType::kQ4_K, bias.data(), stored.data(), n,
+                          m,        n,        k};
+          Matmul(args, nullptr);
+          args.w = packed.data();
+          args.w_packed = true;
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+            std::vector<float> y(stored.size(), -7.0f);
+            args.y = y.data();
+            Matmul(args, pool);
+            ASSERT_EQ(0, std::memcmp(y.data(), stored.data(), y.size() * sizeof(float)));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvserve::cpu
