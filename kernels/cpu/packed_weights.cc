@@ -15,17 +15,30 @@ int64_t QuantBytes(DType dtype) { return DTypeRowBytes(dtype, 32) - kScaleBytes;
 // Where byte `q` of row `i`'s 4-byte chunks sits, counted from the chunks' start.
 int64_t ChunkOffset(int64_t i, int64_t q) { return 64 * (q / 4) + 4 * i + q % 4; }
 
-// q4_k group-block: d[16], dmin[16] (fp16), sc[8][16], m[4][16][2] (bytes), qs chunks.
-constexpr int64_t kQ4KDmin = 32, kQ4KSc = 64, kQ4KMin = 192, kQ4KQs = 320, kQ4KBytes = 2368;
+// q4_k / q5_k group-block, in the order the kernel reads it: d[16], dmin[16] (fp16), m[4][16][2],
+// sc[8][16] (bytes), then 64-byte lines of sixteen rows' 4-byte chunks: q4_k's qs chunk 8c + t
+// (c, t < 8: elements 64c + 4t .. and 64c + 32 + 4t ..) at line 8c + t; q5_k's qh chunk t and qs
+// chunk t alternating (lines 2t, 2t + 1), then qs chunks 8 .. 31.
+constexpr int64_t kKDmin = 32, kKMin = 64, kKSc = 192, kKLines = 320;
+bool IsQ45K(DType dtype) { return dtype == DType::kQ4_K || dtype == DType::kQ5_K; }
+int64_t KQsLine(DType dtype, int64_t chunk) {
+  if (dtype == DType::kQ4_K || chunk >= 8)
+    return kKLines + 64 * (dtype == DType::kQ4_K ? chunk : chunk + 8);
+  return kKLines + 128 * chunk + 64;
+}
 
 // Calls field(stored_offset, packed_offset, bytes) for every byte range that moves as it is
 // between a stored block and row slot i of a group-block (all but q4_k's scales and mins).
 template <class Field>
 void ForEachField(DType dtype, int64_t i, Field&& field) {
   field(0, kScaleBytes * i, kScaleBytes);  // d
-  if (dtype == DType::kQ4_K) {
-    field(2, kQ4KDmin + kScaleBytes * i, kScaleBytes);
-    for (int64_t q = 0; q < 128; q += 4) field(16 + q, kQ4KQs + ChunkOffset(i, q), 4);
+  if (IsQ45K(dtype)) {
+    field(2, kKDmin + kScaleBytes * i, kScaleBytes);
+    const int64_t qs = dtype == DType::kQ5_K ? 48 : 16;  // stored offset of qs
+    if (dtype == DType::kQ5_K) {
+      for (int64_t q = 0; q < 32; q += 4) field(16 + q, kKLines + 128 * (q / 4) + 4 * i, 4);
+    }
+    for (int64_t q = 0; q < 128; q += 4) field(qs + q, KQsLine(dtype, q / 4) + 4 * i, 4);
     return;
   }
   for (int64_t q = 0; q < QuantBytes(dtype); q += 4) {
@@ -33,15 +46,15 @@ void ForEachField(DType dtype, int64_t i, Field&& field) {
   }
 }
 
-// Where q4_k's sub-block j scale and min of row slot i sit in a group-block.
-int64_t Q4KScaleAt(int64_t i, int j) { return kQ4KSc + 16 * j + i; }
-int64_t Q4KMinAt(int64_t i, int j) { return kQ4KMin + 32 * (j / 2) + 2 * i + j % 2; }
+// Where q4_k's / q5_k's sub-block j scale and min of row slot i sit in a group-block.
+int64_t Q4KScaleAt(int64_t i, int j) { return kKSc + 16 * j + i; }
+int64_t Q4KMinAt(int64_t i, int j) { return kKMin + 32 * (j / 2) + 2 * i + j % 2; }
 
 void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
   ForEachField(dtype, i, [&](int64_t from, int64_t to, int64_t n) {
     std::memcpy(gb + to, block + from, static_cast<size_t>(n));
   });
-  if (dtype == DType::kQ4_K) {
+  if (IsQ45K(dtype)) {
     uint8_t sc[8], m[8];
     UnpackScalesMinsK4(block + 4, sc, m);
     for (int j = 0; j < 8; ++j) {
@@ -55,7 +68,7 @@ void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
   ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
     std::memcpy(block + to, gb + from, static_cast<size_t>(n));
   });
-  if (dtype == DType::kQ4_K) {
+  if (IsQ45K(dtype)) {
     uint8_t sc[8], m[8];
     for (int j = 0; j < 8; ++j) {
       sc[j] = gb[Q4KScaleAt(i, j)];
@@ -78,11 +91,11 @@ struct RowPlace {
 }  // namespace
 
 bool PackedLayoutSupported(DType dtype) {
-  return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || dtype == DType::kQ4_K;
+  return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype);
 }
 
 int64_t PackedGroupBlockBytes(DType dtype) {
-  if (dtype == DType::kQ4_K) return kQ4KBytes;
+  if (IsQ45K(dtype)) return kKLines + 64 * (dtype == DType::kQ5_K ? 40 : 32);
   return kPackedGroupRows * (kScaleBytes + QuantBytes(dtype));
 }
 

@@ -24,7 +24,7 @@ using testing::ScopedIsa;
 using testing::SupportedIsas;
 
 constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
-constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K};
+constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K};
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
@@ -75,35 +75,48 @@ TEST(PackedWeightsTest, LayoutFollowsTheDescription) {
   }
 }
 
-// q4_k: d, dmin, the sub-block scales and mins decoded to bytes (sc_j at 64 + 16 j + i, m_j at
-// 192 + 32 (j / 2) + 2 i + j % 2, from the 6-bit packing kernels/dtype.h describes), then the
-// 128 qs bytes in 4-byte chunks from byte 320.
-TEST(PackedWeightsTest, Q4KLayoutFollowsTheDescription) {
+// q4_k / q5_k: d, dmin, the sub-block mins and scales decoded to bytes (m_j at
+// 64 + 32 (j / 2) + 2 i + j % 2, sc_j at 192 + 16 j + i, from the 6-bit packing kernels/dtype.h
+// describes), then 64-byte lines from byte 320: q4_k's qs chunk c (4 bytes of each row) at line
+// c; q5_k's qh chunk t at line 2t and qs chunk t at line 2t + 1 (t < 8), qs chunk c >= 8 at line
+// c + 8.
+TEST(PackedWeightsTest, KQuantLayoutFollowsTheDescription) {
   std::mt19937 rng(5);
-  const int64_t rows = 21, cols = 512, blocks = 2;
-  ASSERT_EQ(PackedGroupBlockBytes(DType::kQ4_K), 2368);
-  const std::vector<uint8_t> w = RandomBlocks(DType::kQ4_K, rows, cols, rng);
-  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(DType::kQ4_K, rows, cols)));
-  ASSERT_EQ(packed.size(), 2u * blocks * 2368);
-  PackRows(w.data(), DType::kQ4_K, rows, cols, packed.data());
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t i = row % 16;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* src = w.data() + row * 288 + b * 144;
-      const uint8_t* gb = packed.data() + (row / 16 * blocks + b) * 2368;
-      const uint8_t* s = src + 4;
-      for (int t = 0; t < 2; ++t) {
-        ASSERT_EQ(gb[2 * i + t], src[t]);
-        ASSERT_EQ(gb[32 + 2 * i + t], src[2 + t]);
-      }
-      for (int j = 0; j < 8; ++j) {
-        const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-        const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-        ASSERT_EQ(gb[64 + 16 * j + i], sc) << "row " << row << " sub-block " << j;
-        ASSERT_EQ(gb[192 + 32 * (j / 2) + 2 * i + j % 2], m) << "row " << row << " sub-block " << j;
-      }
-      for (int q = 0; q < 128; ++q) {
-        ASSERT_EQ(gb[320 + 64 * (q / 4) + 4 * i + q % 4], src[16 + q]) << "row " << row;
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K}) {
+    SCOPED_TRACE(Name(dtype));
+    const bool q5 = dtype == DType::kQ5_K;
+    const int64_t rows = 21, cols = 512, blocks = 2, block_bytes = q5 ? 176 : 144;
+    const int64_t group_block = q5 ? 2880 : 2368;
+    ASSERT_EQ(PackedGroupBlockBytes(dtype), group_block);
+    const std::vector<uint8_t> w = RandomBlocks(dtype, rows, cols, rng);
+    std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+    ASSERT_EQ(packed.size(), static_cast<size_t>(2 * blocks * group_block));
+    PackRows(w.data(), dtype, rows, cols, packed.data());
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t i = row % 16;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* src = w.data() + row * blocks * block_bytes + b * block_bytes;
+        const uint8_t* gb = packed.data() + (row / 16 * blocks + b) * group_block;
+        const uint8_t* s = src + 4;
+        for (int t = 0; t < 2; ++t) {
+          ASSERT_EQ(gb[2 * i + t], src[t]);
+          ASSERT_EQ(gb[32 + 2 * i + t], src[2 + t]);
+        }
+        for (int j = 0; j < 8; ++j) {
+          const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+          const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+          ASSERT_EQ(gb[192 + 16 * j + i], sc) << "row " << row << " sub-block " << j;
+          ASSERT_EQ(gb[64 + 32 * (j / 2) + 2 * i + j % 2], m)
+              << "row " << row << " sub-block " << j;
+        }
+        for (int q = 0; q < 32 && q5; ++q) {
+          ASSERT_EQ(gb[320 + 128 * (q / 4) + 4 * i + q % 4], src[16 + q]) << "row " << row;
+        }
+        for (int q = 0; q < 128; ++q) {
+          const int c = q / 4;
+          const int line = !q5 ? c : c < 8 ? 2 * c + 1 : c + 8;
+          ASSERT_EQ(gb[320 + 64 * line + 4 * i + q % 4], src[(q5 ? 48 : 16) + q]) << "row " << row;
+        }
       }
     }
   }
@@ -250,36 +263,38 @@ TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
   }
 }
 
-// Packed q4_k follows the stored layout's arithmetic (KQuantTile): the same bits on each path,
+// Packed K-quants follow the stored layout's arithmetic (KQuantTile): the same bits on each path,
 // for every batch size and thread count.
-TEST(PackedWeightsTest, Q4KGivesTheStoredLayoutsBits) {
+TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
   ThreadPool pool2(2), pool3(3);
   std::mt19937 rng(6);
-  for (int64_t k : {256, 1024}) {
-    for (int64_t n : {16, 37}) {
-      for (int64_t m : {1, 2, 3, 5, 17}) {
-        const int64_t x_stride = k + 3;
-        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
-        const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
-        const std::vector<uint8_t> w =
-            EncodeRows(DType::kQ4_K, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
-        std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(DType::kQ4_K, n, k)));
-        PackRows(w.data(), DType::kQ4_K, n, k, packed.data());
-        for (CpuIsa isa : SupportedIsas()) {
-          const ScopedIsa scoped(isa);
-          SCOPED_TRACE(std::string(CpuIsaName(isa)) + " k=" + std::to_string(k) +
-                       " n=" + std::to_string(n) + " m=" + std::to_string(m));
-          std::vector<float> stored(static_cast<size_t>(m * n));
-          MatmulArgs args{x.data(), x_stride, w.data(), DType::kQ4_K, bias.data(), stored.data(), n,
-                          m,        n,        k};
-          Matmul(args, nullptr);
-          args.w = packed.data();
-          args.w_packed = true;
-          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-            std::vector<float> y(stored.size(), -7.0f);
-            args.y = y.data();
-            Matmul(args, pool);
-            ASSERT_EQ(0, std::memcmp(y.data(), stored.data(), y.size() * sizeof(float)));
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K}) {
+    for (int64_t k : {256, 1024}) {
+      for (int64_t n : {16, 37}) {
+        for (int64_t m : {1, 2, 3, 5, 17}) {
+          const int64_t x_stride = k + 3;
+          const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
+          const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
+          const std::vector<uint8_t> w =
+              EncodeRows(dtype, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
+          std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
+          PackRows(w.data(), dtype, n, k, packed.data());
+          for (CpuIsa isa : SupportedIsas()) {
+            const ScopedIsa scoped(isa);
+            SCOPED_TRACE(Name(dtype) + " " + std::string(CpuIsaName(isa)) + " k=" +
+                         std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m));
+            std::vector<float> stored(static_cast<size_t>(m * n));
+            MatmulArgs args{x.data(),      x_stride, w.data(), dtype, bias.data(),
+                            stored.data(), n,        m,        n,     k};
+            Matmul(args, nullptr);
+            args.w = packed.data();
+            args.w_packed = true;
+            for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+              std::vector<float> y(stored.size(), -7.0f);
+              args.y = y.data();
+              Matmul(args, pool);
+              ASSERT_EQ(0, std::memcmp(y.data(), stored.data(), y.size() * sizeof(float)));
+            }
           }
         }
       }
