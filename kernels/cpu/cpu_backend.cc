@@ -26,7 +26,7 @@ namespace kvserve::cpu {
 namespace {
 
 constexpr size_t kAlignment = 256;
-constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kPackedArenaBytes = size_t{32} << 20;
 
 // Whether Matmul weights get the packed layout: on unless KVSERVE_CPU_PACK_WEIGHTS=0.
 bool PackWeightsEnabled() {
@@ -115,25 +115,32 @@ absl::StatusOr<PreparedMatrix> CpuBackend::PrepareMatrix(const void* host, DType
       cols % DTypeBlockElems(dtype) != 0 || !PackWeightsEnabled()) {
     return m;
   }
-  // q4_0 / q8_0 Matmul weights: packed once (packed_weights.h), on huge pages where the kernel
-  // offers them (decode streams them), and the source's pages handed back to the kernel: read
-  // again only if something gathers rows from them (a tied embedding), from the file.
-  const auto bytes = static_cast<size_t>(PackedBytes(dtype, rows, cols));
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, rounded);
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes for packed weights"));
-  }
-#if defined(MADV_HUGEPAGE)
-  (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only
-#endif
-  PackRows(host, dtype, rows, cols, p);
-  m.data = p;
+  // Matmul weights with a packed layout: packed once (packed_weights.h) into the arenas, and the
+  // source's pages handed back to the kernel (read again, from the file, only if something
+  // gathers rows from them: a tied embedding).
+  absl::StatusOr<uint8_t*> p = PackedSpace(static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+  if (!p.ok()) return p.status();
+  PackRows(host, dtype, rows, cols, *p);
+  m.data = *p;
   m.packed = true;
-  m.storage = DeviceBuffer(this, p, bytes);
   ReleasePages(host, static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows));
   return m;
+}
+
+absl::StatusOr<uint8_t*> CpuBackend::PackedSpace(size_t bytes) {
+  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (packed_arenas_.empty() || packed_used_ + bytes > packed_arenas_.back().size()) {
+    AnonymousMemory arena;
+    if (!arena.Map(std::max(bytes, kPackedArenaBytes))) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot map ", bytes, " bytes for packed weights"));
+    }
+    packed_arenas_.push_back(std::move(arena));
+    packed_used_ = 0;
+  }
+  uint8_t* p = packed_arenas_.back().data() + packed_used_;
+  packed_used_ += bytes;
+  return p;
 }
 
 absl::StatusOr<PreparedVector> CpuBackend::PrepareVector(const float* host, int64_t n) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/io/anonymous_memory.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -16,7 +17,8 @@ namespace kvserve::cpu {
 
 /// The Backend on the CPU kernels: every op calls its kernel in kernels/cpu with the same
 /// arguments the model used to pass directly, so results are bit-for-bit those kernels'.
-/// Memory is host memory; weights are used in place in their stored dtype. Activations are f32
+/// Memory is host memory; weights are used in place in their stored dtype, but q4_0, q8_0, q4_k
+/// and q5_k Matmul weights, packed at PrepareMatrix (packed_weights.h). Activations are f32
 /// only: an op asked for another activation dtype does nothing, and the next Synchronize
 /// reports FAILED_PRECONDITION naming it.
 ///
@@ -86,6 +88,8 @@ class CpuBackend final : public Backend {
   /// Whether every dtype in `dtypes` is kF32; otherwise notes that `op` was refused (reported
   /// by the next Synchronize) and returns false.
   bool F32Only(const char* op, std::initializer_list<DType> dtypes);
+  /// `bytes` of memory for packed weights (PrepareMatrix), from the packing arenas.
+  absl::StatusOr<uint8_t*> PackedSpace(size_t bytes);
 
   std::string error_;  // first refused op since the last Synchronize
 
@@ -94,6 +98,11 @@ class CpuBackend final : public Backend {
   bool capturing_ = false;
   std::vector<Op> recording_;
   std::vector<std::vector<Op>> graphs_;  // emptied by DestroyGraph
+  // Packed Matmul weights, one matrix after another in mappings of at least 32 MiB (on huge
+  // pages, committed as written), so that matrices smaller than a huge page share them; they
+  // live as long as the backend.
+  std::vector<AnonymousMemory> packed_arenas_;
+  size_t packed_used_ = 0;  // bytes taken of packed_arenas_.back()
 };
 
 }  // namespace kvserve::cpu
