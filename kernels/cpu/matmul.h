@@ -24,7 +24,7 @@ struct MatmulArgs {
   int64_t m, n, k;
   DType x_dtype = DType::kF32;  // kF32 or kBF16
   DType y_dtype = DType::kF32;  // kF32 or kBF16
-  // w in the packed layout of kernels/cpu/packed_weights.h (q4_0, q8_0; PackRows), not row-major.
+  // w in the packed layout of kernels/cpu/packed_weights.h (PackRows), not row-major.
   bool w_packed = false;
 };
 

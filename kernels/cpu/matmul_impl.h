@@ -25,6 +25,9 @@
 //           sum. avx512 with VNNI (its own path): q8_0/q4_0 take two blocks per 16-lane
 //           vpdpbusd step (lanes 0..7 the even block, 8..15 the odd one) into a 16-lane
 //           accumulator, summed lane i + lane i + 8 and then as above.
+// Packed weights (MatmulArgs::w_packed, matmul_packed.inc): q4_0 / q8_0 per block the exact S,
+// then acc = fma(float(S), d_w * d_x, acc) in block order, the same on every path (scalar
+// included); packed K-quants take the stored K-quant tiles' arithmetic above.
 // The avx2 and avx512 paths for m >= 4 (matmul_panel.inc) convert weight panels to fp32 once into a
 // per-thread buffer and walk k in slices, storing the lane accumulators between slices: the same
 // FMA sequence per element as m < 4, so results stay bit-identical.

@@ -4,22 +4,28 @@
 // Quantized weight matrices regrouped once at load for the CPU matmul ("packed"), so that a
 // SIMD lane holds one weight row: sixteen rows side by side, block by block.
 //
-// Why: a decode GEMV over q4_0 / q8_0 rows in the file's layout spends most of its instructions
-// per weight row and block — the fp16 scale converted alone, one int32-to-float conversion, FMA
-// and horizontal sum per row — and ran compute-bound at about the memory bandwidth (in L2, one
+// Why: a decode GEMV over rows in the file's layout spends most of its instructions per weight
+// row and block — the fp16 scale converted alone, one int32-to-float conversion, FMA and
+// horizontal sum per row — and ran compute-bound at about the memory bandwidth (in L2, one
 // thread: q4_0 22-24 GB/s against a 25-30 GB/s triad). Packed, one vector conversion serves
 // sixteen rows' scales, the integer sums of sixteen rows fill one vector's lanes, and one FMA
-// scales them all: the same GEMV runs 1.7x (AVX2) to 2.3x (AVX-512 VNNI) as fast in L2.
+// scales them all: in L2 q4_0 runs 1.7x (AVX2) to 1.8x (AVX-512 VNNI) as fast, q8_0 1.5-2x, q4_k
+// and q5_k 1.4-1.6x (docs/benchmarks.md, "Packed weights").
 //
-// Layout, for a matrix of `rows` x `cols` (cols % 32 == 0) with nb = cols / 32 blocks per row:
-// rows are taken in groups of kPackedGroupRows (the last group padded with zero rows), group g
-// being rows 16g .. 16g + 15; a group is nb group-blocks in block order, group-block b holding
-// block b of each of its sixteen rows:
-//   bytes 0 .. 31:             the sixteen rows' fp16 scales d, row i at bytes 2i, 2i + 1;
-//   bytes 32 + 64j + 4i + t:   byte 4j + t of row i's quant bytes (j < Q / 4, t < 4),
-// where the quant bytes are the block's bytes after d: Q = 16 for q4_0 (nibbles, as kernels/
-// dtype.h), 32 for q8_0 (int8). A group-block is 32 + 16 Q bytes (q4_0: 288, q8_0: 544), and the
-// whole matrix is one ascending stream of group-blocks, group after group.
+// Layout, for a matrix of `rows` x `cols` (cols a multiple of the dtype's block) with nb blocks
+// per row: rows are taken in groups of kPackedGroupRows (the last group padded with zero rows),
+// group g being rows 16g .. 16g + 15; a group is nb group-blocks in block order, group-block b
+// holding block b of each of its sixteen rows, and the whole matrix is one ascending stream of
+// group-blocks, group after group. A "chunk line" is 64 bytes: 4 bytes of each of the sixteen
+// rows, row i at bytes 4i .. 4i + 3.
+//   q4_0 / q8_0 (32 + 16 Q bytes: 288 / 544): bytes 0 .. 31 the rows' fp16 scales d (row i at
+//     2i), then chunk line j (bytes 4j .. 4j + 3 of each row's Q quant bytes, the block's bytes
+//     after d: Q = 16 nibble bytes for q4_0, 32 int8 for q8_0) at 32 + 64j.
+//   q4_k / q5_k (one 256-element super-block; 2368 / 2880 bytes), in the order the kernel reads
+//     it: d[16] and dmin[16] (fp16, bytes 0 and 32), the sub-block mins as bytes (m_j of row i at
+//     64 + 32 (j / 2) + 2i + j % 2), the sub-block scales as bytes (sc_j at 192 + 16j + i), then
+//     chunk lines from 320: q4_k's qs chunk c at line c; q5_k's qh chunk t at line 2t and qs chunk
+//     t at line 2t + 1 (t < 8), qs chunk c >= 8 at line c + 8.
 
 #include <cstdint>
 
@@ -30,17 +36,18 @@ namespace kvserve::cpu {
 /// Weight rows per packed group (one 512-bit vector of f32 lanes).
 inline constexpr int64_t kPackedGroupRows = 16;
 
-/// Whether weights of `dtype` have a packed layout (q4_0, q8_0).
+/// Whether weights of `dtype` have a packed layout (q4_0, q8_0, q4_k, q5_k).
 bool PackedLayoutSupported(DType dtype);
 
 /// Bytes of a packed [rows, cols] matrix (rows rounded up to whole groups).
 int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols);
 
-/// Bytes of one packed group-block (32 + 16 quant bytes per row).
+/// Bytes of one packed group-block (sixteen rows' block or super-block).
 int64_t PackedGroupBlockBytes(DType dtype);
 
 /// Packs `rows` rows of `cols` elements (row-major, the stored dtype layout) into `dst`
-/// (PackedBytes(dtype, rows, cols) bytes). PackedLayoutSupported(dtype), cols % 32 == 0.
+/// (PackedBytes(dtype, rows, cols) bytes). PackedLayoutSupported(dtype), cols a multiple of
+/// DTypeBlockElems(dtype).
 void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst);
 
 /// Row `row` of a packed matrix back in the stored layout (DTypeRowBytes(dtype, cols) bytes).
