@@ -205,6 +205,21 @@ std::vector<float> PackedReference(DType dtype, const std::vector<uint8_t>& w, c
   return y;
 }
 
+// Random activations [m, k] at stride k + 3, a bias and weights [n, k], stored and packed.
+struct RandomProblem {
+  int64_t x_stride;
+  std::vector<float> x, bias;
+  std::vector<uint8_t> w, packed;
+  RandomProblem(DType dtype, int64_t m, int64_t n, int64_t k, std::mt19937& rng)
+      : x_stride(k + 3),
+        x(RandomFloats(static_cast<size_t>(m * x_stride), rng)),
+        bias(RandomFloats(static_cast<size_t>(n), rng)),
+        w(EncodeRows(dtype, RandomFloats(static_cast<size_t>(n * k), rng), n, k)),
+        packed(static_cast<size_t>(PackedBytes(dtype, n, k))) {
+    PackRows(w.data(), dtype, n, k, packed.data());
+  }
+};
+
 // Every ISA path (the AVX-512 one with and without VNNI, where the CPU has it) gives the
 // reference's bits for every batch size, thread count, a row alone and a matrix whose last group
 // is partial; and the packed result stays within fp32 rounding of the stored layout's.
@@ -214,19 +229,14 @@ TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
   for (DType dtype : kPackedDTypes) {
     for (int64_t k : {32, 96, 1024}) {
       for (int64_t n : {16, 37, 301}) {
-        const int64_t m = 17, x_stride = k + 3;
-        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
-        const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
-        const std::vector<uint8_t> w =
-            EncodeRows(dtype, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
-        std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
-        PackRows(w.data(), dtype, n, k, packed.data());
+        const int64_t m = 17;
+        const RandomProblem p(dtype, m, n, k, rng);
         const std::vector<float> ref =
-            PackedReference(dtype, w, x.data(), x_stride, bias.data(), m, n, k);
+            PackedReference(dtype, p.w, p.x.data(), p.x_stride, p.bias.data(), m, n, k);
         auto run = [&](const void* weights, bool is_packed, int64_t rows, const float* xs,
                        ThreadPool* pool) {
           std::vector<float> y(static_cast<size_t>(rows * n));
-          MatmulArgs args{xs, x_stride, weights, dtype, bias.data(), y.data(), n, rows, n, k};
+          MatmulArgs args{xs, p.x_stride, weights, dtype, p.bias.data(), y.data(), n, rows, n, k};
           args.w_packed = is_packed;
           Matmul(args, pool);
           return y;
@@ -243,15 +253,16 @@ TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
                          (CpuAvx512VnniEnabled() && isa == CpuIsa::kAvx512 ? " vnni" : "") +
                          " k=" + std::to_string(k) + " n=" + std::to_string(n));
             for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-              const std::vector<float> y = run(packed.data(), true, m, x.data(), pool);
+              const std::vector<float> y = run(p.packed.data(), true, m, p.x.data(), pool);
               ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
                   << (pool != nullptr ? pool->num_threads() : 1) << " threads";
             }
             for (int64_t i : {int64_t{0}, m - 1}) {
-              const std::vector<float> y = run(packed.data(), true, 1, &x[i * x_stride], nullptr);
+              const std::vector<float> y =
+                  run(p.packed.data(), true, 1, &p.x[i * p.x_stride], nullptr);
               ASSERT_EQ(0, std::memcmp(y.data(), &ref[i * n], n * sizeof(float))) << "row " << i;
             }
-            const std::vector<float> stored = run(w.data(), false, m, x.data(), nullptr);
+            const std::vector<float> stored = run(p.w.data(), false, m, p.x.data(), nullptr);
             for (size_t e = 0; e < stored.size(); ++e) {
               ASSERT_NEAR(stored[e], ref[e], 1e-5 * (1.0 + std::fabs(ref[e]))) << e;
             }
@@ -272,22 +283,16 @@ TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
     for (int64_t k : {256, 1024}) {
       for (int64_t n : {16, 37}) {
         for (int64_t m : {1, 2, 3, 5, 17}) {
-          const int64_t x_stride = k + 3;
-          const std::vector<float> x = RandomFloats(static_cast<size_t>(m * x_stride), rng);
-          const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
-          const std::vector<uint8_t> w =
-              EncodeRows(dtype, RandomFloats(static_cast<size_t>(n * k), rng), n, k);
-          std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
-          PackRows(w.data(), dtype, n, k, packed.data());
+          const RandomProblem p(dtype, m, n, k, rng);
           for (CpuIsa isa : SupportedIsas()) {
             const ScopedIsa scoped(isa);
             SCOPED_TRACE(Name(dtype) + " " + std::string(CpuIsaName(isa)) + " k=" +
                          std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m));
             std::vector<float> stored(static_cast<size_t>(m * n));
-            MatmulArgs args{x.data(),      x_stride, w.data(), dtype, bias.data(),
-                            stored.data(), n,        m,        n,     k};
+            MatmulArgs args{p.x.data(),    p.x_stride, p.w.data(), dtype, p.bias.data(),
+                            stored.data(), n,          m,          n,     k};
             Matmul(args, nullptr);
-            args.w = packed.data();
+            args.w = p.packed.data();
             args.w_packed = true;
             for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
               std::vector<float> y(stored.size(), -7.0f);
