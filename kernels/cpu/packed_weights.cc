@@ -21,10 +21,10 @@ int64_t ChunkOffset(int64_t i, int64_t q) { return 64 * (q / 4) + 4 * i + q % 4;
 // chunk t alternating (lines 2t, 2t + 1), then qs chunks 8 .. 31.
 constexpr int64_t kKDmin = 32, kKMin = 64, kKSc = 192, kKLines = 320;
 bool IsQ45K(DType dtype) { return dtype == DType::kQ4_K || dtype == DType::kQ5_K; }
+// Offset of qs chunk `chunk` (matmul_packed.inc's KQuantLine).
 int64_t KQsLine(DType dtype, int64_t chunk) {
-  if (dtype == DType::kQ4_K || chunk >= 8)
-    return kKLines + 64 * (dtype == DType::kQ4_K ? chunk : chunk + 8);
-  return kKLines + 128 * chunk + 64;
+  if (dtype == DType::kQ4_K) return kKLines + 64 * chunk;
+  return chunk < 8 ? kKLines + 128 * chunk + 64 : kKLines + 64 * (chunk + 8);
 }
 
 // Calls field(stored_offset, packed_offset, bytes) for every byte range that moves as it is
