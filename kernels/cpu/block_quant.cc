@@ -118,19 +118,11 @@ void DecodeQ5_K(const uint8_t* b, float* y) { DecodeQ45K(b, b + 16, b + 48, y); 
 void DecodeQ6_K(const uint8_t* b, float* y) {
   const float d = LoadHalf(b + 208);
   const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-  for (int h = 0; h < 2; ++h) {
-    const uint8_t* ql = b + 64 * h;
-    const uint8_t* qh = b + 128 + 32 * h;
-    for (int g = 0; g < 4; ++g) {
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t low = ql[32 * (g & 1) + l];
-        const int nibble = g < 2 ? (low & 15) : (low >> 4);
-        const int q = (nibble | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-        const int e = 128 * h + 32 * g + l;
-        const float ds = d * static_cast<float>(scales[e / 16]);
-        y[e] = ds * static_cast<float>(q);
-      }
-    }
+  uint8_t q[256];
+  UnpackQuantsQ6K(b, q);
+  for (int e = 0; e < 256; ++e) {
+    const float ds = d * static_cast<float>(scales[e / 16]);
+    y[e] = ds * static_cast<float>(int{q[e]} - 32);
   }
 }
 
@@ -335,27 +327,17 @@ void QuantizeQ6_K(const float* x, uint8_t* b) {
   }
   const float d = StoreHalf(amax / 127.0f, b + 208);
   auto* scales = reinterpret_cast<int8_t*>(b + 192);
-  int q6[256];
+  uint8_t q[256];
   for (int j = 0; j < 16; ++j) {
     const int sc = d > 0 ? Clamp(RoundToInt(a[j] / d), -128, 127) : 0;
     scales[j] = static_cast<int8_t>(sc);
     const float ds = d * static_cast<float>(sc);
     for (int l = 0; l < 16; ++l) {
       const int e = 16 * j + l;
-      q6[e] = (ds != 0.0f ? Clamp(RoundToInt(x[e] / ds), -32, 31) : 0) + 32;
+      q[e] = static_cast<uint8_t>((ds != 0.0f ? Clamp(RoundToInt(x[e] / ds), -32, 31) : 0) + 32);
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    uint8_t* ql = b + 64 * h;
-    uint8_t* qh = b + 128 + 32 * h;
-    const int* q = q6 + 128 * h;
-    for (int l = 0; l < 32; ++l) {
-      ql[l] = static_cast<uint8_t>((q[l] & 15) | ((q[l + 64] & 15) << 4));
-      ql[l + 32] = static_cast<uint8_t>((q[l + 32] & 15) | ((q[l + 96] & 15) << 4));
-      qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) |
-                                   ((q[l + 96] >> 4) << 6));
-    }
-  }
+  PackQuantsQ6K(q, b);
 }
 
 }  // namespace
@@ -453,6 +435,36 @@ void PackScalesMinsK4(const uint8_t* sc, const uint8_t* m, uint8_t* scales) {
     scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
     scales[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
     scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+  }
+}
+
+// q6_k element e = 128 h + 32 g + l (l < 32): the low nibble (g < 2) or high nibble of
+// ql[64 h + 32 (g & 1) + l], and bits 2g, 2g + 1 of qh[32 h + l] as bits 4, 5.
+void UnpackQuantsQ6K(const uint8_t* block, uint8_t* q) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = block + 64 * h;
+    const uint8_t* qh = block + 128 + 32 * h;
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t low = ql[32 * (g & 1) + l];
+        const int nibble = g < 2 ? (low & 15) : (low >> 4);
+        q[128 * h + 32 * g + l] = static_cast<uint8_t>(nibble | ((qh[l] >> (2 * g)) & 3) << 4);
+      }
+    }
+  }
+}
+
+void PackQuantsQ6K(const uint8_t* q, uint8_t* block) {
+  for (int h = 0; h < 2; ++h) {
+    uint8_t* ql = block + 64 * h;
+    uint8_t* qh = block + 128 + 32 * h;
+    const uint8_t* v = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = static_cast<uint8_t>((v[l] & 15) | (v[l + 64] & 15) << 4);
+      ql[l + 32] = static_cast<uint8_t>((v[l + 32] & 15) | (v[l + 96] & 15) << 4);
+      qh[l] = static_cast<uint8_t>((v[l] >> 4) | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 |
+                                   (v[l + 96] >> 4) << 6);
+    }
   }
 }
 

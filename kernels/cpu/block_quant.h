@@ -30,6 +30,11 @@ void QuantizeRow(const float* x, DType dtype, int64_t n, void* dst);
 void UnpackScalesMinsK4(const uint8_t* scales, uint8_t* sc, uint8_t* m);
 void PackScalesMinsK4(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
 
+/// A q6_k block's 256 6-bit quants q[e] (0..63; the weight is d sc (q - 32)) from its ql and qh
+/// bytes (0 .. 191), and back: PackQuantsQ6K writes exactly those bytes.
+void UnpackQuantsQ6K(const uint8_t* block, uint8_t* q);
+void PackQuantsQ6K(const uint8_t* q, uint8_t* block);
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_BLOCK_QUANT_H_

@@ -43,6 +43,7 @@ struct ActivationBuffers {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> sums;
+  std::vector<int32_t> offsets;
 };
 
 }  // namespace
@@ -78,6 +79,15 @@ void QuantizeActivationRow(const float* x, int64_t k, int64_t scale_block, int8_
   }
 }
 
+void Q6OffsetRow(const int8_t* q, int64_t k, int32_t* offsets) {
+  for (int64_t s = 0; s < k / 16; ++s) {
+    int32_t word[2] = {0, 0};
+    for (int e = 0; e < 16; ++e) word[e % 4 / 2] += q[16 * s + e];
+    offsets[s] = static_cast<int32_t>((static_cast<uint32_t>(32 * word[0]) & 0xffff) |
+                                      static_cast<uint32_t>(32 * word[1]) << 16);
+  }
+}
+
 }  // namespace internal
 
 void Matmul(const MatmulArgs& args, ThreadPool* pool) {
@@ -103,6 +113,15 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
     plan.xq = act.q.data();
     plan.xd = act.d.data();
     plan.xs = act.sums.data();
+    if (args.w_packed && args.w_dtype == DType::kQ6_K) {
+      plan.xo_stride = args.k / 16;
+      act.offsets.resize(static_cast<size_t>(args.m * plan.xo_stride));
+      for (int64_t i = 0; i < args.m; ++i) {
+        internal::Q6OffsetRow(plan.xq + i * plan.xq_stride, args.k,
+                              act.offsets.data() + i * plan.xo_stride);
+      }
+      plan.xo = act.offsets.data();
+    }
   }
 
   const int64_t column_grain = args.w_packed ? kPackedGroupRows : kColumnGrain;

@@ -68,7 +68,16 @@ struct MatmulPlan {
   int64_t xq_stride = 0;  // bytes (k rounded up to 64)
   int64_t xd_stride = 0;  // elements
   int64_t xs_stride = 0;  // elements
+  // Packed q6_k only (else null): per 16 elements s, 32 times the sums of row i's q over the
+  // chunk pairs — word 0 of xo[i * xo_stride + s] sums elements 16 s + 4 t and 16 s + 4 t + 1,
+  // word 1 elements 16 s + 4 t + 2 and + 3 (t < 4), each within int16 — the -32 offset of the
+  // sixteen quants, taken off the pair sums of a sub-block (Q6KPackedTile).
+  const int32_t* xo = nullptr;
+  int64_t xo_stride = 0;  // elements
 };
+
+/// MatmulPlan::xo of one row of `k` int8 activations (k % 16 == 0).
+void Q6OffsetRow(const int8_t* q, int64_t k, int32_t* offsets);
 
 /// Quantizes one activation row of `k` elements (k % scale_block == 0, scale_block % 32 == 0) to
 /// int8 with one scale per `scale_block` elements: d = max|x| / 127, q = x / d rounded to

@@ -27,10 +27,25 @@ int64_t KQsLine(DType dtype, int64_t chunk) {
   return chunk < 8 ? kKLines + 128 * chunk + 64 : kKLines + 64 * (chunk + 8);
 }
 
+// q6_k group-block: d[16] (fp16), 32 zero bytes, sc[16][16] (sc_j of row i at 64 + 16j + i),
+// then from 320 sub-block j's lines a, b, c (k = 0, 1, 2) at 320 + 192j + 64k: byte p of row i
+// holds element 16j + 4k + p's six bits, and bits 2k, 2k + 1 of element 16j + 12 + p as bits 6, 7.
+constexpr int64_t kQ6Sc = 64, kQ6Lines = 320, kQ6GroupBlock = kQ6Lines + 16 * 192;
+constexpr int64_t kQ6StoredD = 208, kQ6StoredSc = 192;
+int64_t Q6LineByte(int64_t i, int j, int k, int p) {
+  return kQ6Lines + 192 * j + 64 * k + 4 * i + p;
+}
+
 // Calls field(stored_offset, packed_offset, bytes) for every byte range that moves as it is
-// between a stored block and row slot i of a group-block (all but q4_k's scales and mins).
+// between a stored block and row slot i of a group-block (all but the K-quants' re-coded scales,
+// mins and q6_k's quants).
 template <class Field>
 void ForEachField(DType dtype, int64_t i, Field&& field) {
+  if (dtype == DType::kQ6_K) {
+    field(kQ6StoredD, kScaleBytes * i, kScaleBytes);
+    for (int j = 0; j < 16; ++j) field(kQ6StoredSc + j, kQ6Sc + 16 * j + i, 1);
+    return;
+  }
   field(0, kScaleBytes * i, kScaleBytes);  // d
   if (IsQ45K(dtype)) {
     field(2, kKDmin + kScaleBytes * i, kScaleBytes);
@@ -54,6 +69,18 @@ void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
   ForEachField(dtype, i, [&](int64_t from, int64_t to, int64_t n) {
     std::memcpy(gb + to, block + from, static_cast<size_t>(n));
   });
+  if (dtype == DType::kQ6_K) {
+    uint8_t q[256];
+    UnpackQuantsQ6K(block, q);
+    for (int j = 0; j < 16; ++j) {
+      for (int k = 0; k < 3; ++k) {
+        for (int p = 0; p < 4; ++p) {
+          const int top = (q[16 * j + 12 + p] >> (2 * k)) & 3;
+          gb[Q6LineByte(i, j, k, p)] = static_cast<uint8_t>(q[16 * j + 4 * k + p] | top << 6);
+        }
+      }
+    }
+  }
   if (IsQ45K(dtype)) {
     uint8_t sc[8], m[8];
     UnpackScalesMinsK4(block + 4, sc, m);
@@ -68,6 +95,21 @@ void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
   ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
     std::memcpy(block + to, gb + from, static_cast<size_t>(n));
   });
+  if (dtype == DType::kQ6_K) {
+    uint8_t q[256];
+    for (int j = 0; j < 16; ++j) {
+      for (int p = 0; p < 4; ++p) {
+        int top = 0;
+        for (int k = 0; k < 3; ++k) {
+          const uint8_t v = gb[Q6LineByte(i, j, k, p)];
+          q[16 * j + 4 * k + p] = v & 63;
+          top |= (v >> 6) << (2 * k);
+        }
+        q[16 * j + 12 + p] = static_cast<uint8_t>(top);
+      }
+    }
+    PackQuantsQ6K(q, block);
+  }
   if (IsQ45K(dtype)) {
     uint8_t sc[8], m[8];
     for (int j = 0; j < 8; ++j) {
@@ -91,10 +133,11 @@ struct RowPlace {
 }  // namespace
 
 bool PackedLayoutSupported(DType dtype) {
-  return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype);
+  return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype) || dtype == DType::kQ6_K;
 }
 
 int64_t PackedGroupBlockBytes(DType dtype) {
+  if (dtype == DType::kQ6_K) return kQ6GroupBlock;
   if (IsQ45K(dtype)) return kKLines + 64 * (dtype == DType::kQ5_K ? 40 : 32);
   return kPackedGroupRows * (kScaleBytes + QuantBytes(dtype));
 }

@@ -26,6 +26,12 @@
 //     64 + 32 (j / 2) + 2i + j % 2), the sub-block scales as bytes (sc_j at 192 + 16j + i), then
 //     chunk lines from 320: q4_k's qs chunk c at line c; q5_k's qh chunk t at line 2t and qs chunk
 //     t at line 2t + 1 (t < 8), qs chunk c >= 8 at line c + 8.
+//   q6_k (one super-block; 3392 bytes, 1 % more than stored, so that lines stay 64-byte aligned):
+//     d[16] (fp16) at 0, 32 zero bytes, the sub-block scales (int8 sc_j of row i at 64 + 16j + i),
+//     then three chunk lines a, b, c per sub-block j (k = 0, 1, 2 at 320 + 192j + 64k): byte p of
+//     a row's chunk holds the 6-bit quant of element 16j + 4k + p in bits 0..5 and bits 2k, 2k + 1
+//     of element 16j + 12 + p's quant in bits 6, 7 — four elements' quants in three bytes, which
+//     decode with one AND each and, for the fourth, three shifts, ANDs and two ORs.
 
 #include <cstdint>
 
@@ -36,7 +42,7 @@ namespace kvserve::cpu {
 /// Weight rows per packed group (one 512-bit vector of f32 lanes).
 inline constexpr int64_t kPackedGroupRows = 16;
 
-/// Whether weights of `dtype` have a packed layout (q4_0, q8_0, q4_k, q5_k).
+/// Whether weights of `dtype` have a packed layout (q4_0, q8_0, q4_k, q5_k, q6_k).
 bool PackedLayoutSupported(DType dtype);
 
 /// Bytes of a packed [rows, cols] matrix (rows rounded up to whole groups).

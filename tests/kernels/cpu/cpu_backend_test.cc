@@ -40,18 +40,18 @@ TEST(CpuBackendTest, KeepsF32ActivationsAndRefusesBf16Ops) {
   EXPECT_NEAR(y[0], 1.0f, 1e-5f);
 }
 
-// q4_0 / q8_0 weights for Matmul are packed (PackRows' bytes, flagged, owned by the matrix) and
-// give cpu::Matmul's packed result; for Embedding, in other dtypes or with
+// q4_0 / q8_0 / K-quant weights for Matmul are packed (PackRows' bytes, flagged, owned by the
+// matrix) and give cpu::Matmul's packed result; for Embedding, in other dtypes or with
 // KVSERVE_CPU_PACK_WEIGHTS=0 the matrix is the caller's bytes in place.
 TEST(CpuBackendTest, PrepareMatrixPacksQuantizedMatmulWeights) {
   CpuBackend cpu(nullptr);
-  const int64_t rows = 40, cols = 64;
+  const int64_t rows = 40, cols = 256;
   std::mt19937 rng(4);
   std::normal_distribution<float> normal;
   std::vector<float> wf(static_cast<size_t>(rows * cols)), x(static_cast<size_t>(cols));
   for (float& v : wf) v = normal(rng);
   for (float& v : x) v = normal(rng);
-  for (DType dtype : {DType::kQ4_0, DType::kQ8_0}) {
+  for (DType dtype : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     std::vector<uint8_t> w(static_cast<size_t>(rows * DTypeRowBytes(dtype, cols)));
     for (int64_t r = 0; r < rows; ++r) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/block_quant.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
@@ -24,7 +25,8 @@ using testing::ScopedIsa;
 using testing::SupportedIsas;
 
 constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
-constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K};
+constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                                      DType::kQ6_K};
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
@@ -116,6 +118,52 @@ TEST(PackedWeightsTest, KQuantLayoutFollowsTheDescription) {
           const int c = q / 4;
           const int line = !q5 ? c : c < 8 ? 2 * c + 1 : c + 8;
           ASSERT_EQ(gb[320 + 64 * line + 4 * i + q % 4], src[(q5 ? 48 : 16) + q]) << "row " << row;
+        }
+      }
+    }
+  }
+}
+
+// q6_k's 6-bit quant of element e (0..63) of a stored block, read from the format's description
+// (kernels/dtype.h): element 128h + 32g + l takes the low (g < 2) or high nibble of
+// ql[64h + 32 (g % 2) + l] and bits 2g, 2g + 1 of qh[32h + l] as bits 4 and 5.
+int Q6Quant(const uint8_t* block, int e) {
+  const int h = e / 128, g = e % 128 / 32, l = e % 32;
+  const uint8_t ql = block[64 * h + 32 * (g % 2) + l];
+  const int nibble = g < 2 ? ql & 15 : ql >> 4;
+  return nibble | ((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4;
+}
+
+// q6_k: d (fp16) at 2i, 32 zero bytes, sc_j at 64 + 16j + i, then sub-block j's lines k = 0..2
+// at 320 + 192j + 64k, byte p of row i at 4i + p: element 16j + 4k + p's quant in bits 0..5 and
+// bits 2k, 2k + 1 of element 16j + 12 + p's in bits 6, 7. The last group's rows past the matrix
+// are zero.
+TEST(PackedWeightsTest, Q6KLayoutFollowsTheDescription) {
+  std::mt19937 rng(7);
+  const DType dtype = DType::kQ6_K;
+  const int64_t rows = 18, cols = 512, blocks = 2, block_bytes = 210, group_block = 3392;
+  ASSERT_EQ(PackedGroupBlockBytes(dtype), group_block);
+  const std::vector<uint8_t> w = RandomBlocks(dtype, rows, cols, rng);
+  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)), 0xAB);
+  ASSERT_EQ(packed.size(), static_cast<size_t>(2 * blocks * group_block));
+  PackRows(w.data(), dtype, rows, cols, packed.data());
+  for (int64_t row = 0; row < 32; ++row) {
+    const int64_t i = row % 16;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* src = row < rows ? w.data() + (row * blocks + b) * block_bytes : nullptr;
+      const uint8_t* gb = packed.data() + (row / 16 * blocks + b) * group_block;
+      for (int t = 0; t < 2; ++t) ASSERT_EQ(gb[2 * i + t], src ? src[208 + t] : 0) << row;
+      for (int z = 32; z < 64; ++z) ASSERT_EQ(gb[z], 0);
+      for (int j = 0; j < 16; ++j) {
+        ASSERT_EQ(gb[64 + 16 * j + i], src ? src[192 + j] : 0) << "row " << row << " sc " << j;
+        for (int k = 0; k < 3; ++k) {
+          for (int p = 0; p < 4; ++p) {
+            const int expect = src ? Q6Quant(src, 16 * j + 4 * k + p) |
+                                         ((Q6Quant(src, 16 * j + 12 + p) >> (2 * k)) & 3) << 6
+                                   : 0;
+            ASSERT_EQ(gb[320 + 192 * j + 64 * k + 4 * i + p], expect)
+                << "row " << row << " sub-block " << j << " line " << k << " byte " << p;
+          }
         }
       }
     }
@@ -279,7 +327,7 @@ TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
 TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
   ThreadPool pool2(2), pool3(3);
   std::mt19937 rng(6);
-  for (DType dtype : {DType::kQ4_K, DType::kQ5_K}) {
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (int64_t k : {256, 1024}) {
       for (int64_t n : {16, 37}) {
         for (int64_t m : {1, 2, 3, 5, 17}) {
@@ -301,6 +349,105 @@ TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
               ASSERT_EQ(0, std::memcmp(y.data(), stored.data(), y.size() * sizeof(float)));
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// Packed q6_k against a reference written from matmul_int8.inc's K-quant rule (per super-block
+// the exact S = sum_j sc_j sum_i (q_i - 32) x_i, acc = fma(float(S), d_w d_x, acc), + bias; the
+// activations quantized with one scale per 256), with weights and activations at the ends of
+// their ranges: every quant 0 or 63 against x = +-127 takes a sub-block's int16 pair sums
+// (eight products each) to +-32512, the most they can reach. The SIMD paths must stay exact.
+TEST(PackedWeightsTest, Q6KSumsStayExactAtTheLimits) {
+  ThreadPool pool2(2);
+  std::mt19937 rng(8);
+  const DType dtype = DType::kQ6_K;
+  const int64_t n = 37, k = 512, m = 5, blocks = k / 256, block_bytes = 210;
+  std::vector<uint8_t> w(static_cast<size_t>(n * blocks * block_bytes));
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* block = w.data() + (row * blocks + b) * block_bytes;
+      uint8_t q[256];
+      for (int e = 0; e < 256; ++e) {
+        // Rows 0..3: all 0, all 63, then 0/63 by sub-block; the rest random extremes or values.
+        const int pattern = static_cast<int>(row % 8);
+        q[e] = pattern == 0   ? 0
+               : pattern == 1 ? 63
+               : pattern == 2 ? ((e / 16) % 2 ? 63 : 0)
+               : pattern < 6  ? (rng() % 2 ? 63 : 0)
+                              : static_cast<uint8_t>(rng() % 64);
+      }
+      PackQuantsQ6K(q, block);
+      for (int j = 0; j < 16; ++j) {
+        const int sc = row % 3 == 0   ? 127
+                       : row % 3 == 1 ? -128
+                                      : static_cast<int>(rng() % 256) - 128;
+        block[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sc));
+      }
+      const uint16_t d = FloatToHalf(std::ldexp(1.0f + (rng() % 64) / 64.0f, -10));
+      std::memcpy(block + 208, &d, sizeof(d));
+    }
+  }
+  // Activation rows: all +1, all -1, +-1 by element, +-1 by sub-block, random.
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (int64_t e = 0; e < k; ++e) {
+    x[e] = 1.0f;
+    x[k + e] = -1.0f;
+    x[2 * k + e] = e % 2 ? -1.0f : 1.0f;
+    x[3 * k + e] = (e / 16) % 2 ? -1.0f : 1.0f;
+  }
+  const std::vector<float> noise = RandomFloats(static_cast<size_t>(k), rng);
+  std::copy(noise.begin(), noise.end(), x.begin() + 4 * k);
+  const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
+  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
+  PackRows(w.data(), dtype, n, k, packed.data());
+
+  std::vector<float> ref(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<int32_t> xq(static_cast<size_t>(k));
+    std::vector<float> xd;
+    for (int64_t b = 0; b < blocks; ++b) {
+      float amax = 0.0f;
+      for (int64_t e = 0; e < 256; ++e) amax = std::max(amax, std::fabs(x[i * k + 256 * b + e]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t e = 0; e < 256; ++e) {
+        xq[256 * b + e] = static_cast<int32_t>(std::nearbyint(x[i * k + 256 * b + e] * inv));
+      }
+      xd.push_back(amax / 127.0f);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = w.data() + (j * blocks + b) * block_bytes;
+        int64_t s = 0;
+        for (int e = 0; e < 256; ++e) {
+          s += int64_t{static_cast<int8_t>(block[192 + e / 16])} * (Q6Quant(block, e) - 32) *
+               xq[256 * b + e];
+        }
+        uint16_t half;
+        std::memcpy(&half, block + 208, sizeof(half));
+        acc = std::fma(static_cast<float>(static_cast<int32_t>(s)), HalfToFloat(half) * xd[b], acc);
+      }
+      ref[i * n + j] = acc + bias[j];
+    }
+  }
+  for (CpuIsa isa : SupportedIsas()) {
+    if (isa == CpuIsa::kScalar) continue;  // decodes to fp32 (matmul_impl.h): not this rule
+    const ScopedIsa scoped(isa);
+    SCOPED_TRACE(std::string(CpuIsaName(isa)));
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+      for (bool is_packed : {true, false}) {
+        std::vector<float> y(ref.size(), -7.0f);
+        MatmulArgs args{
+            x.data(), k, is_packed ? packed.data() : w.data(), dtype, bias.data(), y.data(), n, m,
+            n,        k};
+        args.w_packed = is_packed;
+        Matmul(args, pool);
+        for (size_t e = 0; e < y.size(); ++e) {
+          ASSERT_EQ(y[e], ref[e]) << (is_packed ? "packed" : "stored") << " row " << e / n
+                                  << " col " << e % n;
         }
       }
     }
