@@ -17,14 +17,15 @@ int64_t ChunkOffset(int64_t i, int64_t q) { return 64 * (q / 4) + 4 * i + q % 4;
 
 // q4_k / q5_k group-block, in the order the kernel reads it: d[16], dmin[16] (fp16), m[4][16][2],
 // sc[8][16] (bytes), then 64-byte lines of sixteen rows' 4-byte chunks: q4_k's qs chunk 8c + t
-// (c, t < 8: elements 64c + 4t .. and 64c + 32 + 4t ..) at line 8c + t; q5_k's qh chunk t and qs
-// chunk t alternating (lines 2t, 2t + 1), then qs chunks 8 .. 31.
+// (c, t < 8: elements 64c + 4t .. and 64c + 32 + 4t ..) at line 8c + t; q5_k's sub-block j at
+// 320 + 320j, rows 8h .. 8h + 7 at + 160h, their chunks k = 0..4 at + 32k (row 8h + l's 4 bytes
+// at + 4l): for k < 4 byte p holds element 32j + 4k + p's five bits and the low three bits of
+// element 32j + 16 + 4k + p as bits 5..7; chunk 4's byte p the top two bits of element
+// 32j + 16 + 4k + p as bits 2k, 2k + 1.
 constexpr int64_t kKDmin = 32, kKMin = 64, kKSc = 192, kKLines = 320;
 bool IsQ45K(DType dtype) { return dtype == DType::kQ4_K || dtype == DType::kQ5_K; }
-// Offset of qs chunk `chunk` (matmul_packed.inc's KQuantLine).
-int64_t KQsLine(DType dtype, int64_t chunk) {
-  if (dtype == DType::kQ4_K) return kKLines + 64 * chunk;
-  return chunk < 8 ? kKLines + 128 * chunk + 64 : kKLines + 64 * (chunk + 8);
+int64_t Q5LineByte(int64_t i, int j, int k, int p) {
+  return kKLines + 320 * j + 160 * (i / 8) + 32 * k + 4 * (i % 8) + p;
 }
 
 // q6_k group-block: d[16] (fp16), 32 zero bytes, sc[16][16] (sc_j of row i at 64 + 16j + i),
@@ -38,7 +39,7 @@ int64_t Q6LineByte(int64_t i, int j, int k, int p) {
 
 // Calls field(stored_offset, packed_offset, bytes) for every byte range that moves as it is
 // between a stored block and row slot i of a group-block (all but the K-quants' re-coded scales,
-// mins and q6_k's quants).
+// mins and q5_k's / q6_k's quants).
 template <class Field>
 void ForEachField(DType dtype, int64_t i, Field&& field) {
   if (dtype == DType::kQ6_K) {
@@ -49,11 +50,9 @@ void ForEachField(DType dtype, int64_t i, Field&& field) {
   field(0, kScaleBytes * i, kScaleBytes);  // d
   if (IsQ45K(dtype)) {
     field(2, kKDmin + kScaleBytes * i, kScaleBytes);
-    const int64_t qs = dtype == DType::kQ5_K ? 48 : 16;  // stored offset of qs
-    if (dtype == DType::kQ5_K) {
-      for (int64_t q = 0; q < 32; q += 4) field(16 + q, kKLines + 128 * (q / 4) + 4 * i, 4);
+    if (dtype == DType::kQ4_K) {
+      for (int64_t q = 0; q < 128; q += 4) field(16 + q, kKLines + 16 * q + 4 * i, 4);
     }
-    for (int64_t q = 0; q < 128; q += 4) field(qs + q, KQsLine(dtype, q / 4) + 4 * i, 4);
     return;
   }
   for (int64_t q = 0; q < QuantBytes(dtype); q += 4) {
@@ -65,10 +64,46 @@ void ForEachField(DType dtype, int64_t i, Field&& field) {
 int64_t Q4KScaleAt(int64_t i, int j) { return kKSc + 16 * j + i; }
 int64_t Q4KMinAt(int64_t i, int j) { return kKMin + 32 * (j / 2) + 2 * i + j % 2; }
 
+// q5_k's 256 quants (0..31) of a stored block (kernels/dtype.h: element 64c + l, l < 32, is the low
+// nibble of qs[32c + l] with bit 2c of qh[l] as bit 4; element 64c + 32 + l the high nibble with
+// bit 2c + 1), and back.
+void UnpackQuantsQ5K(const uint8_t* block, uint8_t* q) {
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, l = e % 32, high = e % 64 / 32;
+    const uint8_t qs = block[48 + 32 * c + l];
+    q[e] = static_cast<uint8_t>((high ? qs >> 4 : qs & 15) | ((block[16 + l] >> (2 * c + high)) & 1)
+                                                                 << 4);
+  }
+}
+void PackQuantsQ5K(const uint8_t* q, uint8_t* block) {
+  std::memset(block + 16, 0, 160);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, l = e % 32, high = e % 64 / 32;
+    block[48 + 32 * c + l] |= static_cast<uint8_t>((q[e] & 15) << (4 * high));
+    block[16 + l] |= static_cast<uint8_t>((q[e] >> 4) << (2 * c + high));
+  }
+}
+
 void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
   ForEachField(dtype, i, [&](int64_t from, int64_t to, int64_t n) {
     std::memcpy(gb + to, block + from, static_cast<size_t>(n));
   });
+  if (dtype == DType::kQ5_K) {
+    uint8_t q[256];
+    UnpackQuantsQ5K(block, q);
+    for (int j = 0; j < 8; ++j) {
+      for (int p = 0; p < 4; ++p) {
+        int top = 0;
+        for (int k = 0; k < 4; ++k) {
+          const int second = q[32 * j + 16 + 4 * k + p];
+          gb[Q5LineByte(i, j, k, p)] =
+              static_cast<uint8_t>(q[32 * j + 4 * k + p] | (second & 7) << 5);
+          top |= (second >> 3) << (2 * k);
+        }
+        gb[Q5LineByte(i, j, 4, p)] = static_cast<uint8_t>(top);
+      }
+    }
+  }
   if (dtype == DType::kQ6_K) {
     uint8_t q[256];
     UnpackQuantsQ6K(block, q);
@@ -95,6 +130,20 @@ void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
   ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
     std::memcpy(block + to, gb + from, static_cast<size_t>(n));
   });
+  if (dtype == DType::kQ5_K) {
+    uint8_t q[256];
+    for (int j = 0; j < 8; ++j) {
+      for (int p = 0; p < 4; ++p) {
+        const uint8_t top = gb[Q5LineByte(i, j, 4, p)];
+        for (int k = 0; k < 4; ++k) {
+          const uint8_t v = gb[Q5LineByte(i, j, k, p)];
+          q[32 * j + 4 * k + p] = v & 31;
+          q[32 * j + 16 + 4 * k + p] = static_cast<uint8_t>(v >> 5 | ((top >> (2 * k)) & 3) << 3);
+        }
+      }
+    }
+    PackQuantsQ5K(q, block);
+  }
   if (dtype == DType::kQ6_K) {
     uint8_t q[256];
     for (int j = 0; j < 16; ++j) {

@@ -24,8 +24,13 @@
 //   q4_k / q5_k (one 256-element super-block; 2368 / 2880 bytes), in the order the kernel reads
 //     it: d[16] and dmin[16] (fp16, bytes 0 and 32), the sub-block mins as bytes (m_j of row i at
 //     64 + 32 (j / 2) + 2i + j % 2), the sub-block scales as bytes (sc_j at 192 + 16j + i), then
-//     chunk lines from 320: q4_k's qs chunk c at line c; q5_k's qh chunk t at line 2t and qs chunk
-//     t at line 2t + 1 (t < 8), qs chunk c >= 8 at line c + 8.
+//     chunk lines from 320: q4_k's qs chunk c at line c. q5_k re-codes its quants: sub-block j
+//     at 320 + 320j, as two halves of 160 bytes (rows 0..7, then 8..15), each five 32-byte
+//     pieces k = 0..4 of eight rows' 4-byte chunks (row 8h + l at 320 + 320j + 160h + 32k + 4l):
+//     for k < 4 byte p of a row's chunk holds element 32j + 4k + p's five bits in bits 0..4 and
+//     the low three bits of element 32j + 16 + 4k + p in bits 5..7; chunk 4's byte p holds the
+//     top two bits of element 32j + 16 + 4k + p in bits 2k, 2k + 1 (the 256-bit tile reads each
+//     half's 160 bytes in order).
 //   q6_k (one super-block; 3392 bytes, 1 % more than stored, so that lines stay 64-byte aligned):
 //     d[16] (fp16) at 0, 32 zero bytes, the sub-block scales (int8 sc_j of row i at 64 + 16j + i),
 //     then three chunk lines a, b, c per sub-block j (k = 0, 1, 2 at 320 + 192j + 64k): byte p of

@@ -77,11 +77,34 @@ TEST(PackedWeightsTest, LayoutFollowsTheDescription) {
   }
 }
 
+// q6_k's 6-bit quant of element e (0..63) of a stored block, read from the format's description
+// (kernels/dtype.h): element 128h + 32g + l takes the low (g < 2) or high nibble of
+// ql[64h + 32 (g % 2) + l] and bits 2g, 2g + 1 of qh[32h + l] as bits 4 and 5.
+int Q6Quant(const uint8_t* block, int e) {
+  const int h = e / 128, g = e % 128 / 32, l = e % 32;
+  const uint8_t ql = block[64 * h + 32 * (g % 2) + l];
+  const int nibble = g < 2 ? ql & 15 : ql >> 4;
+  return nibble | ((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4;
+}
+
+// A K-quant block's quant of element e, from kernels/dtype.h: q4_k/q5_k element 64c + l (l < 32)
+// the low nibble of qs[32c + l], 64c + 32 + l its high nibble, q5_k's fifth bit bit 2c (+ 1)
+// of qh[l]; q6_k as Q6Quant.
+int KQuant(DType dtype, const uint8_t* block, int e) {
+  if (dtype == DType::kQ6_K) return Q6Quant(block, e);
+  const int c = e / 64, l = e % 32, high = e % 64 / 32;
+  const uint8_t* qs = block + (dtype == DType::kQ5_K ? 48 : 16);
+  int q = high ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
+  if (dtype == DType::kQ5_K) q |= ((block[16 + l] >> (2 * c + high)) & 1) << 4;
+  return q;
+}
+
 // q4_k / q5_k: d, dmin, the sub-block mins and scales decoded to bytes (m_j at
 // 64 + 32 (j / 2) + 2 i + j % 2, sc_j at 192 + 16 j + i, from the 6-bit packing kernels/dtype.h
 // describes), then 64-byte lines from byte 320: q4_k's qs chunk c (4 bytes of each row) at line
-// c; q5_k's qh chunk t at line 2t and qs chunk t at line 2t + 1 (t < 8), qs chunk c >= 8 at line
-// c + 8.
+// c; q5_k's sub-block j at 320 + 320j, row i's chunk k at + 160 (i / 8) + 32k + 4 (i % 8): for
+// k < 4 its byte p holds element 32j + 4k + p's quant | (element 32j + 16 + 4k + p's & 7) << 5,
+// chunk 4's byte p the top two bits of element 32j + 16 + 4k + p at bits 2k, 2k + 1.
 TEST(PackedWeightsTest, KQuantLayoutFollowsTheDescription) {
   std::mt19937 rng(5);
   for (DType dtype : {DType::kQ4_K, DType::kQ5_K}) {
@@ -111,27 +134,30 @@ TEST(PackedWeightsTest, KQuantLayoutFollowsTheDescription) {
           ASSERT_EQ(gb[64 + 32 * (j / 2) + 2 * i + j % 2], m)
               << "row " << row << " sub-block " << j;
         }
-        for (int q = 0; q < 32 && q5; ++q) {
-          ASSERT_EQ(gb[320 + 128 * (q / 4) + 4 * i + q % 4], src[16 + q]) << "row " << row;
+        if (!q5) {
+          for (int q = 0; q < 128; ++q) {
+            ASSERT_EQ(gb[320 + 64 * (q / 4) + 4 * i + q % 4], src[16 + q]) << "row " << row;
+          }
+          continue;
         }
-        for (int q = 0; q < 128; ++q) {
-          const int c = q / 4;
-          const int line = !q5 ? c : c < 8 ? 2 * c + 1 : c + 8;
-          ASSERT_EQ(gb[320 + 64 * line + 4 * i + q % 4], src[(q5 ? 48 : 16) + q]) << "row " << row;
+        for (int j = 0; j < 8; ++j) {
+          const int64_t at = 320 + 320 * j + 160 * (i / 8) + 4 * (i % 8);
+          for (int p = 0; p < 4; ++p) {
+            int top = 0;
+            for (int k = 0; k < 4; ++k) {
+              const int first = KQuant(dtype, src, 32 * j + 4 * k + p);
+              const int second = KQuant(dtype, src, 32 * j + 16 + 4 * k + p);
+              ASSERT_EQ(gb[at + 32 * k + p], first | (second & 7) << 5)
+                  << "row " << row << " sub-block " << j << " line " << k << " byte " << p;
+              top |= (second >> 3) << (2 * k);
+            }
+            ASSERT_EQ(gb[at + 128 + p], top)
+                << "row " << row << " sub-block " << j << " byte " << p;
+          }
         }
       }
     }
   }
-}
-
-// q6_k's 6-bit quant of element e (0..63) of a stored block, read from the format's description
-// (kernels/dtype.h): element 128h + 32g + l takes the low (g < 2) or high nibble of
-// ql[64h + 32 (g % 2) + l] and bits 2g, 2g + 1 of qh[32h + l] as bits 4 and 5.
-int Q6Quant(const uint8_t* block, int e) {
-  const int h = e / 128, g = e % 128 / 32, l = e % 32;
-  const uint8_t ql = block[64 * h + 32 * (g % 2) + l];
-  const int nibble = g < 2 ? ql & 15 : ql >> 4;
-  return nibble | ((block[128 + 32 * h + l] >> (2 * g)) & 3) << 4;
 }
 
 // q6_k: d (fp16) at 2i, 32 zero bytes, sc_j at 64 + 16j + i, then sub-block j's lines k = 0..2
@@ -355,99 +381,148 @@ TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
   }
 }
 
-// Packed q6_k against a reference written from matmul_int8.inc's K-quant rule (per super-block
-// the exact S = sum_j sc_j sum_i (q_i - 32) x_i, acc = fma(float(S), d_w d_x, acc), + bias; the
-// activations quantized with one scale per 256), with weights and activations at the ends of
-// their ranges: every quant 0 or 63 against x = +-127 takes a sub-block's int16 pair sums
-// (eight products each) to +-32512, the most they can reach. The SIMD paths must stay exact.
-TEST(PackedWeightsTest, Q6KSumsStayExactAtTheLimits) {
-  ThreadPool pool2(2);
-  std::mt19937 rng(8);
-  const DType dtype = DType::kQ6_K;
-  const int64_t n = 37, k = 512, m = 5, blocks = k / 256, block_bytes = 210;
+// Stored K-quant rows with every quant and scale at the ends of their ranges (row % 8 picks the
+// pattern: all 0, all the top value, alternating by sub-block, random ends, random values).
+std::vector<uint8_t> ExtremeKQuantRows(DType dtype, int64_t n, int64_t k, std::mt19937& rng) {
+  const int64_t block_bytes = DTypeRowBytes(dtype, 256), blocks = k / 256;
+  const int top = dtype == DType::kQ6_K ? 63 : dtype == DType::kQ5_K ? 31 : 15;
   std::vector<uint8_t> w(static_cast<size_t>(n * blocks * block_bytes));
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* block = w.data() + (row * blocks + b) * block_bytes;
       uint8_t q[256];
+      const int pattern = static_cast<int>(row % 8);
       for (int e = 0; e < 256; ++e) {
-        // Rows 0..3: all 0, all 63, then 0/63 by sub-block; the rest random extremes or values.
-        const int pattern = static_cast<int>(row % 8);
-        q[e] = pattern == 0   ? 0
-               : pattern == 1 ? 63
-               : pattern == 2 ? ((e / 16) % 2 ? 63 : 0)
-               : pattern < 6  ? (rng() % 2 ? 63 : 0)
-                              : static_cast<uint8_t>(rng() % 64);
-      }
-      PackQuantsQ6K(q, block);
-      for (int j = 0; j < 16; ++j) {
-        const int sc = row % 3 == 0   ? 127
-                       : row % 3 == 1 ? -128
-                                      : static_cast<int>(rng() % 256) - 128;
-        block[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sc));
+        const int end = pattern == 0   ? 0
+                        : pattern == 1 ? top
+                        : pattern == 2 ? top * (e / 16 % 2)
+                                       : top * (rng() % 2);
+        q[e] = static_cast<uint8_t>(pattern < 6 ? end : rng() % (top + 1));
       }
       const uint16_t d = FloatToHalf(std::ldexp(1.0f + (rng() % 64) / 64.0f, -10));
-      std::memcpy(block + 208, &d, sizeof(d));
-    }
-  }
-  // Activation rows: all +1, all -1, +-1 by element, +-1 by sub-block, random.
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (int64_t e = 0; e < k; ++e) {
-    x[e] = 1.0f;
-    x[k + e] = -1.0f;
-    x[2 * k + e] = e % 2 ? -1.0f : 1.0f;
-    x[3 * k + e] = (e / 16) % 2 ? -1.0f : 1.0f;
-  }
-  const std::vector<float> noise = RandomFloats(static_cast<size_t>(k), rng);
-  std::copy(noise.begin(), noise.end(), x.begin() + 4 * k);
-  const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
-  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
-  PackRows(w.data(), dtype, n, k, packed.data());
-
-  std::vector<float> ref(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i) {
-    std::vector<int32_t> xq(static_cast<size_t>(k));
-    std::vector<float> xd;
-    for (int64_t b = 0; b < blocks; ++b) {
-      float amax = 0.0f;
-      for (int64_t e = 0; e < 256; ++e) amax = std::max(amax, std::fabs(x[i * k + 256 * b + e]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int64_t e = 0; e < 256; ++e) {
-        xq[256 * b + e] = static_cast<int32_t>(std::nearbyint(x[i * k + 256 * b + e] * inv));
-      }
-      xd.push_back(amax / 127.0f);
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = w.data() + (j * blocks + b) * block_bytes;
-        int64_t s = 0;
-        for (int e = 0; e < 256; ++e) {
-          s += int64_t{static_cast<int8_t>(block[192 + e / 16])} * (Q6Quant(block, e) - 32) *
-               xq[256 * b + e];
+      if (dtype == DType::kQ6_K) {
+        PackQuantsQ6K(q, block);
+        for (int j = 0; j < 16; ++j) {
+          const int sc = row % 3 == 0   ? 127
+                         : row % 3 == 1 ? -128
+                                        : static_cast<int>(rng() % 256) - 128;
+          block[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sc));
         }
-        uint16_t half;
-        std::memcpy(&half, block + 208, sizeof(half));
-        acc = std::fma(static_cast<float>(static_cast<int32_t>(s)), HalfToFloat(half) * xd[b], acc);
+        std::memcpy(block + 208, &d, sizeof(d));
+        continue;
       }
-      ref[i * n + j] = acc + bias[j];
+      const bool q5 = dtype == DType::kQ5_K;
+      uint8_t* qs = block + (q5 ? 48 : 16);
+      if (q5) std::memset(block + 16, 0, 32);
+      for (int e = 0; e < 256; ++e) {
+        const int c = e / 64, l = e % 32, high = e % 64 / 32;
+        uint8_t& byte = qs[32 * c + l];
+        byte = static_cast<uint8_t>(high ? (byte & 15) | (q[e] & 15) << 4 : (q[e] & 15));
+        if (q5) block[16 + l] |= static_cast<uint8_t>((q[e] >> 4) << (2 * c + high));
+      }
+      uint8_t sc[8], m[8];
+      for (int j = 0; j < 8; ++j) {
+        sc[j] = static_cast<uint8_t>(row % 3 == 2 ? rng() % 64 : 63);
+        m[j] = static_cast<uint8_t>(row % 2 ? 63 : rng() % 64);
+      }
+      PackScalesMinsK4(sc, m, block + 4);
+      std::memcpy(block, &d, sizeof(d));
+      const uint16_t dmin = FloatToHalf(std::ldexp(1.0f + (rng() % 64) / 64.0f, -11));
+      std::memcpy(block + 2, &dmin, sizeof(dmin));
     }
   }
-  for (CpuIsa isa : SupportedIsas()) {
-    if (isa == CpuIsa::kScalar) continue;  // decodes to fp32 (matmul_impl.h): not this rule
-    const ScopedIsa scoped(isa);
-    SCOPED_TRACE(std::string(CpuIsaName(isa)));
-    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
-      for (bool is_packed : {true, false}) {
-        std::vector<float> y(ref.size(), -7.0f);
-        MatmulArgs args{
-            x.data(), k, is_packed ? packed.data() : w.data(), dtype, bias.data(), y.data(), n, m,
-            n,        k};
-        args.w_packed = is_packed;
-        Matmul(args, pool);
-        for (size_t e = 0; e < y.size(); ++e) {
-          ASSERT_EQ(y[e], ref[e]) << (is_packed ? "packed" : "stored") << " row " << e / n
-                                  << " col " << e % n;
+  return w;
+}
+
+// Packed and stored K-quants against a reference written from matmul_int8.inc's rule (per
+// super-block the exact integers S = sum_j sc_j sum_i q'_i x_i, q' = q - 32 for q6_k, and for
+// q4_k/q5_k M = sum_j m_j sum(x_j); acc = fma(float(S), d d_x, acc), then
+// acc = fma(-(dmin d_x), float(M), acc); + bias; activations with one scale per 256), with
+// weights and activations at the ends of their ranges, where the kernels' int16 partial sums
+// come closest to their bounds (q6_k's sub-block pair sums reach +-32512). The SIMD paths must
+// stay exact.
+TEST(PackedWeightsTest, KQuantSumsStayExactAtTheLimits) {
+  ThreadPool pool2(2);
+  std::mt19937 rng(8);
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    SCOPED_TRACE(Name(dtype));
+    const int64_t n = 37, k = 512, m = 5, blocks = k / 256;
+    const int64_t block_bytes = DTypeRowBytes(dtype, 256);
+    const std::vector<uint8_t> w = ExtremeKQuantRows(dtype, n, k, rng);
+    // Activation rows: all +1, all -1, +-1 by element, +-1 by sub-block, random.
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (int64_t e = 0; e < k; ++e) {
+      x[e] = 1.0f;
+      x[k + e] = -1.0f;
+      x[2 * k + e] = e % 2 ? -1.0f : 1.0f;
+      x[3 * k + e] = (e / 16) % 2 ? -1.0f : 1.0f;
+    }
+    const std::vector<float> noise = RandomFloats(static_cast<size_t>(k), rng);
+    std::copy(noise.begin(), noise.end(), x.begin() + 4 * k);
+    const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), rng);
+    std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, n, k)));
+    PackRows(w.data(), dtype, n, k, packed.data());
+
+    std::vector<float> ref(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<int32_t> xq(static_cast<size_t>(k));
+      std::vector<float> xd;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* xb = &x[i * k + 256 * b];
+        float amax = 0.0f;
+        for (int64_t e = 0; e < 256; ++e) amax = std::max(amax, std::fabs(xb[e]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t e = 0; e < 256; ++e) {
+          xq[256 * b + e] = static_cast<int32_t>(std::nearbyint(xb[e] * inv));
+        }
+        xd.push_back(amax / 127.0f);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* block = w.data() + (j * blocks + b) * block_bytes;
+          const int32_t* xb = &xq[256 * b];
+          int64_t s = 0, mins = 0;
+          uint16_t half;
+          if (dtype == DType::kQ6_K) {
+            for (int e = 0; e < 256; ++e) {
+              s += int64_t{static_cast<int8_t>(block[192 + e / 16])} *
+                   (KQuant(dtype, block, e) - 32) * xb[e];
+            }
+            std::memcpy(&half, block + 208, sizeof(half));
+            acc = std::fma(static_cast<float>(s), HalfToFloat(half) * xd[b], acc);
+            continue;
+          }
+          uint8_t sc[8], mn[8];
+          UnpackScalesMinsK4(block + 4, sc, mn);
+          for (int e = 0; e < 256; ++e) {
+            s += int64_t{sc[e / 32]} * KQuant(dtype, block, e) * xb[e];
+            mins += int64_t{mn[e / 32]} * xb[e];
+          }
+          uint16_t dmin;
+          std::memcpy(&half, block, sizeof(half));
+          std::memcpy(&dmin, block + 2, sizeof(dmin));
+          acc = std::fma(static_cast<float>(s), HalfToFloat(half) * xd[b], acc);
+          acc = std::fma(-(HalfToFloat(dmin) * xd[b]), static_cast<float>(mins), acc);
+        }
+        ref[i * n + j] = acc + bias[j];
+      }
+    }
+    for (CpuIsa isa : SupportedIsas()) {
+      if (isa == CpuIsa::kScalar) continue;  // decodes to fp32 (matmul_impl.h): not this rule
+      const ScopedIsa scoped(isa);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+        for (bool is_packed : {true, false}) {
+          std::vector<float> y(ref.size(), -7.0f);
+          MatmulArgs args{
+              x.data(), k, is_packed ? packed.data() : w.data(), dtype, bias.data(), y.data(), n, m,
+              n,        k};
+          args.w_packed = is_packed;
+          Matmul(args, pool);
+          for (size_t e = 0; e < y.size(); ++e) {
+            ASSERT_EQ(y[e], ref[e]) << CpuIsaName(isa) << (is_packed ? " packed" : " stored")
+                                    << " row " << e / n << " col " << e % n;
+          }
         }
       }
     }
