@@ -10,7 +10,9 @@
 // thread: q4_0 22-24 GB/s against a 25-30 GB/s triad). Packed, one vector conversion serves
 // sixteen rows' scales, the integer sums of sixteen rows fill one vector's lanes, and one FMA
 // scales them all: in L2 q4_0 runs 1.7x (AVX2) to 1.8x (AVX-512 VNNI) as fast, q8_0 1.5-2x, q4_k
-// and q5_k 1.4-1.6x (docs/benchmarks.md, "Packed weights").
+// 1.7-1.9x, q5_k 1.75x and q6_k 2x, the last two with their quants re-coded so that whole bytes
+// come out of a few logic operations (docs/benchmarks.md, "Packed weights", "K-quants
+// re-coded").
 //
 // Layout, for a matrix of `rows` x `cols` (cols a multiple of the dtype's block) with nb blocks
 // per row: rows are taken in groups of kPackedGroupRows (the last group padded with zero rows),
