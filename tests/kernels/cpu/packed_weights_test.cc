@@ -30,6 +30,39 @@ constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, 
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
+// Every matmul path this CPU can run: each supported ISA, the AVX-512 one with VNNI (where the
+// CPU has it: asked for elsewhere, it is the path without) and without.
+struct MatmulPath {
+  CpuIsa isa;
+  std::optional<bool> vnni;
+  // While selected (ScopedPath).
+  std::string Name() const {
+    return std::string(CpuIsaName(isa)) +
+           (isa == CpuIsa::kAvx512 && CpuAvx512VnniEnabled() ? " vnni" : "");
+  }
+};
+std::vector<MatmulPath> MatmulPaths() {
+  std::vector<MatmulPath> paths;
+  for (CpuIsa isa : SupportedIsas()) {
+    if (isa == CpuIsa::kAvx512) {
+      paths.push_back({isa, true});
+      paths.push_back({isa, false});
+    } else {
+      paths.push_back({isa, std::nullopt});
+    }
+  }
+  return paths;
+}
+// Selects a path for its lifetime.
+class ScopedPath {
+ public:
+  explicit ScopedPath(const MatmulPath& path) : isa_(path.isa) { SetAvx512VnniOverride(path.vnni); }
+  ~ScopedPath() { SetAvx512VnniOverride(std::nullopt); }
+
+ private:
+  ScopedIsa isa_;
+};
+
 // Random bytes for every quant byte and a finite fp16 scale per block: the layout test needs
 // every byte distinguishable, not meaningful weights.
 std::vector<uint8_t> RandomBlocks(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
@@ -315,34 +348,25 @@ TEST(PackedWeightsTest, MatmulGivesTheSameBitsOnEveryPathAndBatch) {
           Matmul(args, pool);
           return y;
         };
-        std::vector<std::optional<bool>> vnni_modes = {std::nullopt};
-        if (CpuSupportsIsa(CpuIsa::kAvx512)) vnni_modes = {true, false};
-        for (CpuIsa isa : SupportedIsas()) {
-          for (std::optional<bool> vnni : isa == CpuIsa::kAvx512
-                                              ? vnni_modes
-                                              : std::vector<std::optional<bool>>{std::nullopt}) {
-            SetAvx512VnniOverride(vnni);
-            const ScopedIsa scoped(isa);
-            SCOPED_TRACE(Name(dtype) + " " + std::string(CpuIsaName(isa)) +
-                         (CpuAvx512VnniEnabled() && isa == CpuIsa::kAvx512 ? " vnni" : "") +
-                         " k=" + std::to_string(k) + " n=" + std::to_string(n));
-            for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-              const std::vector<float> y = run(p.packed.data(), true, m, p.x.data(), pool);
-              ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
-                  << (pool != nullptr ? pool->num_threads() : 1) << " threads";
-            }
-            for (int64_t i : {int64_t{0}, m - 1}) {
-              const std::vector<float> y =
-                  run(p.packed.data(), true, 1, &p.x[i * p.x_stride], nullptr);
-              ASSERT_EQ(0, std::memcmp(y.data(), &ref[i * n], n * sizeof(float))) << "row " << i;
-            }
-            const std::vector<float> stored = run(p.w.data(), false, m, p.x.data(), nullptr);
-            for (size_t e = 0; e < stored.size(); ++e) {
-              ASSERT_NEAR(stored[e], ref[e], 1e-5 * (1.0 + std::fabs(ref[e]))) << e;
-            }
+        for (const MatmulPath& path : MatmulPaths()) {
+          const ScopedPath scoped(path);
+          SCOPED_TRACE(Name(dtype) + " " + path.Name() + " k=" + std::to_string(k) +
+                       " n=" + std::to_string(n));
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+            const std::vector<float> y = run(p.packed.data(), true, m, p.x.data(), pool);
+            ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+                << (pool != nullptr ? pool->num_threads() : 1) << " threads";
+          }
+          for (int64_t i : {int64_t{0}, m - 1}) {
+            const std::vector<float> y =
+                run(p.packed.data(), true, 1, &p.x[i * p.x_stride], nullptr);
+            ASSERT_EQ(0, std::memcmp(y.data(), &ref[i * n], n * sizeof(float))) << "row " << i;
+          }
+          const std::vector<float> stored = run(p.w.data(), false, m, p.x.data(), nullptr);
+          for (size_t e = 0; e < stored.size(); ++e) {
+            ASSERT_NEAR(stored[e], ref[e], 1e-5 * (1.0 + std::fabs(ref[e]))) << e;
           }
         }
-        SetAvx512VnniOverride(std::nullopt);
       }
     }
   }
@@ -358,10 +382,10 @@ TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
       for (int64_t n : {16, 37}) {
         for (int64_t m : {1, 2, 3, 5, 17}) {
           const RandomProblem p(dtype, m, n, k, rng);
-          for (CpuIsa isa : SupportedIsas()) {
-            const ScopedIsa scoped(isa);
-            SCOPED_TRACE(Name(dtype) + " " + std::string(CpuIsaName(isa)) + " k=" +
-                         std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m));
+          for (const MatmulPath& path : MatmulPaths()) {
+            const ScopedPath scoped(path);
+            SCOPED_TRACE(Name(dtype) + " " + path.Name() + " k=" + std::to_string(k) +
+                         " n=" + std::to_string(n) + " m=" + std::to_string(m));
             std::vector<float> stored(static_cast<size_t>(m * n));
             MatmulArgs args{p.x.data(),    p.x_stride, p.w.data(), dtype, p.bias.data(),
                             stored.data(), n,          m,          n,     k};
@@ -508,9 +532,9 @@ TEST(PackedWeightsTest, KQuantSumsStayExactAtTheLimits) {
         ref[i * n + j] = acc + bias[j];
       }
     }
-    for (CpuIsa isa : SupportedIsas()) {
-      if (isa == CpuIsa::kScalar) continue;  // decodes to fp32 (matmul_impl.h): not this rule
-      const ScopedIsa scoped(isa);
+    for (const MatmulPath& path : MatmulPaths()) {
+      if (path.isa == CpuIsa::kScalar) continue;  // decodes to fp32 (matmul_impl.h): not this rule
+      const ScopedPath scoped(path);
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
         for (bool is_packed : {true, false}) {
           std::vector<float> y(ref.size(), -7.0f);
@@ -520,8 +544,8 @@ TEST(PackedWeightsTest, KQuantSumsStayExactAtTheLimits) {
           args.w_packed = is_packed;
           Matmul(args, pool);
           for (size_t e = 0; e < y.size(); ++e) {
-            ASSERT_EQ(y[e], ref[e]) << CpuIsaName(isa) << (is_packed ? " packed" : " stored")
-                                    << " row " << e / n << " col " << e % n;
+            ASSERT_EQ(y[e], ref[e]) << path.Name() << (is_packed ? " packed" : " stored") << " row "
+                                    << e / n << " col " << e % n;
           }
         }
       }
