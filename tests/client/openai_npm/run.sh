@@ -166,6 +166,9 @@ grep -q '<tools>' "$work/rendered.txt" ||
 # gets a process group of its own, so that nothing of it outlives this script (stop_cluster); a
 # script's background job leads no group, so setsid execs in place and $! is kvserve's pid.
 log="$work/up.log"
+# Created here: the background job opens it only once it runs, and a sed on a missing file fails
+# the pipeline below, which set -e -o pipefail turns into a silent exit (seen in CI).
+: >"$log"
 setsid "$kvserve" up --model "$model" --workers 1 --listen 127.0.0.1:0 \
   --http-listen 127.0.0.1:0 --startup-timeout "$startup_timeout_s" >"$log" 2>&1 &
 cluster_pid=$!
