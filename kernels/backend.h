@@ -99,7 +99,7 @@ class DeviceBuffer {
 enum class MatrixUse { kEmbedding, kMatmul };
 
 /// A weight matrix [rows, cols] as the backend's matmul and embedding ops want it: for the CPU
-/// the file's own bytes (stored dtype, no copy), except q4_0 / q8_0 / q4_k / q5_k Matmul weights,
+/// the file's own bytes (stored dtype, no copy), except q4_0 / q8_0 / K-quant Matmul weights,
 /// packed once at load (kernels/cpu/packed_weights.h); for CUDA a device copy as stored (f16, bf16 and
 /// quantized blocks) or in bf16 (f32 weights converted at load).
 struct PreparedMatrix {

@@ -17,8 +17,8 @@ namespace kvserve::cpu {
 
 /// The Backend on the CPU kernels: every op calls its kernel in kernels/cpu with the same
 /// arguments the model used to pass directly, so results are bit-for-bit those kernels'.
-/// Memory is host memory; weights are used in place in their stored dtype, but q4_0, q8_0, q4_k
-/// and q5_k Matmul weights, packed at PrepareMatrix (packed_weights.h). Activations are f32
+/// Memory is host memory; weights are used in place in their stored dtype, but q4_0, q8_0, q4_k,
+/// q5_k and q6_k Matmul weights, packed at PrepareMatrix (packed_weights.h). Activations are f32
 /// only: an op asked for another activation dtype does nothing, and the next Synchronize
 /// reports FAILED_PRECONDITION naming it.
 ///
