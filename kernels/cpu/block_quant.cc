@@ -88,32 +88,23 @@ void ScaleMinK4(const uint8_t* s, int j, int* sc, int* m) {
   }
 }
 
-// q4_k when qh == nullptr, q5_k otherwise.
-void DecodeQ45K(const uint8_t* b, const uint8_t* qh, const uint8_t* qs, float* y) {
+// q4_k, or q5_k when `fifth`.
+void DecodeQ45K(const uint8_t* b, bool fifth, float* y) {
   const float d = LoadHalf(b);
   const float dmin = LoadHalf(b + 2);
-  const uint8_t* scales = b + 4;
-  for (int c = 0; c < 4; ++c) {
-    for (int half = 0; half < 2; ++half) {
-      int sc, m;
-      ScaleMinK4(scales, 2 * c + half, &sc, &m);
-      const float ds = d * static_cast<float>(sc);
-      const float dm = dmin * static_cast<float>(m);
-      const int shift = 4 * half;
-      const int bit = 2 * c + half;
-      float* out = y + 64 * c + 32 * half;
-      for (int l = 0; l < 32; ++l) {
-        int q = (qs[32 * c + l] >> shift) & 15;
-        if (qh != nullptr) q |= ((qh[l] >> bit) & 1) << 4;
-        out[l] = ds * static_cast<float>(q) - dm;
-      }
-    }
+  uint8_t sc[8], m[8], q[256];
+  UnpackScalesMinsK4(b + 4, sc, m);
+  UnpackQuantsQ45K(b, fifth, q);
+  for (int j = 0; j < 8; ++j) {
+    const float ds = d * static_cast<float>(sc[j]);
+    const float dm = dmin * static_cast<float>(m[j]);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = ds * static_cast<float>(q[32 * j + l]) - dm;
   }
 }
 
-void DecodeQ4_K(const uint8_t* b, float* y) { DecodeQ45K(b, nullptr, b + 16, y); }
+void DecodeQ4_K(const uint8_t* b, float* y) { DecodeQ45K(b, false, y); }
 
-void DecodeQ5_K(const uint8_t* b, float* y) { DecodeQ45K(b, b + 16, b + 48, y); }
+void DecodeQ5_K(const uint8_t* b, float* y) { DecodeQ45K(b, true, y); }
 
 void DecodeQ6_K(const uint8_t* b, float* y) {
   const float d = LoadHalf(b + 208);
@@ -298,24 +289,16 @@ void QuantizeQ45K(const float* x, int nmax, uint8_t* b) {
     m6[j] = static_cast<uint8_t>(mq[j]);
   }
   PackScalesMinsK4(sc6, m6, b + 4);
-  uint8_t* qh = nmax == 31 ? b + 16 : nullptr;
-  uint8_t* qs = nmax == 31 ? b + 48 : b + 16;
-  if (qh != nullptr) std::memset(qh, 0, 32);
-  for (int c = 0; c < 4; ++c) {
-    int q[2][32];
-    for (int half = 0; half < 2; ++half) {
-      const int j = 2 * c + half;
-      const float ds = d * static_cast<float>(sc[j]);
-      const float dm = dmin * static_cast<float>(mq[j]);
-      for (int l = 0; l < 32; ++l) {
-        q[half][l] = ds > 0 ? Clamp(RoundToInt((x[32 * j + l] + dm) / ds), 0, nmax) : 0;
-        if (qh != nullptr) qh[l] |= static_cast<uint8_t>((q[half][l] >> 4) << j);
-      }
-    }
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const float ds = d * static_cast<float>(sc[j]);
+    const float dm = dmin * static_cast<float>(mq[j]);
     for (int l = 0; l < 32; ++l) {
-      qs[32 * c + l] = static_cast<uint8_t>((q[0][l] & 15) | ((q[1][l] & 15) << 4));
+      q[32 * j + l] =
+          static_cast<uint8_t>(ds > 0 ? Clamp(RoundToInt((x[32 * j + l] + dm) / ds), 0, nmax) : 0);
     }
   }
+  PackQuantsQ45K(q, nmax == 31, b);
 }
 
 void QuantizeQ6_K(const float* x, uint8_t* b) {
@@ -465,6 +448,29 @@ void PackQuantsQ6K(const uint8_t* q, uint8_t* block) {
       qh[l] = static_cast<uint8_t>((v[l] >> 4) | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 |
                                    (v[l + 96] >> 4) << 6);
     }
+  }
+}
+
+// q4_k / q5_k element 64 c + 32 half + l (l < 32): nibble `half` of qs[32 c + l] (qs at byte 16 of
+// a q4_k block, 48 of a q5_k one), and for q5_k bit 2 c + half of qh[l] (byte 16 + l) as bit 4.
+void UnpackQuantsQ45K(const uint8_t* block, bool fifth, uint8_t* q) {
+  const uint8_t* qs = block + (fifth ? 48 : 16);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, half = e % 64 / 32, l = e % 32;
+    const int nibble = (qs[32 * c + l] >> (4 * half)) & 15;
+    const int top = fifth ? ((block[16 + l] >> (2 * c + half)) & 1) << 4 : 0;
+    q[e] = static_cast<uint8_t>(nibble | top);
+  }
+}
+
+void PackQuantsQ45K(const uint8_t* q, bool fifth, uint8_t* block) {
+  uint8_t* qs = block + (fifth ? 48 : 16);
+  std::memset(qs, 0, 128);
+  if (fifth) std::memset(block + 16, 0, 32);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, half = e % 64 / 32, l = e % 32;
+    qs[32 * c + l] |= static_cast<uint8_t>((q[e] & 15) << (4 * half));
+    if (fifth) block[16 + l] |= static_cast<uint8_t>((q[e] >> 4) << (2 * c + half));
   }
 }
 

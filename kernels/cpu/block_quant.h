@@ -30,6 +30,12 @@ void QuantizeRow(const float* x, DType dtype, int64_t n, void* dst);
 void UnpackScalesMinsK4(const uint8_t* scales, uint8_t* sc, uint8_t* m);
 void PackScalesMinsK4(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
 
+/// A q4_k block's 256 4-bit quants q[e] (0..15), or with `fifth` a q5_k block's 5-bit ones
+/// (0..31), from its qs (and qh) bytes; the weight is d sc_j q - dmin m_j for e in sub-block j =
+/// e / 32. PackQuantsQ45K writes exactly those bytes back (the rest of the block untouched).
+void UnpackQuantsQ45K(const uint8_t* block, bool fifth, uint8_t* q);
+void PackQuantsQ45K(const uint8_t* q, bool fifth, uint8_t* block);
+
 /// A q6_k block's 256 6-bit quants q[e] (0..63; the weight is d sc (q - 32)) from its ql and qh
 /// bytes (0 .. 191), and back: PackQuantsQ6K writes exactly those bytes.
 void UnpackQuantsQ6K(const uint8_t* block, uint8_t* q);

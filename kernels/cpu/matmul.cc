@@ -113,7 +113,9 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
     plan.xq = act.q.data();
     plan.xd = act.d.data();
     plan.xs = act.sums.data();
-    if (args.w_packed && args.w_dtype == DType::kQ6_K) {
+    // The SIMD q6_k tiles' offsets (the scalar path subtracts 32 from each quant instead).
+    if (args.w_packed && args.w_dtype == DType::kQ6_K &&
+        columns != &internal::MatmulColumnsScalar) {
       plan.xo_stride = args.k / 16;
       act.offsets.resize(static_cast<size_t>(args.m * plan.xo_stride));
       for (int64_t i = 0; i < args.m; ++i) {

@@ -64,33 +64,13 @@ void ForEachField(DType dtype, int64_t i, Field&& field) {
 int64_t Q4KScaleAt(int64_t i, int j) { return kKSc + 16 * j + i; }
 int64_t Q4KMinAt(int64_t i, int j) { return kKMin + 32 * (j / 2) + 2 * i + j % 2; }
 
-// q5_k's 256 quants (0..31) of a stored block (kernels/dtype.h: element 64c + l, l < 32, is the low
-// nibble of qs[32c + l] with bit 2c of qh[l] as bit 4; element 64c + 32 + l the high nibble with
-// bit 2c + 1), and back.
-void UnpackQuantsQ5K(const uint8_t* block, uint8_t* q) {
-  for (int e = 0; e < 256; ++e) {
-    const int c = e / 64, l = e % 32, high = e % 64 / 32;
-    const uint8_t qs = block[48 + 32 * c + l];
-    q[e] = static_cast<uint8_t>((high ? qs >> 4 : qs & 15) | ((block[16 + l] >> (2 * c + high)) & 1)
-                                                                 << 4);
-  }
-}
-void PackQuantsQ5K(const uint8_t* q, uint8_t* block) {
-  std::memset(block + 16, 0, 160);
-  for (int e = 0; e < 256; ++e) {
-    const int c = e / 64, l = e % 32, high = e % 64 / 32;
-    block[48 + 32 * c + l] |= static_cast<uint8_t>((q[e] & 15) << (4 * high));
-    block[16 + l] |= static_cast<uint8_t>((q[e] >> 4) << (2 * c + high));
-  }
-}
-
 void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
   ForEachField(dtype, i, [&](int64_t from, int64_t to, int64_t n) {
     std::memcpy(gb + to, block + from, static_cast<size_t>(n));
   });
   if (dtype == DType::kQ5_K) {
     uint8_t q[256];
-    UnpackQuantsQ5K(block, q);
+    UnpackQuantsQ45K(block, /*fifth=*/true, q);
     for (int j = 0; j < 8; ++j) {
       for (int p = 0; p < 4; ++p) {
         int top = 0;
@@ -142,7 +122,7 @@ void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
         }
       }
     }
-    PackQuantsQ5K(q, block);
+    PackQuantsQ45K(q, /*fifth=*/true, block);
   }
   if (dtype == DType::kQ6_K) {
     uint8_t q[256];
