@@ -6,7 +6,9 @@
 //
 // Counters: tok/s (tokens generated per second), weight_GB/s (bytes of weights and KV read per
 // step / step time), triad_GB/s (STREAM triad of the same threads right after the case, on huge
-// pages as the weights are), bw_ratio = weight_GB/s / triad_GB/s; prefill reports GFLOP/s, the
+// pages as the weights are), bw_ratio = weight_GB/s / triad_GB/s, read_GB/s (a plain read of
+// 512 MiB by the same threads, right after the triad: the ceiling of a kernel that only reads)
+// and read_ratio = weight_GB/s / read_GB/s; prefill reports GFLOP/s, the
 // register-only FMA peak of the same threads measured right after it (peak_GFLOP/s,
 // bench/peak_fma.h) and their ratio; BM_DecodeKvDtype compares KV cache dtypes at a long context.
 
@@ -43,6 +45,11 @@ cpu::ThreadPool& Pool(int threads = 0) {
 // machine load), best of 3 passes over 3 x 256 MiB.
 double TriadBytesPerSecond(cpu::ThreadPool* pool) {
   return cpu::MeasureTriadBandwidth(pool, size_t{256} << 20, 3);
+}
+
+// A plain read of 512 MiB by the same threads, best of 3.
+double ReadBytesPerSecond(cpu::ThreadPool* pool) {
+  return cpu::MeasureReadBandwidth(pool, size_t{512} << 20, 3);
 }
 
 // Bytes a decode step streams from memory: every matmul weight once (the embedding row gather is
@@ -89,12 +96,15 @@ void RunDecode(benchmark::State& state, const ModelWeights* w, int batch, int th
     h.Decode();
   }
   const double triad = TriadBytesPerSecond(pool);
+  const double read = ReadBytesPerSecond(pool);
   state.counters["threads"] = pool->num_threads();
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch,
                                                benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["triad_GB/s"] = triad / 1e9;
   state.counters["bw_ratio"] = benchmark::Counter(bytes / triad, benchmark::Counter::kIsRate);
+  state.counters["read_GB/s"] = read / 1e9;
+  state.counters["read_ratio"] = benchmark::Counter(bytes / read, benchmark::Counter::kIsRate);
   state.counters["weights_MB"] = static_cast<double>(w->TotalBytes()) / 1e6;
 }
 
