@@ -120,7 +120,7 @@ absl::StatusOr<PreparedMatrix> CpuBackend::PrepareMatrix(const void* host, DType
   // gathers rows from them: a tied embedding).
   absl::StatusOr<uint8_t*> p = PackedSpace(static_cast<size_t>(PackedBytes(dtype, rows, cols)));
   if (!p.ok()) return p.status();
-  PackRows(host, dtype, rows, cols, *p);
+  PackRows(host, dtype, rows, cols, *p, pool_);
   m.data = *p;
   m.packed = true;
   ReleasePages(host, static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows));

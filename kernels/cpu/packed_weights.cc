@@ -1,5 +1,6 @@
 #include "kernels/cpu/packed_weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/block_quant.h"
@@ -176,16 +177,34 @@ int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols) {
   return groups * (cols / DTypeBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
 }
 
-void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst) {
-  std::memset(dst, 0, static_cast<size_t>(PackedBytes(dtype, rows, cols)));
+void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst,
+              ThreadPool* pool) {
   const int64_t row_bytes = DTypeRowBytes(dtype, cols);
-  for (int64_t row = 0; row < rows; ++row) {
-    const RowPlace at(dtype, cols, row);
-    const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;
-    uint8_t* group = static_cast<uint8_t*>(dst) + at.group_offset;
-    for (int64_t b = 0; b < at.blocks; ++b) {
-      PackBlock(dtype, row % kPackedGroupRows, in + b * at.block_bytes, group + b * at.group_block);
+  const int64_t group_bytes = (cols / DTypeBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
+  // Groups [begin, end): each group's bytes are its own, so groups pack in any order, on any
+  // thread, to the same bytes.
+  const auto pack_groups = [&](int64_t begin, int64_t end) {
+    std::memset(static_cast<uint8_t*>(dst) + begin * group_bytes, 0,
+                static_cast<size_t>((end - begin) * group_bytes));
+    const int64_t row_end = std::min(rows, end * kPackedGroupRows);
+    for (int64_t row = begin * kPackedGroupRows; row < row_end; ++row) {
+      const RowPlace at(dtype, cols, row);
+      const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;
+      uint8_t* group = static_cast<uint8_t*>(dst) + at.group_offset;
+      for (int64_t b = 0; b < at.blocks; ++b) {
+        PackBlock(dtype, row % kPackedGroupRows, in + b * at.block_bytes,
+                  group + b * at.group_block);
+      }
     }
+  };
+  const int64_t groups = (rows + kPackedGroupRows - 1) / kPackedGroupRows;
+  if (pool == nullptr) {
+    pack_groups(0, groups);
+  } else {
+    // At least 1 MiB of packed bytes per piece, so that small matrices stay on the caller.
+    const int64_t min_groups =
+        std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, group_bytes));
+    pool->ParallelFor(groups, min_groups, pack_groups);
   }
 }
 

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/dtype.h"
 
 namespace kvserve::cpu {
@@ -60,8 +61,10 @@ int64_t PackedGroupBlockBytes(DType dtype);
 
 /// Packs `rows` rows of `cols` elements (row-major, the stored dtype layout) into `dst`
 /// (PackedBytes(dtype, rows, cols) bytes). PackedLayoutSupported(dtype), cols a multiple of
-/// DTypeBlockElems(dtype).
-void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst);
+/// DTypeBlockElems(dtype). With a `pool`, groups of rows are packed on its threads (the same
+/// bytes).
+void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst,
+              ThreadPool* pool = nullptr);
 
 /// Row `row` of a packed matrix back in the stored layout (DTypeRowBytes(dtype, cols) bytes).
 void UnpackRow(const void* packed, DType dtype, int64_t cols, int64_t row, void* dst);

@@ -247,6 +247,24 @@ TEST(PackedWeightsTest, UnpackRowRestoresEveryRow) {
   }
 }
 
+// Packing on a pool's threads (groups split over them, the last one partial) writes the bytes
+// of packing on the caller alone, over a buffer that starts out dirty.
+TEST(PackedWeightsTest, PackingOnThreadsGivesTheSameBytes) {
+  std::mt19937 rng(3);
+  ThreadPool pool(3);
+  for (DType dtype : kAllPackedDTypes) {
+    SCOPED_TRACE(Name(dtype));
+    const int64_t cols = 2048, rows = 16 * 200 + 5;  // several 1 MiB pieces for every format
+    ASSERT_GT(PackedBytes(dtype, rows, cols), int64_t{3} << 20);
+    const std::vector<uint8_t> w = RandomBlocks(dtype, rows, cols, rng);
+    const size_t bytes = static_cast<size_t>(PackedBytes(dtype, rows, cols));
+    std::vector<uint8_t> alone(bytes, 0xAB), threaded(bytes, 0xCD);
+    PackRows(w.data(), dtype, rows, cols, alone.data());
+    PackRows(w.data(), dtype, rows, cols, threaded.data(), &pool);
+    ASSERT_EQ(0, std::memcmp(alone.data(), threaded.data(), bytes));
+  }
+}
+
 // The int8 form of one activation row as matmul_impl.h specifies it (one scale per 32
 // elements, q = x * (127 / max|x|) rounded to nearest, ties to even), written from that text.
 struct Int8Row {
