@@ -606,34 +606,6 @@ absl::Status BindAll(const TensorTable& table, const NameScheme& names, const st
   return absl::OkStatus();
 }
 
-std::optional<DType> FromGgml(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-      return DType::kF32;
-    case GgmlType::kF16:
-      return DType::kF16;
-    case GgmlType::kBF16:
-      return DType::kBF16;
-    case GgmlType::kQ8_0:
-      return DType::kQ8_0;
-    case GgmlType::kQ4_0:
-      return DType::kQ4_0;
-    case GgmlType::kQ4_1:
-      return DType::kQ4_1;
-    case GgmlType::kQ5_0:
-      return DType::kQ5_0;
-    case GgmlType::kQ5_1:
-      return DType::kQ5_1;
-    case GgmlType::kQ4_K:
-      return DType::kQ4_K;
-    case GgmlType::kQ5_K:
-      return DType::kQ5_K;
-    case GgmlType::kQ6_K:
-      return DType::kQ6_K;
-  }
-  return std::nullopt;
-}
-
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) {
   absl::StatusOr<GgufFile> gguf = GgufFile::Open(path);
   if (!gguf.ok()) return gguf.status();
@@ -649,7 +621,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) 
   w->source_path = path;
   TensorTable table;
   for (const GgufTensorInfo& t : gguf->tensors()) {
-    std::optional<DType> dtype = FromGgml(t.type);
+    std::optional<DType> dtype = DTypeFromGgml(t.type);
     if (!dtype.has_value()) continue;  // the parser admits only the types above
     RawTensor r{t.name, *dtype,   std::vector<int64_t>(t.dims.rbegin(), t.dims.rend()),
                 t.data, t.nbytes, path};
@@ -749,6 +721,62 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDir(const std::string& dir) 
 }
 
 }  // namespace
+
+std::optional<DType> DTypeFromGgml(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    case GgmlType::kQ8_0:
+      return DType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return DType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return DType::kQ4_1;
+    case GgmlType::kQ5_0:
+      return DType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return DType::kQ5_1;
+    case GgmlType::kQ4_K:
+      return DType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return DType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return DType::kQ6_K;
+  }
+  return std::nullopt;
+}
+
+GgmlType GgmlTypeOf(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return GgmlType::kF32;
+    case DType::kF16:
+      return GgmlType::kF16;
+    case DType::kBF16:
+      return GgmlType::kBF16;
+    case DType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case DType::kQ4_0:
+      return GgmlType::kQ4_0;
+    case DType::kQ4_1:
+      return GgmlType::kQ4_1;
+    case DType::kQ5_0:
+      return GgmlType::kQ5_0;
+    case DType::kQ5_1:
+      return GgmlType::kQ5_1;
+    case DType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case DType::kQ5_K:
+      return GgmlType::kQ5_K;
+    case DType::kQ6_K:
+      return GgmlType::kQ6_K;
+  }
+  return GgmlType::kF32;
+}
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path) {
   std::error_code ec;

@@ -2,9 +2,12 @@
 #define KVSERVE_WORKER_LOADER_MODEL_LOADER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/gguf/gguf_file.h"
+#include "kernels/dtype.h"
 #include "worker/model/weights.h"
 
 namespace kvserve {
@@ -21,6 +24,12 @@ namespace kvserve {
 /// Errors name the file and the problem, e.g. "<file>: tensor 'blk.3.attn_k.weight' has shape
 /// [64, 30], expected [32, 64]". A model without a tokenizer is refused.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path);
+
+/// The dtype a GGUF tensor of type `t` loads as; nullopt for the types kvserve does not load.
+std::optional<DType> DTypeFromGgml(GgmlType t);
+
+/// The GGUF tensor type of `d` (every DType has one; DTypeFromGgml(GgmlTypeOf(d)) == d).
+GgmlType GgmlTypeOf(DType d);
 
 }  // namespace kvserve
 

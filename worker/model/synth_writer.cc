@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/gguf/gguf_writer.h"
 #include "nlohmann/json.hpp"
+#include "worker/loader/model_loader.h"
 #include "worker/loader/safetensors_writer.h"
 
 namespace kvserve {
@@ -163,34 +164,6 @@ std::vector<std::string> DeriveMerges(const std::vector<Piece>& vocab) {
   std::vector<std::string> out;
   for (auto& m : merges) out.push_back(std::move(std::get<3>(m)));
   return out;
-}
-
-GgmlType ToGgml(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return GgmlType::kF32;
-    case DType::kF16:
-      return GgmlType::kF16;
-    case DType::kBF16:
-      return GgmlType::kBF16;
-    case DType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case DType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case DType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case DType::kQ5_0:
-      return GgmlType::kQ5_0;
-    case DType::kQ5_1:
-      return GgmlType::kQ5_1;
-    case DType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case DType::kQ5_K:
-      return GgmlType::kQ5_K;
-    case DType::kQ6_K:
-      return GgmlType::kQ6_K;
-  }
-  return GgmlType::kF32;
 }
 
 // llama.cpp's LLAMA_FTYPE numbers for general.file_type (a uniform K-quant is its "_S" type).
@@ -384,7 +357,7 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
   for (const NamedTensor& t : NameTensors(w)) {
     if (t.gguf_name.empty()) continue;  // an expert: stacked below
     std::vector<int64_t> dims(t.view->shape.rbegin(), t.view->shape.rend());
-    g.AddTensor(t.gguf_name, ToGgml(t.view->dtype), std::move(dims), Bytes(*t.view));
+    g.AddTensor(t.gguf_name, GgmlTypeOf(t.view->dtype), std::move(dims), Bytes(*t.view));
   }
   // Each layer's experts, one [experts, rows, cols] tensor per role (GGUF dims innermost first).
   for (int l = 0; l < c.num_layers; ++l) {
@@ -399,7 +372,7 @@ absl::Status WriteGguf(const ModelWeights& w, const std::vector<Piece>& vocab, u
         const absl::string_view b = Bytes(x.*pick);
         bytes.append(b.data(), b.size());
       }
-      g.AddTensor(absl::StrCat("blk.", l, ".ffn_", role, "_exps.weight"), ToGgml(first.dtype),
+      g.AddTensor(absl::StrCat("blk.", l, ".ffn_", role, "_exps.weight"), GgmlTypeOf(first.dtype),
                   {first.shape[1], first.shape[0], static_cast<int64_t>(lw.experts.size())}, bytes);
     }
   }

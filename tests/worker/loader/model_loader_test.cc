@@ -200,34 +200,6 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-GgmlType ToGgml(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return GgmlType::kF32;
-    case DType::kF16:
-      return GgmlType::kF16;
-    case DType::kBF16:
-      return GgmlType::kBF16;
-    case DType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case DType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case DType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case DType::kQ5_0:
-      return GgmlType::kQ5_0;
-    case DType::kQ5_1:
-      return GgmlType::kQ5_1;
-    case DType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case DType::kQ5_K:
-      return GgmlType::kQ5_K;
-    case DType::kQ6_K:
-      return GgmlType::kQ6_K;
-  }
-  return GgmlType::kF32;
-}
-
 /// A tiny GGUF model: matrices in `matrix_dtype`, norms in F16; `skip` omits one tensor.
 GgufWriter TinyGguf(DType matrix_dtype, const std::string& skip = "") {
   GgufWriter w;
@@ -249,7 +221,7 @@ GgufWriter TinyGguf(DType matrix_dtype, const std::string& skip = "") {
     ++seed;
     if (s.gguf_name == skip) continue;
     const DType dt = s.matrix ? matrix_dtype : DType::kF16;
-    w.AddTensor(s.gguf_name, ToGgml(dt), std::vector<int64_t>(s.shape.rbegin(), s.shape.rend()),
+    w.AddTensor(s.gguf_name, GgmlTypeOf(dt), std::vector<int64_t>(s.shape.rbegin(), s.shape.rend()),
                 Encode(dt, Numel(s.shape), seed));
   }
   return w;
@@ -315,6 +287,19 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, TinyGgufTest,
                          [](const testing::TestParamInfo<DType>& p) {
                            return std::string(DTypeName(p.param));
                          });
+
+// Every dtype is written as a GGUF type that loads back as that dtype, the types are those of the
+// GGUF specification's numbering, and a type kvserve does not load maps to none.
+TEST(ModelLoaderTest, GgmlTypesAndDTypesMapBothWays) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    SCOPED_TRACE(DTypeName(d));
+    EXPECT_EQ(DTypeFromGgml(GgmlTypeOf(d)), d);
+  }
+  EXPECT_EQ(static_cast<uint32_t>(GgmlTypeOf(DType::kQ4_K)), 12u);
+  EXPECT_EQ(static_cast<uint32_t>(GgmlTypeOf(DType::kBF16)), 30u);
+  EXPECT_EQ(DTypeFromGgml(static_cast<GgmlType>(9)), std::nullopt);  // Q8_1: not loaded
+}
 
 TEST(ModelLoaderTest, GgufTiedEmbeddingAndRopeFreqs) {
   GgufWriter w = TinyGguf(DType::kF16, "output.weight");
