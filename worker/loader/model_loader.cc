@@ -722,60 +722,28 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDir(const std::string& dir) 
 
 }  // namespace
 
+// The GGUF tensor types kvserve loads, and the dtype each loads as.
+constexpr std::pair<GgmlType, DType> kGgmlDTypes[] = {
+    {GgmlType::kF32, DType::kF32},   {GgmlType::kF16, DType::kF16},
+    {GgmlType::kBF16, DType::kBF16}, {GgmlType::kQ8_0, DType::kQ8_0},
+    {GgmlType::kQ4_0, DType::kQ4_0}, {GgmlType::kQ4_1, DType::kQ4_1},
+    {GgmlType::kQ5_0, DType::kQ5_0}, {GgmlType::kQ5_1, DType::kQ5_1},
+    {GgmlType::kQ4_K, DType::kQ4_K}, {GgmlType::kQ5_K, DType::kQ5_K},
+    {GgmlType::kQ6_K, DType::kQ6_K},
+};
+
 std::optional<DType> DTypeFromGgml(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-      return DType::kF32;
-    case GgmlType::kF16:
-      return DType::kF16;
-    case GgmlType::kBF16:
-      return DType::kBF16;
-    case GgmlType::kQ8_0:
-      return DType::kQ8_0;
-    case GgmlType::kQ4_0:
-      return DType::kQ4_0;
-    case GgmlType::kQ4_1:
-      return DType::kQ4_1;
-    case GgmlType::kQ5_0:
-      return DType::kQ5_0;
-    case GgmlType::kQ5_1:
-      return DType::kQ5_1;
-    case GgmlType::kQ4_K:
-      return DType::kQ4_K;
-    case GgmlType::kQ5_K:
-      return DType::kQ5_K;
-    case GgmlType::kQ6_K:
-      return DType::kQ6_K;
+  for (const auto& [ggml, dtype] : kGgmlDTypes) {
+    if (ggml == t) return dtype;
   }
   return std::nullopt;
 }
 
 GgmlType GgmlTypeOf(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return GgmlType::kF32;
-    case DType::kF16:
-      return GgmlType::kF16;
-    case DType::kBF16:
-      return GgmlType::kBF16;
-    case DType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case DType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case DType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case DType::kQ5_0:
-      return GgmlType::kQ5_0;
-    case DType::kQ5_1:
-      return GgmlType::kQ5_1;
-    case DType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case DType::kQ5_K:
-      return GgmlType::kQ5_K;
-    case DType::kQ6_K:
-      return GgmlType::kQ6_K;
+  for (const auto& [ggml, dtype] : kGgmlDTypes) {
+    if (dtype == d) return ggml;
   }
-  return GgmlType::kF32;
+  return GgmlType::kF32;  // every DType is in the table (model_loader_test checks)
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path) {
