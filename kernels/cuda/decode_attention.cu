@@ -368,6 +368,277 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   }
 }
 
+// ---- The tensor-core kernel (f16 / bf16 KV, head dims 64, 128, 256, GQA groups) -------------
+//
+// The bandwidth kernel above decodes and dots every K/V chunk once per query head of the group,
+// and rescales its accumulators on every key: on an H200 it issued instructions at 68 % of the SM
+// throughput while the DRAM ran at 22 % (docs/gpu.md). Here a warp attends up to 8 heads of the
+// group with mma.sync m16n8k16, so a K/V byte costs about the same instructions whatever the
+// group, and the accumulators are rescaled once per 16 keys (and not at all when no running max
+// moved):
+//   S = Q K^T    M = 16 query heads (8 used), N = 8 keys, K = 16 dims: Q's A fragments sit in
+//                registers for the whole call (rows 8-15 zero), K's B fragments come from the
+//                shared tile by ldmatrix.
+//   O^T += V^T P^T  M = 16 dims, N = 8 heads, K = 16 keys: V^T's A fragments by ldmatrix.trans of
+//                the same tile; P^T's B fragment is exactly the C fragment of S that the lane
+//                already holds (head g, keys 2t, 2t + 1 and 2t + 8, 2t + 9), rounded to the mma's
+//                type, so P never leaves registers. O^T is D / 16 C fragments, no padding.
+// Block: 4 warps, each attending its own 16 keys of every 64-key tile; the K/V pipeline is the
+// bandwidth kernel's (kStages tiles in flight, 16-byte cp.async, rows padded by 16 bytes so an
+// ldmatrix's eight rows fall in distinct banks). The warps' states merge through shared memory at
+// the end. Q and P are rounded to the KV's type (bf16, or f16 for f16 KV), as the tensor-core
+// prefill kernel rounds them; K and V are used as stored.
+
+constexpr int kMmaWarpKeys = 16;                      // keys a warp attends per tile
+constexpr int kMmaTile = kWarps * kMmaWarpKeys;       // keys per pipeline stage
+constexpr int kMmaHeads = 8;                          // query heads per block (N of O^T)
+constexpr int kMmaRowPad = 8;                         // b16 elements after every tile row
+static_assert(kMmaTile == kTile, "PlanDecodeSplits cuts splits at whole tiles");
+
+template <int D>
+__host__ __device__ constexpr size_t MmaDecodeSharedBytes() {
+  // rows [kStages + 1][T] int64 | K, V [kStages][2][T][D + pad] b16. The merge's scratch
+  // ([warps][heads][D] f32 and m, l [warps][heads]) reuses the tiles.
+  return sizeof(int64_t) * (kStages + 1) * kMmaTile +
+         sizeof(uint16_t) * kStages * 2 * kMmaTile * (D + kMmaRowPad);
+}
+static_assert(sizeof(float) * kWarps * kMmaHeads * (64 + 2) <=
+                  sizeof(uint16_t) * kStages * 2 * kMmaTile * (64 + kMmaRowPad),
+              "the merge scratch fits in the tiles");
+
+template <MmaType T>
+__device__ __forceinline__ uint32_t PackMma(float lo, float hi) {
+  if constexpr (T == MmaType::kBf16) {
+    return FloatToBf16Bits(lo) | (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
+  } else {
+    return __half_as_ushort(__float2half_rn(lo)) |
+           (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
+  }
+}
+
+template <KvCacheDType DT, int D>
+__global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
+  static_assert(DT == KvCacheDType::kF16 || DT == KvCacheDType::kBF16, "16-bit KV only");
+  constexpr MmaType MT = DT == KvCacheDType::kF16 ? MmaType::kF16 : MmaType::kBf16;
+  constexpr int kS = D + kMmaRowPad;  // tile row stride, b16 elements
+  constexpr int kChunks = D / 8;      // 16-byte chunks of a row
+  constexpr int T = kMmaTile;
+  KVSERVE_DYNAMIC_SHARED(uint4, mma_smem);  // 16-byte aligned for cp.async and ldmatrix
+  const cpu::PagedAttentionArgs& a = p.a;
+  const int64_t kv_heads = a.layout.num_kv_heads;
+  const int32_t bs = static_cast<int32_t>(a.layout.block_size);
+  const DecodeBlock blk = LocateDecodeBlock(p);
+  const int64_t kvh = blk.kvh, G = blk.G, head0 = blk.head0, s = blk.s;
+  const int64_t k0 = blk.k0, k1 = blk.k1;
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const int g = lane / 4;  // fragment row group
+  const int t = lane % 4;  // fragment column pair
+
+  int64_t* rows_s = reinterpret_cast<int64_t*>(mma_smem);
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(rows_s + (kStages + 1) * T);
+  const int64_t n_tiles = k1 > k0 ? (k1 - k0 + T - 1) / T : 0;
+  const int32_t* table = a.block_tables + s * a.block_table_stride;
+  const auto* k_data = static_cast<const uint16_t*>(a.k_cache.data);
+  const auto* v_data = static_cast<const uint16_t*>(a.v_cache.data);
+
+  auto write_rows = [&](int64_t tile) {
+    const int slot = static_cast<int>(tile % (kStages + 1));
+    for (int j = tid; j < T; j += kThreads) {
+      const int64_t pos = k0 + tile * T + j;
+      int64_t row = 0;
+      if (pos < k1) {
+        const int32_t p32 = static_cast<int32_t>(pos);  // context lengths are int32
+        row = (static_cast<int64_t>(table[p32 / bs]) * kv_heads + kvh) * bs + p32 % bs;
+      }
+      rows_s[slot * T + j] = row * D;
+    }
+  };
+  auto issue = [&](int64_t tile) {
+    const int rslot = static_cast<int>(tile % (kStages + 1));
+    uint16_t* kt = tiles + static_cast<int64_t>(tile % kStages) * 2 * T * kS;
+    const int64_t n = k1 - (k0 + tile * T);
+    for (int c = tid; c < T * kChunks; c += kThreads) {
+      const int j = c / kChunks;
+      const int off = c % kChunks * 8;
+      const bool valid = j < n;
+      const int64_t at = rows_s[rslot * T + j] + off;
+      CpAsync16(kt + j * kS + off, k_data + at, valid);
+      CpAsync16(kt + (T + j) * kS + off, v_data + at, valid);
+    }
+  };
+
+  // Q's A fragments (times scale * log2 e, in the mma's type): rows g (head g of the block) at
+  // columns 2t, 2t + 1 and 2t + 8, 2t + 9 of every 16-dim step; rows 8-15 zero.
+  uint32_t qa[D / 16][2];
+  {
+    const float q_scale = a.scale * 1.4426950408889634f;
+    const bool bf16 = a.act_dtype == DType::kBF16;
+    const int64_t q0 = a.q_start[s] * a.q_stride + (head0 + g) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t d = kk * 16 + half * 8 + 2 * t;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (g < G && bf16) {  // two a load (PlanMmaKernel checked the 4-byte alignment)
+          const uint32_t two = *reinterpret_cast<const uint32_t*>(
+              static_cast<const uint16_t*>(static_cast<const void*>(a.q)) + q0 + d);
+          x0 = __uint_as_float(two << 16);
+          x1 = __uint_as_float(two & 0xffff0000u);
+        } else if (g < G) {
+          x0 = a.q[q0 + d];
+          x1 = a.q[q0 + d + 1];
+        }
+        qa[kk][half] = PackMma<MT>(x0 * q_scale, x1 * q_scale);
+      }
+    }
+  }
+
+  for (int64_t tile = 0; tile < kStages - 1 && tile < n_tiles; ++tile) write_rows(tile);
+  __syncthreads();
+  for (int64_t tile = 0; tile < kStages - 1; ++tile) {
+    if (tile < n_tiles) issue(tile);
+    CpAsyncCommit();
+  }
+
+  // The warp's state: O^T fragments (dims 16 mt + g, + 8; heads 2t, 2t + 1), and for head g the
+  // running max m (log2 units; the same in the group's four lanes) and this lane's part of l.
+  float o[D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[mt][e] = 0.0f;
+  }
+  float m = -INFINITY;
+  float l = 0.0f;
+  // ldmatrix row addresses within a warp's 16 keys: key 8 (lane / 16) + lane % 8, dims
+  // 8 (lane / 8 % 2): K's B fragments for keys 0-7 and 8-15 (non-transposed), V^T's A fragment
+  // (transposed) -- see ptx.cuh.
+  const int lm_off = ((lane / 16) * 8 + lane % 8) * kS + (lane / 8) % 2 * 8;
+
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    if (tile + kStages - 1 < n_tiles) write_rows(tile + kStages - 1);
+    __syncthreads();  // those rows are visible; every warp is done with tile - 1's slot
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    __syncthreads();  // this tile has landed, for every thread's copies
+    const int64_t n = min(static_cast<int64_t>(T), k1 - (k0 + tile * T)) - warp * kMmaWarpKeys;
+    if (n <= 0) continue;  // the same in the whole warp
+    const uint16_t* ks = tiles + (tile % kStages) * 2 * T * kS + warp * kMmaWarpKeys * kS;
+    const uint16_t* vs = ks + T * kS;
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kb[4];
+      LdMatrixX4(kb, ks + lm_off + kk * 16);
+      const uint32_t qf[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+      Mma<MT>(sc[0], qf, kb[0], kb[1]);
+      Mma<MT>(sc[1], qf, kb[2], kb[3]);
+    }
+    // Head g's scores for keys 8j + 2t + e (rows 8-15, sc[j][2..3], are the zero rows of Q).
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * j + 2 * t + e >= n) sc[j][e] = -INFINITY;
+        mx = fmaxf(mx, sc[j][e]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);  // finite: every warp with keys has key 0 valid
+    const float alpha = exp2f(m - m_new);
+    m = m_new;
+    float pr[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) pr[j][e] = exp2f(sc[j][e] - m_new);
+    }
+    l = l * alpha + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+      // This lane's output columns are heads 2t and 2t + 1, whose alphas lanes 8t and 8t + 4
+      // hold.
+      const float a_lo = __shfl_sync(0xffffffffu, alpha, 8 * t);
+      const float a_hi = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        o[mt][0] *= a_lo;
+        o[mt][1] *= a_hi;
+        o[mt][2] *= a_lo;
+        o[mt][3] *= a_hi;
+      }
+    }
+    const uint32_t pb0 = PackMma<MT>(pr[0][0], pr[0][1]);
+    const uint32_t pb1 = PackMma<MT>(pr[1][0], pr[1][1]);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      uint32_t va[4];
+      LdMatrixX4Trans(va, vs + lm_off + mt * 16);
+      Mma<MT>(o[mt], va, pb0, pb1);
+    }
+  }
+
+  // Head g's l over the four lanes of its group.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  // Merge the warps: each leaves O^T (as O [head][dim]), m and l in shared memory.
+  __syncthreads();  // the tiles are free
+  float* o_s = reinterpret_cast<float*>(tiles);  // [warps][kMmaHeads][D]
+  float* m_s = o_s + kWarps * kMmaHeads * D;     // [warps][kMmaHeads]
+  float* l_s = m_s + kWarps * kMmaHeads;
+  float* mine = o_s + warp * kMmaHeads * D;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    mine[(2 * t) * D + 16 * mt + g] = o[mt][0];
+    mine[(2 * t + 1) * D + 16 * mt + g] = o[mt][1];
+    mine[(2 * t) * D + 16 * mt + g + 8] = o[mt][2];
+    mine[(2 * t + 1) * D + 16 * mt + g + 8] = o[mt][3];
+  }
+  if (t == 0) {
+    m_s[warp * kMmaHeads + g] = m;
+    l_s[warp * kMmaHeads + g] = l;
+  }
+  __syncthreads();
+  const bool out_bf16 = a.act_dtype == DType::kBF16;
+  for (int64_t i = tid; i < G * D; i += kThreads) {
+    const int h = static_cast<int>(i / D);
+    const int64_t d = i % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w * kMmaHeads + h]);
+    float num = 0.0f, den = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = m_s[w * kMmaHeads + h];
+        if (mw == -INFINITY) continue;  // a warp without keys
+        const float f = exp2f(mw - mx);
+        num += f * o_s[(w * kMmaHeads + h) * D + d];
+        den += f * l_s[w * kMmaHeads + h];
+      }
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    const int64_t head = head0 + h;
+    if (p.num_splits == 1) {
+      StoreAct(a.out, a.q_start[s] * a.out_stride + head * D + d, num * inv, out_bf16);
+      continue;
+    }
+    const int64_t slot = (s * a.num_heads + head) * p.num_splits + blk.split;
+    p.partial_out[slot * D + d] = num * inv;
+    if (d == 0) {
+      p.partial_lse[slot] = den > 0.0f ? (mx + log2f(den)) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+}
+
 // The general kernel, for rows the bandwidth kernel below does not take (MLA's 576-wide latent
 // rows, head dims that are no power-of-two number of 16-byte chunks, unaligned caches): one warp
 // per key with scalar loads, P·V accumulators in shared memory.
@@ -576,6 +847,49 @@ bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, Dec
   return true;
 }
 
+// The tensor-core kernel takes f16 / bf16 rows of 64, 128 or 256 dims in 16-byte aligned caches,
+// for groups of two or more query heads (one head gains nothing from sharing a K/V byte, and
+// wastes 7 of the mma's 8 head columns). Blocks of up to kMmaHeads heads.
+bool PlanMmaKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodeParams* p) {
+  const KvCacheDType dtype = args.layout.dtype;
+  const int64_t D = args.layout.head_dim;
+  if (dtype != KvCacheDType::kF16 && dtype != KvCacheDType::kBF16) return false;
+  if ((D != 64 && D != 128 && D != 256) || group < 2) return false;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(args.k_cache.data) || !aligned(args.v_cache.data)) return false;
+  // bf16 q is read two elements (4 bytes) at a time.
+  if (args.act_dtype == DType::kBF16 &&
+      (reinterpret_cast<uintptr_t>(args.q) % 4 != 0 || args.q_stride % 2 != 0)) {
+    return false;
+  }
+  p->heads_per_block = std::min<int64_t>(group, kMmaHeads);
+  p->head_chunks = CeilDiv(group, p->heads_per_block);
+  return true;
+}
+
+template <KvCacheDType DT, int D>
+cudaError_t LaunchMma(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  return LaunchWithSharedMemory<DecodeMmaKernel<DT, D>>(grid, kThreads,
+                                                       MmaDecodeSharedBytes<D>(), stream, p);
+}
+
+cudaError_t DispatchMma(const DecodeParams& p, cudaStream_t stream) {
+  const cpu::PagedAttentionArgs& args = p.a;
+  const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
+                  static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(p.num_splits));
+  const int64_t D = args.layout.head_dim;
+  cudaError_t err = cudaErrorInvalidValue;
+  DispatchKvDType(args.layout.dtype, [&](auto tag) {
+    constexpr KvCacheDType DT = decltype(tag)::value;
+    if constexpr (DT == KvCacheDType::kF16 || DT == KvCacheDType::kBF16) {
+      err = D == 64    ? LaunchMma<DT, 64>(p, grid, stream)
+            : D == 128 ? LaunchMma<DT, 128>(p, grid, stream)
+                       : LaunchMma<DT, 256>(p, grid, stream);
+    }
+  });
+  return err;
+}
+
 template <KvCacheDType DT, int kHpw>
 cudaError_t LaunchBandwidth(const DecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
   return LaunchWithSharedMemory<PagedDecodeKernel<DT, kHpw>>(grid, kThreads, smem, stream, p);
@@ -640,7 +954,9 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
   }
   size_t smem = 0;
   cudaError_t err = cudaSuccess;
-  if (PlanBandwidthKernel(args, group, &p, &smem)) {
+  if (PlanMmaKernel(args, group, &p)) {
+    err = DispatchMma(p, stream);
+  } else if (PlanBandwidthKernel(args, group, &p, &smem)) {
     const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
                     static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(plan.num_splits));
     DispatchKvDType(args.layout.dtype, [&](auto tag) {
