@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
   }
 }
 
-// ---- The tensor-core kernel (f16 / bf16 KV, head dims 64, 128, 256, GQA groups) -------------
+// ---- The tensor-core kernel (16-bit and 8-bit KV, head dims 64, 128, 256, GQA groups) -------
 //
 // The bandwidth kernel above decodes and dots every K/V chunk once per query head of the group,
 // and rescales its accumulators on every key: on an H200 it issued instructions at 68 % of the SM
@@ -384,27 +384,48 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
 //                already holds (head g, keys 2t, 2t + 1 and 2t + 8, 2t + 9), rounded to the mma's
 //                type, so P never leaves registers. O^T is D / 16 C fragments, no padding.
 // Block: 4 warps, each attending its own 16 keys of every 64-key tile; the K/V pipeline is the
-// bandwidth kernel's (kStages tiles in flight, 16-byte cp.async, rows padded by 16 bytes so an
-// ldmatrix's eight rows fall in distinct banks). The warps' states merge through shared memory at
-// the end. Q and P are rounded to the KV's type (bf16, or f16 for f16 KV), as the tensor-core
-// prefill kernel rounds them; K and V are used as stored.
+// bandwidth kernel's (kStages tiles in flight, 16-byte cp.async). The warps' states merge through
+// shared memory at the end.
+//
+// Types: f16 / bf16 rows are multiplied as stored, straight from the copied tile (rows padded by
+// 16 bytes so an ldmatrix's eight rows fall in distinct banks). int8 and fp8 e4m3 codes are exact
+// in f16: each warp widens its own 16 keys of the copied codes into a per-warp f16 tile (fp8 with
+// the hardware's cvt.rn.f16x2.e4m3x2), multiplies in f16, and applies the rows' scales to S (K)
+// and to P after its sum (V), as the CPU kernel does. Q and P are rounded to the mma's type (bf16
+// for bf16 KV, f16 otherwise), as the tensor-core prefill kernel rounds them.
 
-constexpr int kMmaWarpKeys = 16;                      // keys a warp attends per tile
-constexpr int kMmaTile = kWarps * kMmaWarpKeys;       // keys per pipeline stage
-constexpr int kMmaHeads = 8;                          // query heads per block (N of O^T)
-constexpr int kMmaRowPad = 8;                         // b16 elements after every tile row
+constexpr int kMmaWarpKeys = 16;                 // keys a warp attends per tile
+constexpr int kMmaTile = kWarps * kMmaWarpKeys;  // keys per pipeline stage
+constexpr int kMmaHeads = 8;                     // query heads per block (N of O^T)
+constexpr int kMmaRowPad = 8;                    // b16 elements after every mma tile row
 static_assert(kMmaTile == kTile, "PlanDecodeSplits cuts splits at whole tiles");
 
-template <int D>
-__host__ __device__ constexpr size_t MmaDecodeSharedBytes() {
-  // rows [kStages + 1][T] int64 | K, V [kStages][2][T][D + pad] b16. The merge's scratch
-  // ([warps][heads][D] f32 and m, l [warps][heads]) reuses the tiles.
-  return sizeof(int64_t) * (kStages + 1) * kMmaTile +
-         sizeof(uint16_t) * kStages * 2 * kMmaTile * (D + kMmaRowPad);
-}
-static_assert(sizeof(float) * kWarps * kMmaHeads * (64 + 2) <=
-                  sizeof(uint16_t) * kStages * 2 * kMmaTile * (64 + kMmaRowPad),
-              "the merge scratch fits in the tiles");
+template <KvCacheDType DT>
+struct MmaDecodeKv {
+  static constexpr bool kWide = KvBytes<DT>() == 2;  // f16 / bf16: multiplied from the copy
+  static constexpr MmaType kType = DT == KvCacheDType::kBF16 ? MmaType::kBf16 : MmaType::kF16;
+};
+
+// Shared memory: rows [kStages + 1][T] int64 | (8-bit) kscale, vscale [kStages + 1][T] f32 |
+// q [kMmaHeads][D] in the mma's type | copied K, V [kStages][2][T] rows (16-bit: D + pad elements; 8-bit: D codes) | (8-bit) the warps'
+// widened K, V [kWarps][2][16][D + pad] f16. The merge's scratch ([warps][heads][D] f32 and m, l
+// [warps][heads]) reuses the copied tiles.
+template <KvCacheDType DT, int D>
+struct MmaDecodeLayout {
+  static constexpr bool kWide = MmaDecodeKv<DT>::kWide;
+  static constexpr int kS = D + kMmaRowPad;                  // mma tile row, b16 elements
+  static constexpr int kRowBytes = kWide ? 2 * kS : D;       // copied row
+  static constexpr size_t kRows = sizeof(int64_t) * (kStages + 1) * kMmaTile;
+  static constexpr size_t kScales = kWide ? 0 : 2 * sizeof(float) * (kStages + 1) * kMmaTile;
+  static constexpr size_t kQ = sizeof(uint16_t) * kMmaHeads * D;
+  static constexpr size_t kCopied = size_t{kStages} * 2 * kMmaTile * kRowBytes;
+  static constexpr size_t kWidened =
+      kWide ? 0 : sizeof(uint16_t) * kWarps * 2 * kMmaWarpKeys * kS;
+  static constexpr size_t kBytes = kRows + kScales + kQ + kCopied + kWidened;
+  static_assert((kRows + kScales + kQ) % 16 == 0 && kCopied % 16 == 0, "16-byte aligned parts");
+  static_assert(sizeof(float) * kWarps * kMmaHeads * (D + 2) <= kCopied,
+                "the merge scratch fits in the copied tiles");
+};
 
 template <MmaType T>
 __device__ __forceinline__ uint32_t PackMma(float lo, float hi) {
@@ -416,12 +437,37 @@ __device__ __forceinline__ uint32_t PackMma(float lo, float hi) {
   }
 }
 
+// Sixteen int8 / fp8 codes -> sixteen f16 (exact), low code first.
+template <KvCacheDType DT>
+__device__ __forceinline__ void WidenCodes(const uint4& c, uint4* out) {
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  uint32_t h[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (DT == KvCacheDType::kFp8E4M3) {
+      h[2 * i] = Fp8x2ToHalf2Bits(static_cast<uint16_t>(w[i] & 0xffffu));
+      h[2 * i + 1] = Fp8x2ToHalf2Bits(static_cast<uint16_t>(w[i] >> 16));
+    } else {
+      float f[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) f[b] = static_cast<float>(static_cast<int8_t>(w[i] >> (8 * b)));
+      h[2 * i] = PackMma<MmaType::kF16>(f[0], f[1]);
+      h[2 * i + 1] = PackMma<MmaType::kF16>(f[2], f[3]);
+    }
+  }
+  out[0] = make_uint4(h[0], h[1], h[2], h[3]);
+  out[1] = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
 template <KvCacheDType DT, int D>
 __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
-  static_assert(DT == KvCacheDType::kF16 || DT == KvCacheDType::kBF16, "16-bit KV only");
-  constexpr MmaType MT = DT == KvCacheDType::kF16 ? MmaType::kF16 : MmaType::kBf16;
-  constexpr int kS = D + kMmaRowPad;  // tile row stride, b16 elements
-  constexpr int kChunks = D / 8;      // 16-byte chunks of a row
+  using Kv = MmaDecodeKv<DT>;
+  using Layout = MmaDecodeLayout<DT, D>;
+  constexpr MmaType MT = Kv::kType;
+  constexpr bool kWide = Kv::kWide;
+  constexpr int kS = Layout::kS;
+  constexpr int kRowBytes = Layout::kRowBytes;
+  constexpr int kChunks = D * KvBytes<DT>() / 16;  // 16-byte chunks of a stored row
   constexpr int T = kMmaTile;
   KVSERVE_DYNAMIC_SHARED(uint4, mma_smem);  // 16-byte aligned for cp.async and ldmatrix
   const cpu::PagedAttentionArgs& a = p.a;
@@ -436,13 +482,20 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
   const int g = lane / 4;  // fragment row group
   const int t = lane % 4;  // fragment column pair
 
-  int64_t* rows_s = reinterpret_cast<int64_t*>(mma_smem);
-  uint16_t* tiles = reinterpret_cast<uint16_t*>(rows_s + (kStages + 1) * T);
+  char* base = reinterpret_cast<char*>(mma_smem);
+  int64_t* rows_s = reinterpret_cast<int64_t*>(base);
+  float* kscale_s = reinterpret_cast<float*>(base + Layout::kRows);
+  float* vscale_s = kscale_s + (kStages + 1) * T;
+  uint32_t* q_s = reinterpret_cast<uint32_t*>(base + Layout::kRows + Layout::kScales);
+  char* copied = base + Layout::kRows + Layout::kScales + Layout::kQ;
+  uint16_t* widened = reinterpret_cast<uint16_t*>(copied + Layout::kCopied) +
+                      warp * 2 * kMmaWarpKeys * kS;  // this warp's (8-bit)
   const int64_t n_tiles = k1 > k0 ? (k1 - k0 + T - 1) / T : 0;
   const int32_t* table = a.block_tables + s * a.block_table_stride;
-  const auto* k_data = static_cast<const uint16_t*>(a.k_cache.data);
-  const auto* v_data = static_cast<const uint16_t*>(a.v_cache.data);
+  const auto* k_data = static_cast<const char*>(a.k_cache.data);
+  const auto* v_data = static_cast<const char*>(a.v_cache.data);
 
+  // Byte offsets (and 8-bit scales) of tile `tile`'s rows, by the first T threads.
   auto write_rows = [&](int64_t tile) {
     const int slot = static_cast<int>(tile % (kStages + 1));
     for (int j = tid; j < T; j += kThreads) {
@@ -451,53 +504,64 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
       if (pos < k1) {
         const int32_t p32 = static_cast<int32_t>(pos);  // context lengths are int32
         row = (static_cast<int64_t>(table[p32 / bs]) * kv_heads + kvh) * bs + p32 % bs;
+        if constexpr (!kWide) {
+          kscale_s[slot * T + j] = a.k_cache.scales[row];
+          vscale_s[slot * T + j] = a.v_cache.scales[row];
+        }
+      } else if constexpr (!kWide) {
+        kscale_s[slot * T + j] = 0.0f;
+        vscale_s[slot * T + j] = 0.0f;
       }
-      rows_s[slot * T + j] = row * D;
+      rows_s[slot * T + j] = row * (D * KvBytes<DT>());
     }
   };
+  // The copies of tile `tile` into its stage; keys past k1 are zero-filled without a read.
   auto issue = [&](int64_t tile) {
     const int rslot = static_cast<int>(tile % (kStages + 1));
-    uint16_t* kt = tiles + static_cast<int64_t>(tile % kStages) * 2 * T * kS;
+    char* kt = copied + static_cast<int64_t>(tile % kStages) * 2 * T * kRowBytes;
     const int64_t n = k1 - (k0 + tile * T);
     for (int c = tid; c < T * kChunks; c += kThreads) {
       const int j = c / kChunks;
-      const int off = c % kChunks * 8;
+      const int off = c % kChunks * 16;
       const bool valid = j < n;
       const int64_t at = rows_s[rslot * T + j] + off;
-      CpAsync16(kt + j * kS + off, k_data + at, valid);
-      CpAsync16(kt + (T + j) * kS + off, v_data + at, valid);
+      CpAsync16(kt + j * kRowBytes + off, k_data + at, valid);
+      CpAsync16(kt + (T + j) * kRowBytes + off, v_data + at, valid);
     }
   };
 
-  // Q's A fragments (times scale * log2 e, in the mma's type): rows g (head g of the block) at
-  // columns 2t, 2t + 1 and 2t + 8, 2t + 9 of every 16-dim step; rows 8-15 zero.
-  uint32_t qa[D / 16][2];
+  // The block's queries, read once (two a load), times scale * log2 e, rounded to the mma's type
+  // in pairs: [kMmaHeads][D / 2], zeros past G.
   {
     const float q_scale = a.scale * 1.4426950408889634f;
     const bool bf16 = a.act_dtype == DType::kBF16;
-    const int64_t q0 = a.q_start[s] * a.q_stride + (head0 + g) * D;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t d = kk * 16 + half * 8 + 2 * t;
-        float x0 = 0.0f, x1 = 0.0f;
-        if (g < G && bf16) {  // two a load (PlanMmaKernel checked the 4-byte alignment)
-          const uint32_t two = *reinterpret_cast<const uint32_t*>(
-              static_cast<const uint16_t*>(static_cast<const void*>(a.q)) + q0 + d);
-          x0 = __uint_as_float(two << 16);
-          x1 = __uint_as_float(two & 0xffff0000u);
-        } else if (g < G) {
-          x0 = a.q[q0 + d];
-          x1 = a.q[q0 + d + 1];
-        }
-        qa[kk][half] = PackMma<MT>(x0 * q_scale, x1 * q_scale);
+    const int64_t q0 = a.q_start[s] * a.q_stride + head0 * D;
+    for (int i = tid; i < kMmaHeads * D / 2; i += kThreads) {
+      const int h = i / (D / 2);
+      const int64_t at = q0 + h * D + 2 * (i % (D / 2));
+      float x0 = 0.0f, x1 = 0.0f;
+      if (h < G && bf16) {  // PlanMmaKernel checked the 4-byte alignment
+        const uint32_t two = *reinterpret_cast<const uint32_t*>(
+            static_cast<const uint16_t*>(static_cast<const void*>(a.q)) + at);
+        x0 = __uint_as_float(two << 16);
+        x1 = __uint_as_float(two & 0xffff0000u);
+      } else if (h < G) {
+        x0 = a.q[at];
+        x1 = a.q[at + 1];
       }
+      q_s[i] = PackMma<MT>(x0 * q_scale, x1 * q_scale);
     }
   }
-
   for (int64_t tile = 0; tile < kStages - 1 && tile < n_tiles; ++tile) write_rows(tile);
   __syncthreads();
+  // Q's A fragments: rows g (head g of the block) at columns 2t, 2t + 1 and 2t + 8, 2t + 9 of
+  // every 16-dim step; rows 8-15 zero.
+  uint32_t qa[D / 16][2];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qa[kk][0] = q_s[g * (D / 2) + kk * 8 + t];
+    qa[kk][1] = q_s[g * (D / 2) + kk * 8 + 4 + t];
+  }
   for (int64_t tile = 0; tile < kStages - 1; ++tile) {
     if (tile < n_tiles) issue(tile);
     CpAsyncCommit();
@@ -527,8 +591,28 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
     __syncthreads();  // this tile has landed, for every thread's copies
     const int64_t n = min(static_cast<int64_t>(T), k1 - (k0 + tile * T)) - warp * kMmaWarpKeys;
     if (n <= 0) continue;  // the same in the whole warp
-    const uint16_t* ks = tiles + (tile % kStages) * 2 * T * kS + warp * kMmaWarpKeys * kS;
-    const uint16_t* vs = ks + T * kS;
+    const char* kc = copied + (tile % kStages) * 2 * T * kRowBytes + warp * kMmaWarpKeys * kRowBytes;
+    const uint16_t* ks;
+    const uint16_t* vs;
+    if constexpr (kWide) {
+      ks = reinterpret_cast<const uint16_t*>(kc);
+      vs = reinterpret_cast<const uint16_t*>(kc + T * kRowBytes);
+    } else {
+      // Widen the warp's 16 K and V rows; the warp's ldmatrix reads of the previous tile are done.
+      __syncwarp();
+      for (int c = lane; c < 2 * kMmaWarpKeys * kChunks; c += kWarp) {
+        const int which = c / (kMmaWarpKeys * kChunks);  // 0: K, 1: V
+        const int j = c / kChunks % kMmaWarpKeys;
+        const int chunk = c % kChunks;
+        const uint4 codes = *reinterpret_cast<const uint4*>(kc + which * T * kRowBytes +
+                                                             j * kRowBytes + chunk * 16);
+        uint4* dst = reinterpret_cast<uint4*>(widened + (which * kMmaWarpKeys + j) * kS + chunk * 16);
+        WidenCodes<DT>(codes, dst);
+      }
+      __syncwarp();
+      ks = widened;
+      vs = widened + kMmaWarpKeys * kS;
+    }
     float sc[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -544,12 +628,16 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
       Mma<MT>(sc[1], qf, kb[2], kb[3]);
     }
     // Head g's scores for keys 8j + 2t + e (rows 8-15, sc[j][2..3], are the zero rows of Q).
+    const int rslot = static_cast<int>(tile % (kStages + 1));
+    const int key0 = rslot * T + warp * kMmaWarpKeys;  // this warp's first key in the scales
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (8 * j + 2 * t + e >= n) sc[j][e] = -INFINITY;
+        const int key = 8 * j + 2 * t + e;
+        if constexpr (!kWide) sc[j][e] *= kscale_s[key0 + key];
+        if (key >= n) sc[j][e] = -INFINITY;
         mx = fmaxf(mx, sc[j][e]);
       }
     }
@@ -565,6 +653,13 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
       for (int e = 0; e < 2; ++e) pr[j][e] = exp2f(sc[j][e] - m_new);
     }
     l = l * alpha + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
+    if constexpr (!kWide) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pr[j][e] *= vscale_s[key0 + 8 * j + 2 * t + e];
+      }
+    }
     if (__any_sync(0xffffffffu, alpha != 1.0f)) {
       // This lane's output columns are heads 2t and 2t + 1, whose alphas lanes 8t and 8t + 4
       // hold.
@@ -593,8 +688,8 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   // Merge the warps: each leaves O^T (as O [head][dim]), m and l in shared memory.
   __syncthreads();  // the tiles are free
-  float* o_s = reinterpret_cast<float*>(tiles);  // [warps][kMmaHeads][D]
-  float* m_s = o_s + kWarps * kMmaHeads * D;     // [warps][kMmaHeads]
+  float* o_s = reinterpret_cast<float*>(copied);  // [warps][kMmaHeads][D]
+  float* m_s = o_s + kWarps * kMmaHeads * D;      // [warps][kMmaHeads]
   float* l_s = m_s + kWarps * kMmaHeads;
   float* mine = o_s + warp * kMmaHeads * D;
 #pragma unroll
@@ -847,13 +942,12 @@ bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, Dec
   return true;
 }
 
-// The tensor-core kernel takes f16 / bf16 rows of 64, 128 or 256 dims in 16-byte aligned caches,
-// for groups of two or more query heads (one head gains nothing from sharing a K/V byte, and
+// The tensor-core kernel takes f16, bf16, int8 and fp8 rows of 64, 128 or 256 dims in 16-byte
+// aligned caches, for groups of two or more query heads (one head gains nothing from sharing a K/V byte, and
 // wastes 7 of the mma's 8 head columns). Blocks of up to kMmaHeads heads.
 bool PlanMmaKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodeParams* p) {
-  const KvCacheDType dtype = args.layout.dtype;
   const int64_t D = args.layout.head_dim;
-  if (dtype != KvCacheDType::kF16 && dtype != KvCacheDType::kBF16) return false;
+  if (args.layout.dtype == KvCacheDType::kF32) return false;
   if ((D != 64 && D != 128 && D != 256) || group < 2) return false;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(args.k_cache.data) || !aligned(args.v_cache.data)) return false;
@@ -869,8 +963,8 @@ bool PlanMmaKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodePar
 
 template <KvCacheDType DT, int D>
 cudaError_t LaunchMma(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  return LaunchWithSharedMemory<DecodeMmaKernel<DT, D>>(grid, kThreads,
-                                                       MmaDecodeSharedBytes<D>(), stream, p);
+  return LaunchWithSharedMemory<DecodeMmaKernel<DT, D>>(
+      grid, kThreads, MmaDecodeLayout<DT, D>::kBytes, stream, p);
 }
 
 cudaError_t DispatchMma(const DecodeParams& p, cudaStream_t stream) {
@@ -881,7 +975,7 @@ cudaError_t DispatchMma(const DecodeParams& p, cudaStream_t stream) {
   cudaError_t err = cudaErrorInvalidValue;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType DT = decltype(tag)::value;
-    if constexpr (DT == KvCacheDType::kF16 || DT == KvCacheDType::kBF16) {
+    if constexpr (DT != KvCacheDType::kF32) {
       err = D == 64    ? LaunchMma<DT, 64>(p, grid, stream)
             : D == 128 ? LaunchMma<DT, 128>(p, grid, stream)
                        : LaunchMma<DT, 256>(p, grid, stream);

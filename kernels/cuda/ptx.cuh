@@ -64,12 +64,25 @@ __device__ __forceinline__ void CpAsyncWait() {
 
 // ---- Conversions --------------------------------------------------------------------------------
 
-/// Two OCP FP8 E4M3 codes (low byte first) -> two floats, with sm_89+'s cvt.rn.f16x2.e4m3x2 (every
-/// e4m3 value is exact in f16). Elsewhere, and in the simulator, the same values in software.
-__device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
+/// Two OCP FP8 E4M3 codes (low byte first) -> the bits of two f16 values (low half first), with
+/// sm_89+'s cvt.rn.f16x2.e4m3x2 (every e4m3 value is exact in f16). Elsewhere, and in the
+/// simulator, the same values in software.
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint16_t codes) {
 #if !defined(KVSERVE_CUDA_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(codes));
+  return h2;
+#else
+  const uint32_t lo = __half_as_ushort(__float2half_rn(Fp8ToFloat(static_cast<uint8_t>(codes))));
+  const uint32_t hi = __half_as_ushort(__float2half_rn(Fp8ToFloat(static_cast<uint8_t>(codes >> 8))));
+  return lo | (hi << 16);
+#endif
+}
+
+/// Two OCP FP8 E4M3 codes (low byte first) -> two floats (Fp8x2ToHalf2Bits on sm_89+).
+__device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
+#if !defined(KVSERVE_CUDA_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint32_t h2 = Fp8x2ToHalf2Bits(codes);
   return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xffffu))),
                      __half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16))));
 #else

@@ -98,7 +98,16 @@ __global__ void LdMatrixMmaKernel(const uint16_t* a, const uint16_t* kt, const u
   }
 }
 
+__global__ void Fp8x2ToHalf2Kernel(const uint16_t* codes, uint32_t* out, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = cuda::Fp8x2ToHalf2Bits(codes[i]);
+}
+
 }  // namespace
+
+cudaError_t LaunchFp8x2ToHalf2(const uint16_t* codes, uint32_t* out, int n) {
+  KVSERVE_LAUNCH(Fp8x2ToHalf2Kernel, 1, 256, 0, nullptr, codes, out, n);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchMma(const uint16_t* a, const uint16_t* b, const float* c, float* d, bool f16) {
   KVSERVE_LAUNCH(MmaKernel, 1, 32, 0, nullptr, a, b, c, d, f16);

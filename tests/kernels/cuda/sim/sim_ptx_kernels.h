@@ -26,6 +26,9 @@ cudaError_t LaunchLdMatrix(const uint16_t* src, uint32_t* out, bool trans);
 cudaError_t LaunchLdMatrixMma(const uint16_t* a, const uint16_t* kt, const uint16_t* v, float* d_kt,
                               float* d_v);
 
+/// out[i] = Fp8x2ToHalf2Bits(codes[i]) for i < n (one block of 256 threads).
+cudaError_t LaunchFp8x2ToHalf2(const uint16_t* codes, uint32_t* out, int n);
+
 }  // namespace kvserve::simtest
 
 #endif  // KVSERVE_TESTS_KERNELS_CUDA_SIM_SIM_PTX_KERNELS_H_

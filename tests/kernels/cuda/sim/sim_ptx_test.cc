@@ -1,7 +1,8 @@
 // The simulator's twins of the tensor-core instructions (kernels/cuda/ptx.cuh) against the PTX
 // ISA: mma.m16n8k16 (bf16 and f16, f32 accumulation) against a scalar reference on random
 // operands, ldmatrix .x4 and .x4.trans against the documented fragment layout, and the two
-// combined the way the prefill attention kernel combines them (S = Q K^T, O = P V).
+// combined the way the prefill attention kernel combines them (S = Q K^T, O = P V), and the fp8
+// -> f16 pair conversion.
 
 #include <cuda_runtime.h>
 
@@ -140,6 +141,42 @@ TEST_F(SimPtxTest, LdMatrixFeedsMmaAsThePrefillKernelUsesThem) {
                   static_cast<void*>(dkt_out), static_cast<void*>(dv_out)}) {
     cudaFree(p);
   }
+}
+
+// OCP FP8 E4M3FN from its definition: sign, 4 exponent bits (bias 7), 3 mantissa bits;
+// exponent 0 is subnormal (m / 8 * 2^-6); S.1111.111 is NaN, and there is no infinity.
+float E4M3(uint8_t code) {
+  const int e = (code >> 3) & 0xf;
+  const int m = code & 7;
+  if (e == 0xf && m == 7) return std::nanf("");
+  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (code & 0x80) != 0 ? -mag : mag;
+}
+
+// The fp8 KV decode widens codes to f16 for the tensor cores (cvt.rn.f16x2.e4m3x2 on the GPU):
+// every code, as the low and the high byte of a pair, gives its exact value.
+TEST_F(SimPtxTest, Fp8PairsWidenToF16Exactly) {
+  std::vector<uint16_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint16_t>(c | ((255 - c) << 8));
+  uint16_t* dcodes = Upload(codes);
+  uint32_t* dout = DeviceAlloc<uint32_t>(256);
+  ASSERT_EQ(LaunchFp8x2ToHalf2(dcodes, dout, 256), cudaSuccess);
+  const std::vector<uint32_t> got = Download(dout, 256);
+  for (int c = 0; c < 256; ++c) {
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t code = static_cast<uint8_t>(half == 0 ? c : 255 - c);
+      const float want = E4M3(code);
+      const float have = HalfToFloat(static_cast<uint16_t>(got[c] >> (16 * half)));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(have)) << "code " << int{code};
+      } else {
+        EXPECT_EQ(have, want) << "code " << int{code};
+        EXPECT_EQ(std::signbit(have), std::signbit(want)) << "code " << int{code};
+      }
+    }
+  }
+  cudaFree(dcodes);
+  cudaFree(dout);
 }
 
 }  // namespace
