@@ -407,20 +407,19 @@ struct MmaDecodeKv {
 };
 
 // Shared memory: rows [kStages + 1][T] int64 | (8-bit) kscale, vscale [kStages + 1][T] f32 |
-// q [kMmaHeads][D] in the mma's type | copied K, V [kStages][2][T] rows (16-bit: D + pad elements; 8-bit: D codes) | (8-bit) the warps'
-// widened K, V [kWarps][2][16][D + pad] f16. The merge's scratch ([warps][heads][D] f32 and m, l
-// [warps][heads]) reuses the copied tiles.
+// q [kMmaHeads][D] in the mma's type | copied K, V [kStages][2][T] rows (16-bit: D + pad elements;
+// 8-bit: D codes) | (8-bit) the warps' widened K, V [kWarps][2][16][D + pad] f16. The merge's
+// scratch ([warps][heads][D] f32 and m, l [warps][heads]) reuses the copied tiles.
 template <KvCacheDType DT, int D>
 struct MmaDecodeLayout {
   static constexpr bool kWide = MmaDecodeKv<DT>::kWide;
-  static constexpr int kS = D + kMmaRowPad;                  // mma tile row, b16 elements
-  static constexpr int kRowBytes = kWide ? 2 * kS : D;       // copied row
+  static constexpr int kS = D + kMmaRowPad;             // mma tile row, b16 elements
+  static constexpr int kRowBytes = kWide ? 2 * kS : D;  // copied row
   static constexpr size_t kRows = sizeof(int64_t) * (kStages + 1) * kMmaTile;
   static constexpr size_t kScales = kWide ? 0 : 2 * sizeof(float) * (kStages + 1) * kMmaTile;
   static constexpr size_t kQ = sizeof(uint16_t) * kMmaHeads * D;
   static constexpr size_t kCopied = size_t{kStages} * 2 * kMmaTile * kRowBytes;
-  static constexpr size_t kWidened =
-      kWide ? 0 : sizeof(uint16_t) * kWarps * 2 * kMmaWarpKeys * kS;
+  static constexpr size_t kWidened = kWide ? 0 : sizeof(uint16_t) * kWarps * 2 * kMmaWarpKeys * kS;
   static constexpr size_t kBytes = kRows + kScales + kQ + kCopied + kWidened;
   static_assert((kRows + kScales + kQ) % 16 == 0 && kCopied % 16 == 0, "16-byte aligned parts");
   static_assert(sizeof(float) * kWarps * kMmaHeads * (D + 2) <= kCopied,
@@ -591,7 +590,8 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
     __syncthreads();  // this tile has landed, for every thread's copies
     const int64_t n = min(static_cast<int64_t>(T), k1 - (k0 + tile * T)) - warp * kMmaWarpKeys;
     if (n <= 0) continue;  // the same in the whole warp
-    const char* kc = copied + (tile % kStages) * 2 * T * kRowBytes + warp * kMmaWarpKeys * kRowBytes;
+    const char* kc =
+        copied + (tile % kStages) * 2 * T * kRowBytes + warp * kMmaWarpKeys * kRowBytes;
     const uint16_t* ks;
     const uint16_t* vs;
     if constexpr (kWide) {
@@ -605,8 +605,9 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
         const int j = c / kChunks % kMmaWarpKeys;
         const int chunk = c % kChunks;
         const uint4 codes = *reinterpret_cast<const uint4*>(kc + which * T * kRowBytes +
-                                                             j * kRowBytes + chunk * 16);
-        uint4* dst = reinterpret_cast<uint4*>(widened + (which * kMmaWarpKeys + j) * kS + chunk * 16);
+                                                            j * kRowBytes + chunk * 16);
+        uint4* dst =
+            reinterpret_cast<uint4*>(widened + (which * kMmaWarpKeys + j) * kS + chunk * 16);
         WidenCodes<DT>(codes, dst);
       }
       __syncwarp();
@@ -686,8 +687,9 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
   // Head g's l over the four lanes of its group.
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  // Merge the warps: each leaves O^T (as O [head][dim]), m and l in shared memory.
-  __syncthreads();  // the tiles are free
+  // Merge the warps: each leaves O^T (as O [head][dim]), m and l in shared memory, in the tiles
+  // (free once every warp is past this barrier).
+  __syncthreads();
   float* o_s = reinterpret_cast<float*>(copied);  // [warps][kMmaHeads][D]
   float* m_s = o_s + kWarps * kMmaHeads * D;      // [warps][kMmaHeads]
   float* l_s = m_s + kWarps * kMmaHeads;
@@ -943,8 +945,8 @@ bool PlanBandwidthKernel(const cpu::PagedAttentionArgs& args, int64_t group, Dec
 }
 
 // The tensor-core kernel takes f16, bf16, int8 and fp8 rows of 64, 128 or 256 dims in 16-byte
-// aligned caches, for groups of two or more query heads (one head gains nothing from sharing a K/V byte, and
-// wastes 7 of the mma's 8 head columns). Blocks of up to kMmaHeads heads.
+// aligned caches, for groups of two or more query heads (one head gains nothing from sharing a K/V
+// byte, and wastes 7 of the mma's 8 head columns). Blocks of up to kMmaHeads heads.
 bool PlanMmaKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodeParams* p) {
   const int64_t D = args.layout.head_dim;
   if (args.layout.dtype == KvCacheDType::kF32) return false;
@@ -963,8 +965,8 @@ bool PlanMmaKernel(const cpu::PagedAttentionArgs& args, int64_t group, DecodePar
 
 template <KvCacheDType DT, int D>
 cudaError_t LaunchMma(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  return LaunchWithSharedMemory<DecodeMmaKernel<DT, D>>(
-      grid, kThreads, MmaDecodeLayout<DT, D>::kBytes, stream, p);
+  return LaunchWithSharedMemory<DecodeMmaKernel<DT, D>>(grid, kThreads,
+                                                        MmaDecodeLayout<DT, D>::kBytes, stream, p);
 }
 
 cudaError_t DispatchMma(const DecodeParams& p, cudaStream_t stream) {

@@ -74,7 +74,8 @@ __device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint16_t codes) {
   return h2;
 #else
   const uint32_t lo = __half_as_ushort(__float2half_rn(Fp8ToFloat(static_cast<uint8_t>(codes))));
-  const uint32_t hi = __half_as_ushort(__float2half_rn(Fp8ToFloat(static_cast<uint8_t>(codes >> 8))));
+  const uint32_t hi =
+      __half_as_ushort(__float2half_rn(Fp8ToFloat(static_cast<uint8_t>(codes >> 8))));
   return lo | (hi << 16);
 #endif
 }
