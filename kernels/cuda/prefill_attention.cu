@@ -149,9 +149,10 @@ __global__ void PrefillKernel(cpu::PagedAttentionArgs a) {
 //
 // Shared memory, b16 elements, rows padded by kRowPad so the 8 rows of an ldmatrix matrix fall
 // in distinct banks: Q [kRowTile][D + 8] | K [2][kN][D + 8] | V [2][kN][D + 8], then for int8 /
-// fp8 the row scales kscale [2][kN] | vscale [2][kN] (f32). K/V are double-buffered: tile i + 1
-// is loaded while tile i is computed (cp.async for f16 / bf16; int8 / fp8 codes are converted to
-// bf16 on the way, exact, their scales applied to S and P in f32).
+// fp8 the row scales kscale [2][kN] | vscale [2][kN] (f32), then the stages' cache rows [2][kN]
+// (int64). K/V are double-buffered: tile i + 1 is loaded while tile i is computed (cp.async for
+// f16 / bf16; int8 / fp8 codes are converted to bf16 on the way, exact, their scales applied to S
+// and P in f32).
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = kMmaWarps * kWarp;
@@ -176,7 +177,8 @@ template <int D, KvCacheDType DT>
 constexpr size_t MmaSharedBytes() {
   constexpr size_t kTileRows = kRowTile + 4 * kKeyTile<D>;  // Q, then K and V in two stages
   constexpr size_t kScaleBytes = MmaKv<DT>::kScaled ? sizeof(float) * 4 * kKeyTile<D> : 0;
-  return sizeof(uint16_t) * (D + kRowPad) * kTileRows + kScaleBytes;
+  constexpr size_t kRowBytes = sizeof(int64_t) * 2 * kKeyTile<D>;  // the stages' cache rows
+  return sizeof(uint16_t) * (D + kRowPad) * kTileRows + kScaleBytes + kRowBytes;
 }
 
 template <MmaType T>
@@ -252,22 +254,29 @@ __device__ __forceinline__ uint4 CodesToBf16(const uint8_t* src) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Keys t0 .. t0 + kN - 1 of the block's kv head into one K/V stage, zeros from key_end on.
+// The cache row of the block's kv head at position pos (0 from key_end on: never read).
+__device__ __forceinline__ int64_t KeyRow(const cpu::PagedAttentionArgs& a, const RowBlock& b,
+                                          int64_t pos, int64_t key_end) {
+  if (pos >= key_end) return 0;
+  const int32_t bs = static_cast<int32_t>(a.layout.block_size);
+  const int32_t p32 = static_cast<int32_t>(pos);  // context lengths are int32
+  const int32_t block = a.block_tables[b.seq * a.block_table_stride + p32 / bs];
+  return (int64_t{block} * a.layout.num_kv_heads + b.kv_head) * bs + p32 % bs;
+}
+
+// Keys t0 .. t0 + kN - 1 of the block's kv head into one K/V stage, zeros from key_end on, from
+// their cache rows `rows` (KeyRow, in shared memory: the copies wait on no global load).
 template <int D, KvCacheDType DT>
-__device__ __forceinline__ void LoadKvTile(const cpu::PagedAttentionArgs& a, const RowBlock& b,
+__device__ __forceinline__ void LoadKvTile(const cpu::PagedAttentionArgs& a, const int64_t* rows,
                                            int64_t t0, int64_t key_end, uint16_t* ks, uint16_t* vs,
                                            float* kscale, float* vscale) {
   constexpr int kN = kKeyTile<D>;
   constexpr int kChunks = D / 8;
-  const int32_t* table = a.block_tables + b.seq * a.block_table_stride;
-  const int64_t bs = a.layout.block_size;
   for (int i = threadIdx.x; i < kN * kChunks; i += kMmaThreads) {
     const int j = i / kChunks;
     const int c = i % kChunks;
-    const int64_t pos = t0 + j;
-    const bool valid = pos < key_end;
-    const int64_t row =
-        valid ? (int64_t{table[pos / bs]} * a.layout.num_kv_heads + b.kv_head) * bs + pos % bs : 0;
+    const bool valid = t0 + j < key_end;
+    const int64_t row = rows[j];
     uint16_t* kdst = ks + j * (D + kRowPad) + c * 8;
     uint16_t* vdst = vs + j * (D + kRowPad) + c * 8;
     if constexpr (MmaKv<DT>::kAsync) {
@@ -418,6 +427,8 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillMmaKernel(cpu::PagedAttent
   uint16_t* vs = ks + 2 * kN * kS;
   float* kscale = reinterpret_cast<float*>(vs + 2 * kN * kS);
   float* vscale = kscale + 2 * kN;
+  constexpr size_t kScaleBytes = MmaKv<DT>::kScaled ? sizeof(float) * 4 * kN : 0;
+  int64_t* rows = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(kscale) + kScaleBytes);
 
   // Keys the block needs: from the window start of its first row to its last row's position.
   const int64_t last_row = min(b.rows, b.row0 + kRowTile) - 1;
@@ -449,15 +460,26 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillMmaKernel(cpu::PagedAttent
   }
 
   LoadQTile<D, MmaKv<DT>::kType>(a, b, qs);
-  LoadKvTile<D, DT>(a, b, key_begin, key_end, ks, vs, kscale, vscale);
+  // The cache rows of each stage's keys, [2][kN], one block-table read per key: those of tiles 0
+  // and 1 now, those of tile it + 2 during iteration it.
+  for (int j = threadIdx.x; j < 2 * kN; j += kMmaThreads) {
+    rows[j] = KeyRow(a, b, key_begin + j, key_end);
+  }
+  __syncthreads();
+  LoadKvTile<D, DT>(a, rows, key_begin, key_end, ks, vs, kscale, vscale);
   if constexpr (MmaKv<DT>::kAsync) CpAsyncCommit();
   for (int64_t it = 0; it < num_tiles; ++it) {
     const int stage = static_cast<int>(it % 2);
     const int64_t t0 = key_begin + it * kN;
+    // Tile it + 2's row, read now and stored in tile it's slot after this tile's work, so that
+    // the read's latency passes under it (a block-table read before every 16-byte copy stalled
+    // each copy on a global load).
+    const bool ahead = it + 2 < num_tiles && threadIdx.x < kN;
+    const int64_t ahead_row = ahead ? KeyRow(a, b, t0 + 2 * kN + threadIdx.x, key_end) : 0;
     if (it + 1 < num_tiles) {  // the other stage was released by the last iteration's barrier
       const int next = 1 - stage;
-      LoadKvTile<D, DT>(a, b, t0 + kN, key_end, ks + next * kN * kS, vs + next * kN * kS,
-                        kscale + next * kN, vscale + next * kN);
+      LoadKvTile<D, DT>(a, rows + next * kN, t0 + kN, key_end, ks + next * kN * kS,
+                        vs + next * kN * kS, kscale + next * kN, vscale + next * kN);
     }
     if constexpr (MmaKv<DT>::kAsync) {
       CpAsyncCommit();  // possibly empty: the wait below always leaves exactly the next tile
@@ -470,7 +492,8 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillMmaKernel(cpu::PagedAttent
       AttendTile<D, DT>(qs, ks + stage * kN * kS, vs + stage * kN * kS, kscale + stage * kN,
                         vscale + stage * kN, mask, w);
     }
-    __syncthreads();  // this stage is free for the tile after next
+    if (ahead) rows[stage * kN + threadIdx.x] = ahead_row;  // tile it's rows were used last round
+    __syncthreads();  // this stage is free for the tile after next; tile it + 2's rows are written
   }
 
   const int t = lane % 4;
