@@ -400,10 +400,14 @@ cpu::PagedAttentionArgs AttentionArgs(const ModelShape& m, const PagedKv& kv, in
 
 /// Decode attention: `batch` sequences of `ctx` tokens, one query token each. Bytes: K and V
 /// (scales included) + q and out (f32) + block tables; FLOPs: 4 * batch * heads * head_dim * ctx.
-void DecodeCase(Bench& bench, int64_t batch, int64_t ctx, KvCacheDType dt, Target target) {
+/// `kernel` kCudaCores runs the CUDA-core kernel where the backend would pick tensor cores (a
+/// comparison row, named so).
+void DecodeCase(Bench& bench, int64_t batch, int64_t ctx, KvCacheDType dt, Target target,
+                DecodeKernel kernel = DecodeKernel::kAuto) {
   const ModelShape& m = bench.model();
-  const std::string name = absl::StrCat("decode attention ", std::string(KvCacheDTypeName(dt)),
-                                        " b", batch, " x ", Tokens(ctx));
+  const std::string name =
+      absl::StrCat("decode attention ", std::string(KvCacheDTypeName(dt)), " b", batch, " x ",
+                   Tokens(ctx), kernel == DecodeKernel::kCudaCores ? " (CUDA cores)" : "");
   if (!bench.Wanted(name)) return;
   const int64_t qd = m.heads * m.head_dim;
   const double kv_bytes = 2.0 * batch * ctx * m.kv_heads * KvCacheDTypeVectorBytes(dt, m.head_dim);
@@ -423,7 +427,8 @@ void DecodeCase(Bench& bench, int64_t batch, int64_t ctx, KvCacheDType dt, Targe
     return;
   }
   Backend& b = bench.backend();
-  const AttentionPlan plan = b.PlanAttention({batch, m.heads, 1, ctx, kv.layout, ctx});
+  AttentionPlan plan = b.PlanAttention({batch, m.heads, 1, ctx, kv.layout, ctx});
+  plan.decode_kernel = kernel;
   const double bytes = kv.ReadBytes() + 2.0 * batch * qd * 4 + batch * kv.blocks_per_seq * 4.0;
   const double flops = 4.0 * batch * m.heads * m.head_dim * ctx;
   const double s = bench.TimePerCall(bench.CallsFor(bytes / 4.8e12, copies), [&](int i) {
@@ -868,6 +873,10 @@ int Main(const Options& o) {
       // int8 only at the target points: the grid is bf16 and fp8.
       if (dt == KvCacheDType::kInt8 && !target && !o.simulator) continue;
       DecodeCase(bench, batch, ctx, dt, target ? decode_target : Target{});
+      // At the target points (and every point of the simulator's smoke run), the CUDA-core kernel
+      // the tensor-core one replaced, for comparison.
+      if (target || o.simulator)
+        DecodeCase(bench, batch, ctx, dt, Target{}, DecodeKernel::kCudaCores);
     }
   }
   for (int64_t len : grid.prefill_tokens) {

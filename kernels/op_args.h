@@ -93,11 +93,17 @@ struct AttentionShape {
 /// The work partition of one attention call, made on the host by PlanAttention. A run depends
 /// only on the plan and on device memory, so it can be captured in a CUDA graph and replayed for
 /// any batch of the same shape (context lengths up to max_context_len).
+/// Which CUDA decode attention kernel a plan runs: the backend's choice, or (for benchmarks that
+/// compare them) the CUDA-core kernel where it would pick the tensor-core one. Other backends
+/// ignore it.
+enum class DecodeKernel { kAuto, kCudaCores };
+
 struct AttentionPlan {
   AttentionShape shape;
   bool decode = false;     // flash-decoding kernel (max_q_len == 1) instead of the prefill kernel
   int32_t num_splits = 1;  // decode: thread blocks per (sequence, kv head) along the context
   int64_t split_len = 0;   // decode: keys per split (fixed by the capacity; 0: context / splits)
+  DecodeKernel decode_kernel = DecodeKernel::kAuto;
 };
 
 }  // namespace kvserve

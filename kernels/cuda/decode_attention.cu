@@ -1050,7 +1050,7 @@ cudaError_t DecodeAttention(const cpu::PagedAttentionArgs& args, const Attention
   }
   size_t smem = 0;
   cudaError_t err = cudaSuccess;
-  if (PlanMmaKernel(args, group, &p)) {
+  if (plan.decode_kernel == DecodeKernel::kAuto && PlanMmaKernel(args, group, &p)) {
     err = DispatchMma(p, stream);
   } else if (PlanBandwidthKernel(args, group, &p, &smem)) {
     const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
