@@ -226,11 +226,13 @@ TEST(CudaBf16OpsTest, RmsNorm) {
   }
 }
 
+// 1031 takes the element-by-element kernel (up starts 2062 bytes into a row), 1024 and 1032 the
+// vector one (16 bytes, eight elements a thread; 1032 = 129 vectors, a part-warp at the end).
 TEST(CudaBf16OpsTest, SiluMulInPlace) {
   KVSERVE_REQUIRE_CUDA(gpu);
   cpu::CpuBackend cpu(nullptr);
-  for (int64_t rows : {1, 3, 17}) {
-    const int64_t dim = 1031;
+  for (const auto& [rows, dim] :
+       {std::pair<int64_t, int64_t>{1, 1031}, {3, 1031}, {17, 1031}, {3, 1024}, {4, 1032}}) {
     // gate | up side by side in one row, as the stacked gate/up GEMM writes them.
     const std::vector<float> both = Rounded(Random(rows * 2 * dim, 4, -6.0f, 6.0f));
     std::vector<float> out(rows * dim);

@@ -148,19 +148,27 @@ TEST(CudaOpsTest, RmsNormWithAndWithoutResidual) {
   }
 }
 
+// Rows of 1031 take the element-by-element kernel (not 16-byte aligned); 1024 (stride 1024) and
+// 1030 (stride 1032: a tail of two past the last whole vector) the vector one.
 TEST(CudaOpsTest, SiluMul) {
   KVSERVE_REQUIRE_CUDA(gpu);
   cpu::CpuBackend cpu(nullptr);
-  for (int64_t rows : {1, 3, 17}) {
-    const int64_t dim = 1031;
-    const std::vector<float> gate = Random(rows * dim, 4, -6.0f, 6.0f);
-    const std::vector<float> up = Random(rows * dim, 5);
-    std::vector<float> out(rows * dim);
-    cpu.SiluMul({gate.data(), up.data(), out.data(), rows, dim, dim, dim, dim});
+  struct Shape {
+    int64_t rows, dim, stride;
+  };
+  for (const Shape& s : {Shape{1, 1031, 1031}, Shape{3, 1031, 1031}, Shape{17, 1031, 1031},
+                         Shape{3, 1024, 1024}, Shape{5, 1030, 1032}}) {
+    const int64_t n = s.rows * s.stride;
+    const std::vector<float> gate = Random(n, 4, -6.0f, 6.0f);
+    const std::vector<float> up = Random(n, 5);
+    std::vector<float> out = gate;  // in place, as on the device: padding stays as it was
+    cpu.SiluMul({gate.data(), up.data(), out.data(), s.rows, s.dim, s.stride, s.stride, s.stride});
     DeviceBuffer dg = Upload(gpu, gate);
     DeviceBuffer du = Upload(gpu, up);
-    gpu->SiluMul({dg.as<float>(), du.as<float>(), dg.as<float>(), rows, dim, dim, dim, dim});
-    EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dg.get(), rows * dim), out), 1e-5f);
+    gpu->SiluMul({dg.as<float>(), du.as<float>(), dg.as<float>(), s.rows, s.dim, s.stride, s.stride,
+                  s.stride});
+    EXPECT_LT(MaxAbsDiff(Download<float>(gpu, dg.get(), n), out), 1e-5f)
+        << s.rows << " x " << s.dim << " (stride " << s.stride << ")";
   }
 }
 
