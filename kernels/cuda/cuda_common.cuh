@@ -247,6 +247,28 @@ void DispatchKvDType(KvCacheDType dtype, F&& f) {
   }
 }
 
+// The tensor-core attention kernels' instances: f(KvTag<DT>{}, std::integral_constant<int, D>{})
+// for every KV dtype but f32 and head dims 64, 128 and 256. Returns false (f not called) for
+// another pair.
+template <typename F>
+bool DispatchTensorCoreKv(KvCacheDType dtype, int64_t head_dim, F&& f) {
+  if (dtype == KvCacheDType::kF32 || (head_dim != 64 && head_dim != 128 && head_dim != 256)) {
+    return false;
+  }
+  DispatchKvDType(dtype, [&](auto tag) {
+    if constexpr (decltype(tag)::value != KvCacheDType::kF32) {
+      if (head_dim == 64) {
+        f(tag, std::integral_constant<int, 64>{});
+      } else if (head_dim == 128) {
+        f(tag, std::integral_constant<int, 128>{});
+      } else {
+        f(tag, std::integral_constant<int, 256>{});
+      }
+    }
+  });
+  return true;
+}
+
 }  // namespace kvserve::cuda
 
 #endif  // KVSERVE_KERNELS_CUDA_CUDA_COMMON_CUH_

@@ -973,15 +973,9 @@ cudaError_t DispatchMma(const DecodeParams& p, cudaStream_t stream) {
   const cpu::PagedAttentionArgs& args = p.a;
   const dim3 grid(static_cast<unsigned>(args.layout.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(args.num_seqs), static_cast<unsigned>(p.num_splits));
-  const int64_t D = args.layout.head_dim;
   cudaError_t err = cudaErrorInvalidValue;
-  DispatchKvDType(args.layout.dtype, [&](auto tag) {
-    constexpr KvCacheDType DT = decltype(tag)::value;
-    if constexpr (DT != KvCacheDType::kF32) {
-      err = D == 64    ? LaunchMma<DT, 64>(p, grid, stream)
-            : D == 128 ? LaunchMma<DT, 128>(p, grid, stream)
-                       : LaunchMma<DT, 256>(p, grid, stream);
-    }
+  DispatchTensorCoreKv(args.layout.dtype, args.layout.head_dim, [&](auto tag, auto dim) {
+    err = LaunchMma<decltype(tag)::value, decltype(dim)::value>(p, grid, stream);
   });
   return err;
 }

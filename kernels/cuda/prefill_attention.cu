@@ -545,20 +545,12 @@ cudaError_t PrefillAttention(const cpu::PagedAttentionArgs& args, const Attentio
                              cudaStream_t stream) {
   if (args.num_seqs <= 0 || plan.shape.max_q_len <= 0) return cudaSuccess;
   if (args.num_heads % args.layout.num_kv_heads != 0) return cudaErrorInvalidValue;
-  const int64_t d = args.layout.head_dim;
-  if (args.layout.dtype == KvCacheDType::kF32 || (d != 64 && d != 128 && d != 256)) {
-    return LaunchPrefillScalar(args, plan, stream);
-  }
   cudaError_t err = cudaSuccess;
-  DispatchKvDType(args.layout.dtype, [&](auto tag) {
-    constexpr KvCacheDType DT = decltype(tag)::value;
-    if constexpr (DT != KvCacheDType::kF32) {
-      err = d == 64    ? LaunchPrefillMma<DT, 64>(args, plan, stream)
-            : d == 128 ? LaunchPrefillMma<DT, 128>(args, plan, stream)
-                       : LaunchPrefillMma<DT, 256>(args, plan, stream);
-    }
-  });
-  return err;
+  const bool tensor_cores =
+      DispatchTensorCoreKv(args.layout.dtype, args.layout.head_dim, [&](auto tag, auto dim) {
+        err = LaunchPrefillMma<decltype(tag)::value, decltype(dim)::value>(args, plan, stream);
+      });
+  return tensor_cores ? err : LaunchPrefillScalar(args, plan, stream);
 }
 
 }  // namespace kvserve::cuda
