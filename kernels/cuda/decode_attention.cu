@@ -426,16 +426,6 @@ struct MmaDecodeLayout {
                 "the merge scratch fits in the copied tiles");
 };
 
-template <MmaType T>
-__device__ __forceinline__ uint32_t PackMma(float lo, float hi) {
-  if constexpr (T == MmaType::kBf16) {
-    return FloatToBf16Bits(lo) | (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
-  } else {
-    return __half_as_ushort(__float2half_rn(lo)) |
-           (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
-  }
-}
-
 // Sixteen int8 / fp8 codes -> sixteen f16 (exact), low code first.
 template <KvCacheDType DT>
 __device__ __forceinline__ void WidenCodes(const uint4& c, uint4* out) {
@@ -450,8 +440,8 @@ __device__ __forceinline__ void WidenCodes(const uint4& c, uint4* out) {
       float f[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) f[b] = static_cast<float>(static_cast<int8_t>(w[i] >> (8 * b)));
-      h[2 * i] = PackMma<MmaType::kF16>(f[0], f[1]);
-      h[2 * i + 1] = PackMma<MmaType::kF16>(f[2], f[3]);
+      h[2 * i] = PackMmaPair<MmaType::kF16>(f[0], f[1]);
+      h[2 * i + 1] = PackMmaPair<MmaType::kF16>(f[2], f[3]);
     }
   }
   out[0] = make_uint4(h[0], h[1], h[2], h[3]);
@@ -548,7 +538,7 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
         x0 = a.q[at];
         x1 = a.q[at + 1];
       }
-      q_s[i] = PackMma<MT>(x0 * q_scale, x1 * q_scale);
+      q_s[i] = PackMmaPair<MT>(x0 * q_scale, x1 * q_scale);
     }
   }
   for (int64_t tile = 0; tile < kStages - 1 && tile < n_tiles; ++tile) write_rows(tile);
@@ -674,8 +664,8 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
         o[mt][3] *= a_hi;
       }
     }
-    const uint32_t pb0 = PackMma<MT>(pr[0][0], pr[0][1]);
-    const uint32_t pb1 = PackMma<MT>(pr[1][0], pr[1][1]);
+    const uint32_t pb0 = PackMmaPair<MT>(pr[0][0], pr[0][1]);
+    const uint32_t pb1 = PackMmaPair<MT>(pr[1][0], pr[1][1]);
 #pragma unroll
     for (int mt = 0; mt < D / 16; ++mt) {
       uint32_t va[4];

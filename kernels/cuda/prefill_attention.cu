@@ -181,21 +181,6 @@ constexpr size_t MmaSharedBytes() {
   return sizeof(uint16_t) * (D + kRowPad) * kTileRows + kScaleBytes + kRowBytes;
 }
 
-template <MmaType T>
-__device__ __forceinline__ uint32_t ToB16(float f) {
-  if constexpr (T == MmaType::kBf16) {
-    return FloatToBf16Bits(f);
-  } else {
-    return __half_as_ushort(__float2half_rn(f));
-  }
-}
-
-// Two values rounded to the mma's type, `lo` in the low half (the lower column of a fragment).
-template <MmaType T>
-__device__ __forceinline__ uint32_t PackB16(float lo, float hi) {
-  return ToB16<T>(lo) | (ToB16<T>(hi) << 16);
-}
-
 // The rows a block serves.
 struct RowBlock {
   int64_t seq, kv_head, group;
@@ -223,10 +208,10 @@ __device__ __forceinline__ void LoadQTile(const cpu::PagedAttentionArgs& a, cons
       float q[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) q[e] = LoadAct(a.q, q0 + e, bf16);
-      v.x = PackB16<T>(q[0] * q_scale, q[1] * q_scale);
-      v.y = PackB16<T>(q[2] * q_scale, q[3] * q_scale);
-      v.z = PackB16<T>(q[4] * q_scale, q[5] * q_scale);
-      v.w = PackB16<T>(q[6] * q_scale, q[7] * q_scale);
+      v.x = PackMmaPair<T>(q[0] * q_scale, q[1] * q_scale);
+      v.y = PackMmaPair<T>(q[2] * q_scale, q[3] * q_scale);
+      v.z = PackMmaPair<T>(q[4] * q_scale, q[5] * q_scale);
+      v.w = PackMmaPair<T>(q[6] * q_scale, q[7] * q_scale);
     }
     *reinterpret_cast<uint4*>(qs + r * (D + kRowPad) + c * 8) = v;
   }
@@ -391,10 +376,10 @@ __device__ __forceinline__ void AttendTile(const uint16_t* qs, const uint16_t* k
   const uint16_t* vrow = vs + (lane / 8 % 2 * 8 + lane % 8) * kS + lane / 16 * 8;
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk) {
-    const uint32_t pa[4] = {PackB16<T>(s[2 * kk][0], s[2 * kk][1]),
-                            PackB16<T>(s[2 * kk][2], s[2 * kk][3]),
-                            PackB16<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                            PackB16<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    const uint32_t pa[4] = {PackMmaPair<T>(s[2 * kk][0], s[2 * kk][1]),
+                            PackMmaPair<T>(s[2 * kk][2], s[2 * kk][3]),
+                            PackMmaPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            PackMmaPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
     for (int nn = 0; nn < D / 16; ++nn) {
       uint32_t vb[4];

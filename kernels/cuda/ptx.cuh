@@ -124,6 +124,17 @@ __device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
 /// The element types of mma.m16n8k16's A and B operands.
 enum class MmaType { kBf16, kF16 };
 
+/// Two floats rounded to nearest in T, `lo` in the low half: one register of a fragment.
+template <MmaType T>
+__device__ __forceinline__ uint32_t PackMmaPair(float lo, float hi) {
+  if constexpr (T == MmaType::kBf16) {
+    return FloatToBf16Bits(lo) | (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
+  } else {
+    return __half_as_ushort(__float2half_rn(lo)) |
+           (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
+  }
+}
+
 #ifdef KVSERVE_CUDA_SIM
 namespace ptx_detail {
 
