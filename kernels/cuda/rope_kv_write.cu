@@ -12,16 +12,18 @@ constexpr int kThreads = 128;
 // With `copy` (f32 shared memory, [num_heads * head_dim]) every element's final value also goes
 // there; without a bias or a copy only the rotated pairs are touched.
 __device__ void RopeHeads(float* x, bool bf16, int64_t num_heads, int64_t head_dim, int64_t rotary,
-                          float pos, const float* inv_freq, bool interleaved, const float* bias,
-                          float* copy) {
+                          const float* cos_t, const float* sin_t, bool interleaved,
+                          const float* bias, float* copy) {
   const int64_t half = rotary / 2;
   // Per head: the head_dim - rotary elements before the rope part (only with a bias or a copy),
-  // then the rotated pairs.
-  const int64_t plain = bias != nullptr || copy != nullptr ? head_dim - rotary : 0;
-  const int64_t units = plain + half;
-  for (int64_t idx = threadIdx.x; idx < num_heads * units; idx += blockDim.x) {
+  // then the rotated pairs. 32-bit index arithmetic: a token's heads are far below 2^31 elements.
+  const int32_t plain =
+      bias != nullptr || copy != nullptr ? static_cast<int32_t>(head_dim - rotary) : 0;
+  const int32_t units = plain + static_cast<int32_t>(half);
+  const int32_t total = static_cast<int32_t>(num_heads) * units;
+  for (int32_t idx = threadIdx.x; idx < total; idx += blockDim.x) {
     const int64_t h = idx / units;
-    const int64_t u = idx % units;
+    const int32_t u = idx % units;
     const int64_t head = h * head_dim;
     if (u < plain) {
       float v = LoadAct(x, head + u, bf16);
@@ -36,9 +38,8 @@ __device__ void RopeHeads(float* x, bool bf16, int64_t num_heads, int64_t head_d
     const int64_t rope0 = head + (head_dim - rotary);
     const int64_t ia = interleaved ? rope0 + 2 * i : rope0 + i;
     const int64_t ib = interleaved ? rope0 + 2 * i + 1 : rope0 + i + half;
-    const float angle = pos * inv_freq[i];
-    const float c = cosf(angle);
-    const float s = sinf(angle);
+    const float c = cos_t[i];
+    const float s = sin_t[i];
     float a = LoadAct(x, ia, bf16);
     float b = LoadAct(x, ib, bf16);
     if (bias != nullptr) {
@@ -90,7 +91,8 @@ __device__ void EncodeRow(const float* x, int64_t head_dim, int64_t row, cpu::Kv
 
 template <KvCacheDType D>
 __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
-  // [2][num_kv_heads * head_dim] f32: rotated k, then v (MLA: k only), as the cache receives them
+  // [2][num_kv_heads * head_dim] f32: rotated k, then v (MLA: k only), as the cache receives
+  // them; then cos and sin [rotary / 2] f32 of this token's angles.
   KVSERVE_DYNAMIC_SHARED(float, smem);
   const int64_t t = blockIdx.x;
   const bool bf16 = a.dtype == DType::kBF16;
@@ -103,15 +105,24 @@ __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
   const int64_t slot = a.slot_mapping[t];
   float* ks = smem;
   float* vs = smem + kv_dim;
+  float* cos_t = smem + (a.v != nullptr ? 2 : 1) * kv_dim;
+  float* sin_t = cos_t + rotary / 2;
+  // Each angle's cosine and sine once per token, not once per head of q and of k.
+  for (int64_t i = threadIdx.x; i < rotary / 2; i += blockDim.x) {
+    const float angle = pos * a.inv_freq[i];
+    cos_t[i] = cosf(angle);
+    sin_t[i] = sinf(angle);
+  }
+  __syncthreads();
   // Element offsets of this token's rows; the pointers address f32 or bf16 elements.
   const int64_t elem = bf16 ? 2 : 4;
   auto row = [&](const float* base, int64_t stride) {
     return reinterpret_cast<float*>(const_cast<char*>(reinterpret_cast<const char*>(base)) +
                                     t * stride * elem);
   };
-  RopeHeads(row(a.q, a.q_stride), bf16, a.num_heads, head_dim, rotary, pos, a.inv_freq,
-            interleaved, a.q_bias, nullptr);
-  RopeHeads(row(a.k, a.k_stride), bf16, kv_heads, head_dim, rotary, pos, a.inv_freq, interleaved,
+  RopeHeads(row(a.q, a.q_stride), bf16, a.num_heads, head_dim, rotary, cos_t, sin_t, interleaved,
+            a.q_bias, nullptr);
+  RopeHeads(row(a.k, a.k_stride), bf16, kv_heads, head_dim, rotary, cos_t, sin_t, interleaved,
             a.k_bias, slot >= 0 ? ks : nullptr);
   if (slot < 0) return;
   if (a.v != nullptr) {
@@ -134,8 +145,10 @@ __global__ void RopeKvWriteKernel(RopeKvWriteArgs a) {
 
 cudaError_t RopeKvWrite(const RopeKvWriteArgs& args, cudaStream_t stream) {
   if (args.num_tokens <= 0) return cudaSuccess;
-  const size_t smem = (args.v == nullptr ? 1 : 2) * sizeof(float) * args.layout.num_kv_heads *
-                      args.layout.head_dim;
+  const int64_t rotary = args.rotary_dim > 0 ? args.rotary_dim : args.layout.head_dim;
+  const size_t smem = sizeof(float) * ((args.v == nullptr ? 1 : 2) * args.layout.num_kv_heads *
+                                           args.layout.head_dim +
+                                       2 * (rotary / 2));
   cudaError_t err = cudaSuccess;
   DispatchKvDType(args.layout.dtype, [&](auto tag) {
     constexpr KvCacheDType D = decltype(tag)::value;
