@@ -221,6 +221,17 @@ __device__ __forceinline__ float LoadWeight(const uint8_t* row, DType dtype, int
   return 0.0f;
 }
 
+// The paged cache row of KV head `kv_head` at position `pos` of a sequence whose block-table row
+// is `table`: block table[pos / block_size], row pos % block_size of that block's kv_heads x
+// block_size rows. 32-bit division (positions and block sizes are int32; a 64-bit one is a long
+// software sequence on the GPU).
+__device__ __forceinline__ int64_t PagedRow(const int32_t* table, int64_t pos, int64_t block_size,
+                                            int64_t kv_heads, int64_t kv_head) {
+  const int32_t p = static_cast<int32_t>(pos);
+  const int32_t bs = static_cast<int32_t>(block_size);
+  return (static_cast<int64_t>(table[p / bs]) * kv_heads + kv_head) * bs + p % bs;
+}
+
 // Calls f(std::integral_constant<KvCacheDType, D>{}) for the runtime dtype D, so a generic
 // lambda can instantiate a kernel template per dtype (C++17: no template lambdas in nvcc here).
 template <KvCacheDType D>

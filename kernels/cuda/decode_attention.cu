@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) PagedDecodeKernel(DecodeParams p)
       int64_t row = 0;
       float ks = 1.0f, vs = 1.0f;
       if (pos < k1) {
-        row = (static_cast<int64_t>(table[pos / bs]) * kv_heads + kvh) * bs + pos % bs;
+        row = PagedRow(table, pos, bs, kv_heads, kvh);
         ks = KvScale<DT>(a.k_cache.scales, row);
         vs = KvScale<DT>(a.v_cache.scales, row);
       }
@@ -491,8 +491,7 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeParams p) {
       const int64_t pos = k0 + tile * T + j;
       int64_t row = 0;
       if (pos < k1) {
-        const int32_t p32 = static_cast<int32_t>(pos);  // context lengths are int32
-        row = (static_cast<int64_t>(table[p32 / bs]) * kv_heads + kvh) * bs + p32 % bs;
+        row = PagedRow(table, pos, bs, kv_heads, kvh);
         if constexpr (!kWide) {
           kscale_s[slot * T + j] = a.k_cache.scales[row];
           vscale_s[slot * T + j] = a.v_cache.scales[row];
@@ -772,7 +771,7 @@ __global__ void DecodeGeneralKernel(DecodeParams p) {
     // Scores: one warp per key; the key row is read once into registers for all G heads.
     for (int64_t j = warp; j < n; j += kWarps) {
       const int64_t pos = t0 + j;
-      const int64_t row = (static_cast<int64_t>(table[pos / bs]) * kv_heads + kvh) * bs + pos % bs;
+      const int64_t row = PagedRow(table, pos, bs, kv_heads, kvh);
       float kr[kMaxDimPerLane];
 #pragma unroll
       for (int e = 0; e < kMaxDimPerLane; ++e) {

@@ -72,8 +72,7 @@ __global__ void PrefillKernel(cpu::PagedAttentionArgs a) {
       float vv = 0.0f;
       if (j < nk) {
         const int64_t pos = t0 + j;
-        const int64_t row =
-            (static_cast<int64_t>(table[pos / bs]) * kv_heads + kvh) * bs + pos % bs;
+        const int64_t row = PagedRow(table, pos, bs, kv_heads, kvh);
         kv = LoadKv<DT>(a.k_cache.data, row * D + d);
         vv = LoadKv<DT>(a.v_cache.data, row * D + d);
         if (d == 0) {
@@ -243,10 +242,8 @@ __device__ __forceinline__ uint4 CodesToBf16(const uint8_t* src) {
 __device__ __forceinline__ int64_t KeyRow(const cpu::PagedAttentionArgs& a, const RowBlock& b,
                                           int64_t pos, int64_t key_end) {
   if (pos >= key_end) return 0;
-  const int32_t bs = static_cast<int32_t>(a.layout.block_size);
-  const int32_t p32 = static_cast<int32_t>(pos);  // context lengths are int32
-  const int32_t block = a.block_tables[b.seq * a.block_table_stride + p32 / bs];
-  return (int64_t{block} * a.layout.num_kv_heads + b.kv_head) * bs + p32 % bs;
+  return PagedRow(a.block_tables + b.seq * a.block_table_stride, pos, a.layout.block_size,
+                  a.layout.num_kv_heads, b.kv_head);
 }
 
 // Keys t0 .. t0 + kN - 1 of the block's kv head into one K/V stage, zeros from key_end on, from
