@@ -87,7 +87,7 @@ Grid TinyGrid() {
   Grid g;
   g.decode_points = {{3, 97}, {1, 40}};
   g.prefill_tokens = {33};
-  g.gemm_m = {1, 5};
+  g.gemm_m = {1, 5, 17};  // 17: past the quantized and FP8 GEMVs
   g.small_rows = {5};
   g.steps = {{3, 40}};
   return g;
@@ -246,15 +246,16 @@ class Bench {
   }
 
   /// Prints a case's row; `seconds` < 0 prints the error instead.
+  /// `tensor_factor`: the case's tensor peak over the dense bf16 one (2 for FP8).
   void Row(const std::string& name, double seconds, double bytes, double flops, Target target,
-           const std::string& note = "") {
+           const std::string& note = "", double tensor_factor = 1.0) {
     if (seconds < 0) {
       std::printf("| %s | error | %s | - | - | - | - |\n", name.c_str(), error_.c_str());
       error_.clear();
       ++errors_;
       return;
     }
-    const double t_mem = bytes / bandwidth_, t_flop = flops / tensor_;
+    const double t_mem = bytes / bandwidth_, t_flop = flops / (tensor_ * tensor_factor);
     const bool memory = t_mem >= t_flop;
     const double of_peak = std::max(t_mem, t_flop) / seconds;
     std::string achieved = absl::StrFormat("%.0f GB/s", bytes / seconds / 1e9);
@@ -497,6 +498,46 @@ void GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, T
   bench.Row(name, s, bytes, flops, target);
 }
 
+/// y[m, n] = x[m, k] W[n, k]^T with FP8 E4M3 weights and row scales (DType::kF8E4M3), bf16 x
+/// and y as the model passes them: x quantized per row, then the FP8 GEMV (m <= 8) or
+/// cuBLASLt's FP8 GEMM. Bytes: W (1 a weight) + its scales + x + y (bf16); FLOPs: 2 m n k against
+/// the FP8 tensor peak (twice the bf16 one).
+void Fp8GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, Target target) {
+  const std::string name = absl::StrCat("GEMM fp8 ", what, " m", m, " n", n, " k", k);
+  if (!bench.Wanted(name)) return;
+  const double w_bytes = 1.0 * n * k;
+  const int copies = Bench::Rotations(w_bytes);
+  // Codes 0x38 (1.0), scales of bytes 0x39 (1.8e-4 each), x zero.
+  std::optional<DeviceBuffer> x = bench.Alloc(m * k * 2, 0), y = bench.Alloc(m * n * 2, 0),
+                              w = bench.Alloc(static_cast<size_t>(w_bytes) * copies, 0x38),
+                              scales = bench.Alloc(n * 4, 0x39);
+  if (!x || !y || !w || !scales) {
+    bench.Skip(name, "out of device memory");
+    return;
+  }
+  const double bytes = w_bytes + 4.0 * n + 2.0 * m * k + 2.0 * m * n;
+  const double flops = 2.0 * m * n * k;
+  Backend& b = bench.backend();
+  const double s = bench.TimePerCall(
+      bench.CallsFor(std::max(bytes / 4.8e12, flops / 1979e12), copies), [&](int i) {
+        cpu::MatmulArgs a{x->as<float>(),
+                          k,
+                          w->as<uint8_t>() + static_cast<size_t>(w_bytes) * (i % copies),
+                          DType::kF8E4M3,
+                          nullptr,
+                          y->as<float>(),
+                          n,
+                          m,
+                          n,
+                          k};
+        a.w_scale = scales->as<float>();
+        a.x_dtype = DType::kBF16;
+        a.y_dtype = DType::kBF16;
+        b.Matmul(a);
+      });
+  bench.Row(name, s, bytes, flops, target, "", 2.0);
+}
+
 /// The serving GEMMs of one layer and the LM head (the model runs q, k, v, gate and up as
 /// separate GEMMs).
 void GemmCases(Bench& bench, int64_t m) {
@@ -509,6 +550,12 @@ void GemmCases(Bench& bench, int64_t m) {
   GemmCase(bench, "gate/up", m, s.ffn, s.hidden, t);
   GemmCase(bench, "down", m, s.hidden, s.ffn, t);
   GemmCase(bench, "lm_head", m, s.vocab, s.hidden, t);
+  // FP8 weights (--quantization fp8) take the same shapes but the LM head, which stays bf16.
+  Fp8GemmCase(bench, "q", m, qd, s.hidden, t);
+  Fp8GemmCase(bench, "k/v", m, kvd, s.hidden, t);
+  Fp8GemmCase(bench, "o", m, s.hidden, qd, t);
+  Fp8GemmCase(bench, "gate/up", m, s.ffn, s.hidden, t);
+  Fp8GemmCase(bench, "down", m, s.hidden, s.ffn, t);
 }
 
 /// RMSNorm with the residual add, SiLU-mul, RoPE + KV write and sampling at `rows` tokens.

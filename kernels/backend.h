@@ -61,6 +61,12 @@ struct BackendOptions {
   /// Backend::activation_dtype). The environment variable KVSERVE_CUDA_F32_ACTIVATIONS=1 does the
   /// same for every CUDA backend of the process.
   bool f32_activations = false;
+  /// Quantize f32 / f16 / bf16 Matmul weights (MatrixUse::kMatmul) to FP8 E4M3 at load, one f32
+  /// scale per row (DType::kF8E4M3): half the memory and decode traffic of bf16. Matmul then
+  /// quantizes each activation row to FP8 E4M3 with a scale of its own and multiplies on FP8
+  /// tensor cores through cuBLASLt (CUDA; `--quantization fp8`). Block-quantized GGUF weights
+  /// stay as stored. The CPU backend takes the same option (its reference twin, not fast).
+  bool fp8_weights = false;
 };
 
 /// Device memory owned by a backend; freed on destruction. Move-only.
@@ -95,8 +101,10 @@ class DeviceBuffer {
 };
 
 /// What a prepared weight matrix is for: rows gathered by Embedding, or the weights of Matmul
-/// (which a backend may lay out for its kernels).
-enum class MatrixUse { kEmbedding, kMatmul };
+/// (which a backend may lay out for its kernels). kMatmulKeepPrecision is a Matmul weight that
+/// stays in its stored type when the backend quantizes the others (BackendOptions::fp8_weights):
+/// the vocabulary projection and mixture-of-experts routers, as vLLM's fp8 leaves them.
+enum class MatrixUse { kEmbedding, kMatmul, kMatmulKeepPrecision };
 
 /// A weight matrix [rows, cols] as the backend's matmul and embedding ops want it: for the CPU
 /// the file's own bytes (stored dtype, no copy), except q4_0 / q8_0 / K-quant Matmul weights,
@@ -107,7 +115,8 @@ struct PreparedMatrix {
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;
   bool packed = false;   // data in the CPU's packed layout (cpu::MatmulArgs::w_packed): Matmul only
-  DeviceBuffer storage;  // owns `data` when the backend made a copy
+  const float* scales = nullptr;  // kF8E4M3: [rows] f32 row scales (cpu::MatmulArgs::w_scale)
+  DeviceBuffer storage;           // owns `data` (and `scales`) when the backend made a copy
 };
 
 /// An f32 vector (norm weight, bias, RoPE frequencies) in backend memory.

@@ -36,6 +36,11 @@ namespace kvserve {
 ///          element 128h + 32g + l has low 4 bits from ql[64h + 32(g & 1) + l] (low nibble for
 ///          g < 2, high for g >= 2) and high 2 bits (qh[32h + l] >> 2g) & 3; x = d*sc*(q6 - 32).
 ///                                                                                        210 bytes
+///   kF8E4M3: one OCP FP8 E4M3FN code per element (kernels/cpu/kv_quant.h), 1 byte. A matrix in
+///          this type carries one f32 scale per row beside its codes (PreparedMatrix::scales,
+///          cpu::MatmulArgs::w_scale): w[r, c] = scale[r] * value(code[r, c]). Backends make it
+///          from f32 / f16 / bf16 weights at load (BackendOptions::fp8_weights); no model file
+///          stores it.
 enum class DType : uint8_t {
   kF32,
   kF16,
@@ -47,7 +52,8 @@ enum class DType : uint8_t {
   kQ6_K,
   kQ4_1,
   kQ5_0,
-  kQ5_1
+  kQ5_1,
+  kF8E4M3
 };
 
 /// Elements per storage block (1 for plain types).
@@ -56,6 +62,7 @@ constexpr int64_t DTypeBlockElems(DType t) {
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
+    case DType::kF8E4M3:
       return 1;
     case DType::kQ8_0:
     case DType::kQ4_0:
@@ -80,6 +87,8 @@ constexpr int64_t DTypeBlockBytes(DType t) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kF8E4M3:
+      return 1;
     case DType::kQ8_0: return 34;
     case DType::kQ4_0: return 18;
     case DType::kQ4_1:
@@ -122,6 +131,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "q5_k";
     case DType::kQ6_K:
       return "q6_k";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
   }
   return "?";
 }

@@ -37,8 +37,8 @@ SHARED_AT=/tmp/kvserve-gpu-bundle/shared  # compiled into the tests (KVSERVE_SHA
 SHARED_SRC=${KVSERVE_SHARED_DIR:-$ROOT/../shared}
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc (set CUDACXX)" >&2; exit 1; }
-TESTS=(cuda_ops_test cuda_bf16_ops_test cuda_attention_test cuda_model_test nccl_all_reduce_test
-       cuda_engine_test)
+TESTS=(cuda_ops_test cuda_bf16_ops_test cuda_attention_test cuda_fp8_test cuda_model_test
+       nccl_all_reduce_test cuda_engine_test)
 BUILD=$ROOT/build-gpu-bundle
 
 launcher=()

@@ -38,8 +38,8 @@ set -uo pipefail
 # ---- What the check builds and needs. The dry run verifies these against the tree. ----
 
 # Test targets: each is built, and `ctest -L gpu` must run it and see it pass.
-GPU_TESTS=(cuda_ops_test cuda_bf16_ops_test cuda_attention_test cuda_model_test nccl_all_reduce_test
-           cuda_engine_test)
+GPU_TESTS=(cuda_ops_test cuda_bf16_ops_test cuda_attention_test cuda_fp8_test cuda_model_test
+           nccl_all_reduce_test cuda_engine_test)
 # Also built: the CLI (end-to-end check), the backend library it dlopens, the kernel benchmark.
 OTHER_TARGETS=(kvserve kvserve_cuda cuda_kernels_bench)
 # Needed in the shared data directory.

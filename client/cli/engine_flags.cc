@@ -86,6 +86,23 @@ void AddEngineFlags(CLI::App* app, EngineOptions* options) {
   app->add_flag("--keep-f32-weights", e.keep_f32_weights,
                 "CUDA: keep f32 weights in f32 (fp32 GEMMs) instead of converting them to bf16 at "
                 "load; twice the memory, arithmetic next to the CPU's (for checking a GPU)");
+  app->add_option_function<std::string>(
+         "--quantization,-q",
+         [options](const std::string& method) {
+           if (method == "fp8") {
+             options->fp8_weights = true;
+           } else if (method == "none") {
+             options->fp8_weights = false;
+           } else {
+             throw CLI::ValidationError("--quantization",
+                                        "unknown method '" + method + "' (expected fp8 or none)");
+           }
+         },
+         "CUDA (sm_89+): fp8 quantizes the f32 / f16 / bf16 Linear weights to FP8 E4M3 with one "
+         "scale per output row at load (half the memory and decode traffic of bf16) and runs "
+         "them on FP8 tensor cores, each activation row quantized with a scale of its own; the "
+         "vocabulary projection, routers and GGUF-quantized tensors stay as stored")
+      ->default_str("none");
   app->add_flag("!--enforce-eager", e.cuda_graphs,
                 "CUDA: launch every op of every decode step instead of replaying CUDA graphs");
   app->add_flag("!--host-sampling", e.device_sampling,

@@ -74,6 +74,7 @@ int RunStage(const WorkerOptions& o, const LoadedModel& model, const sigset_t& s
     BackendOptions backend_options;
     backend_options.enable_graphs = o.engine.cuda_graphs;
     backend_options.keep_f32_weights = o.engine.keep_f32_weights;
+    backend_options.fp8_weights = o.engine.fp8_weights;
     backend_options.simulator = o.engine.device == DeviceChoice::kCudaSim;
     absl::StatusOr<std::unique_ptr<Backend>> first =
         CreateBackend(o.engine.device, backend_options, nullptr);

@@ -334,6 +334,7 @@ void DequantizeRow(const void* src, DType dtype, int64_t n, float* dst) {
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
+    case DType::kF8E4M3:
       return;  // not block-quantized: ConvertRowToF32 handles them
     case DType::kQ8_0:
       decode = DecodeQ8_0;
@@ -375,6 +376,7 @@ void QuantizeRow(const float* x, DType dtype, int64_t n, void* dst) {
       case DType::kF32:
       case DType::kF16:
       case DType::kBF16:
+      case DType::kF8E4M3:
         return;  // not block-quantized
       case DType::kQ8_0:
         QuantizeQ8_0(v, b);

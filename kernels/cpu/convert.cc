@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/cpu/block_quant.h"
+#include "kernels/cpu/kv_quant.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -29,6 +30,9 @@ void ConvertRowToF32(const void* src, DType dtype, int64_t n, float* dst) {
     case DType::kBF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(LoadU16(bytes + 2 * i));
       return;
+    case DType::kF8E4M3:  // the codes' values; the row's scale is kept apart
+      for (int64_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(bytes[i]);
+      return;
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
@@ -53,6 +57,9 @@ void ConvertRowFromF32(const float* src, int64_t n, DType dtype, void* dst) {
       return;
     case DType::kBF16:
       for (int64_t i = 0; i < n; ++i) StoreU16(FloatToBF16(src[i]), bytes + 2 * i);
+      return;
+    case DType::kF8E4M3:  // unscaled codes
+      for (int64_t i = 0; i < n; ++i) bytes[i] = FloatToFp8E4M3(src[i]);
       return;
     case DType::kQ8_0:
     case DType::kQ4_0:

@@ -17,6 +17,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/logits.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_fp8.h"
 #include "kernels/cpu/packed_weights.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rms_norm.h"
@@ -111,7 +112,21 @@ absl::StatusOr<PreparedMatrix> CpuBackend::PrepareMatrix(const void* host, DType
   m.dtype = dtype;
   m.rows = rows;
   m.cols = cols;
-  if (use != MatrixUse::kMatmul || !PackedLayoutSupported(dtype) || rows <= 0 || cols <= 0 ||
+  if (fp8_weights_ && use == MatrixUse::kMatmul && rows > 0 && cols > 0 &&
+      (dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16)) {
+    // FP8 weights: the codes, then one f32 scale per row, in the packing arenas.
+    const size_t codes_bytes =
+        (static_cast<size_t>(rows * cols) + kAlignment - 1) / kAlignment * kAlignment;
+    absl::StatusOr<uint8_t*> p = PackedSpace(codes_bytes + sizeof(float) * rows);
+    if (!p.ok()) return p.status();
+    auto* scales = reinterpret_cast<float*>(*p + codes_bytes);
+    QuantizeRowsFp8(host, dtype, rows, cols, *p, scales, pool_);
+    m.data = *p;
+    m.dtype = DType::kF8E4M3;
+    m.scales = scales;
+    return m;
+  }
+  if (use == MatrixUse::kEmbedding || !PackedLayoutSupported(dtype) || rows <= 0 || cols <= 0 ||
       cols % DTypeBlockElems(dtype) != 0 || !PackWeightsEnabled()) {
     return m;
   }

@@ -32,6 +32,11 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(ThreadPool* pool, bool enable_graphs = false)
       : pool_(pool), enable_graphs_(enable_graphs) {}
 
+  /// BackendOptions::fp8_weights: from now on PrepareMatrix quantizes f32 / f16 / bf16
+  /// MatrixUse::kMatmul weights to FP8 E4M3 with row scales (QuantizeRowsFp8), the reference
+  /// twin of the CUDA backend's FP8 weights.
+  void set_fp8_weights(bool on) { fp8_weights_ = on; }
+
   std::string_view name() const override { return "cpu"; }
   std::string description() const override;
   bool host_memory() const override { return true; }
@@ -94,6 +99,7 @@ class CpuBackend final : public Backend {
   std::string error_;  // first refused op since the last Synchronize
 
   ThreadPool* pool_;
+  bool fp8_weights_ = false;
   bool enable_graphs_ = false;
   bool capturing_ = false;
   std::vector<Op> recording_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/matmul_fp8.h"
 #include "kernels/cpu/matmul_impl.h"
 
 namespace kvserve::cpu {
@@ -92,6 +93,10 @@ void Q6OffsetRow(const int8_t* q, int64_t k, int32_t* offsets) {
 
 void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   if (args.m <= 0 || args.n <= 0) return;
+  if (args.w_dtype == DType::kF8E4M3) {
+    MatmulFp8(args, pool);
+    return;
+  }
   internal::MatmulPlan plan;
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);

@@ -26,6 +26,11 @@ struct MatmulArgs {
   DType y_dtype = DType::kF32;  // kF32 or kBF16
   // w in the packed layout of kernels/cpu/packed_weights.h (PackRows), not row-major.
   bool w_packed = false;
+  // kF8E4M3 weights: [n] f32 row scales, W[j, c] = w_scale[j] * value(code[j, c]). Each x row is
+  // then quantized to FP8 E4M3 with its own scale s_i = absmax / 448 (cpu::EncodeKvVector), and
+  // y[i, j] = s_i * w_scale[j] * sum_c value(xq[i, c]) * value(code[j, c]) (+ bias[j]): the
+  // products of two FP8 values are exact in f32, so the backends differ only in summation order.
+  const float* w_scale = nullptr;
 };
 
 /// Runs the matmul on the ActiveCpuIsa() path, parallel over n on `pool` (nullptr = inline).

@@ -10,6 +10,7 @@
 #include "kernels/cuda/convert_weights.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/moe_combine.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -55,14 +56,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
     return absl::UnavailableError(absl::StrCat(prop.name, " is sm_", prop.major, prop.minor,
                                                "; kvserve is built for sm_80 and sm_90"));
   }
+  if (options.fp8_weights && prop.major * 10 + prop.minor < 89) {
+    return absl::UnavailableError(absl::StrCat(
+        prop.name, " is sm_", prop.major, prop.minor,
+        ": FP8 weights need FP8 tensor cores (sm_89 or newer); drop --quantization fp8"));
+  }
   b->num_sms_ = prop.multiProcessorCount;
   int driver = 0;
   cudaDriverGetVersion(&driver);
-  b->description_ =
-      absl::StrCat("cuda:", options.device_index, " ", prop.name, " (sm_", prop.major, prop.minor,
-                   ", ", prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 20,
-                   " MiB, driver CUDA ", driver / 1000, ".", driver % 1000 / 10, ", ",
-                   std::string(DTypeName(b->activation_dtype_)), " activations)");
+  b->description_ = absl::StrCat(
+      "cuda:", options.device_index, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
+      prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 20, " MiB, driver CUDA ",
+      driver / 1000, ".", driver % 1000 / 10, ", ", std::string(DTypeName(b->activation_dtype_)),
+      " activations", options.fp8_weights ? ", fp8 weights" : "", ")");
   if ((err = cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking)) != cudaSuccess) {
     return CudaError(err, "cudaStreamCreate");
   }
@@ -75,6 +81,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
     return CudaError(err, "cudaMalloc(cuBLAS workspace)");
   }
   cublasSetWorkspace(b->cublas_, b->cublas_workspace_, kCublasWorkspaceBytes);
+  if (cublasLtCreate(&b->cublas_lt_) != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnavailableError("cublasLtCreate failed");
+  }
+  b->fp8_outer_vector_ =
+      Fp8OuterVectorScaling(b->cublas_lt_, b->cublas_workspace_, kCublasWorkspaceBytes);
   return b;
 }
 
@@ -87,6 +98,7 @@ CudaBackend::~CudaBackend() {
   for (cudaGraphExec_t g : graphs_) {
     if (g != nullptr) cudaGraphExecDestroy(g);
   }
+  if (cublas_lt_ != nullptr) cublasLtDestroy(cublas_lt_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -227,12 +239,16 @@ absl::StatusOr<std::pair<int64_t, int64_t>> CudaBackend::MemoryInfo() const {
 
 absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DType dtype,
                                                           int64_t rows, int64_t cols,
-                                                          MatrixUse /*use*/) {
+                                                          MatrixUse use) {
   Bind();
   PreparedMatrix m;
   m.rows = rows;
   m.cols = cols;
   const size_t src_bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
+  if (options_.fp8_weights && use == MatrixUse::kMatmul && rows > 0 && cols > 0 &&
+      (dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16)) {
+    return PrepareFp8Matrix(host, dtype, rows, cols);
+  }
   // Quantized weights stay in their packed blocks (cuda::Matmul reads them as stored).
   const bool as_is = dtype == DType::kF16 || dtype == DType::kBF16 || DTypeIsQuantized(dtype) ||
                      (dtype == DType::kF32 && options_.keep_f32_weights);
@@ -261,6 +277,32 @@ absl::StatusOr<PreparedMatrix> CudaBackend::PrepareMatrix(const void* host, DTyp
   return m;
 }
 
+absl::StatusOr<PreparedMatrix> CudaBackend::PrepareFp8Matrix(const void* host, DType dtype,
+                                                             int64_t rows, int64_t cols) {
+  const size_t src_bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
+  absl::StatusOr<DeviceBuffer> raw = AllocBuffer(src_bytes);
+  if (!raw.ok()) return raw.status();
+  if (absl::Status s = CopyToDevice(raw->get(), host, src_bytes); !s.ok()) return s;
+  // The codes, then one f32 scale per row, in one buffer.
+  const size_t codes_bytes = (static_cast<size_t>(rows * cols) + 255) / 256 * 256;
+  absl::StatusOr<DeviceBuffer> out = AllocBuffer(codes_bytes + sizeof(float) * rows);
+  if (!out.ok()) return out.status();
+  auto* codes = out->as<uint8_t>();
+  auto* scales = reinterpret_cast<float*>(codes + codes_bytes);
+  const cudaError_t err =
+      QuantizeRowsFp8(raw->get(), dtype, cols, rows, cols, codes, cols, scales, stream_);
+  if (err != cudaSuccess) return CudaError(err, "FP8 weight quantization");
+  if (absl::Status s = Synchronize(); !s.ok()) return s;
+  PreparedMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = DType::kF8E4M3;
+  m.data = codes;
+  m.scales = scales;
+  m.storage = std::move(*out);
+  return m;
+}
+
 absl::StatusOr<PreparedVector> CudaBackend::PrepareVector(const float* host, int64_t n) {
   Bind();
   PreparedVector v;
@@ -285,8 +327,14 @@ void CudaBackend::RmsNorm(const cpu::RmsNormArgs& args) {
 
 void CudaBackend::Matmul(const cpu::MatmulArgs& args) {
   Bind();
-  if (!Reserve(&matmul_scratch_, MatmulScratchBytes(args), "matmul")) return;
-  NoteText(cuda::Matmul(args, cublas_, matmul_scratch_.get(), stream_), "matmul");
+  BlasHandles blas;
+  blas.blas = cublas_;
+  blas.lt = cublas_lt_;
+  blas.workspace = cublas_workspace_;
+  blas.workspace_bytes = kCublasWorkspaceBytes;
+  blas.fp8_outer_vector = fp8_outer_vector_;
+  if (!Reserve(&matmul_scratch_, MatmulScratchBytes(args, blas), "matmul")) return;
+  NoteText(cuda::Matmul(args, blas, matmul_scratch_.get(), stream_), "matmul");
 }
 
 void CudaBackend::RopeKvWrite(const RopeKvWriteArgs& args) {

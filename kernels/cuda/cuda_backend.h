@@ -1,6 +1,7 @@
 #ifndef KVSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 #define KVSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -20,7 +21,9 @@ namespace kvserve::cuda {
 ///
 /// Weights: f16 / bf16 and GGUF quantized matrices are copied as stored (quantized ones stay
 /// packed: cuda::Matmul reads their blocks); f32 ones are converted to bf16 on the device at load
-/// (kept as f32 with keep_f32_weights). Activations are bf16 between ops (activation_dtype; f32
+/// (kept as f32 with keep_f32_weights). With fp8_weights, f32 / f16 / bf16 Matmul weights are
+/// quantized to FP8 E4M3 with row scales on the device at load instead (cuBLASLt's FP8 GEMMs
+/// multiply them; cuda::Matmul). Activations are bf16 between ops (activation_dtype; f32
 /// with BackendOptions::f32_activations or KVSERVE_CUDA_F32_ACTIVATIONS=1), each op reading and
 /// writing the dtype its args name. Accumulation is fp32 (cuBLAS, or the quantized GEMV). The
 /// first error of queued ops is reported by the next Synchronize / CopyToHost and then cleared: a
@@ -83,6 +86,9 @@ class CudaBackend final : public Backend {
   /// Makes this backend's device current on the calling thread (ops may come from any one
   /// thread at a time, e.g. an engine loop that did not create the backend).
   void Bind() const;
+  /// PrepareMatrix of a float Matmul weight under fp8_weights: uploaded, quantized on the device.
+  absl::StatusOr<PreparedMatrix> PrepareFp8Matrix(const void* host, DType dtype, int64_t rows,
+                                                  int64_t cols);
   /// Records the first error of a queued op (sticky until reported).
   void Note(cudaError_t err, const char* op);
   void NoteText(const char* error, const char* op);
@@ -99,7 +105,9 @@ class CudaBackend final : public Backend {
   int num_sms_ = 1;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
   void* cublas_workspace_ = nullptr;
+  bool fp8_outer_vector_ = false;  // cuda::Fp8OuterVectorScaling
   std::string error_;  // first asynchronous error, reported by Synchronize
   DeviceBuffer matmul_scratch_;
   DeviceBuffer attention_scratch_;

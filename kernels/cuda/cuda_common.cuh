@@ -179,6 +179,8 @@ __device__ __forceinline__ float LoadWeight(const uint8_t* row, DType dtype, int
       return HalfBitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
     case DType::kBF16:
       return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::kF8E4M3:  // the code's value; the row scale is kept apart
+      return Fp8ToFloat(row[c]);
     case DType::kQ8_0: {
       const uint8_t* block = row + (c / 32) * 34;
       return LoadHalfAt(block) * static_cast<float>(static_cast<int8_t>(block[2 + c % 32]));

@@ -1,9 +1,13 @@
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/cuda/convert_weights.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul.h"
 
@@ -301,9 +305,243 @@ const char* Convert(const void* src, DType src_type, int64_t src_stride, const f
   return cudaGetLastError() == cudaSuccess ? nullptr : "activation conversion launch failed";
 }
 
+// ---- FP8 E4M3 weights ---------------------------------------------------------------------------
+
+// Largest f32 staging of an FP8 GEMM's result (rows of it per cuBLASLt call).
+constexpr int64_t kFp8StageBytes = int64_t{8} << 20;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The alignment cuBLASLt may assume of an operand: the largest power of two up to 256 dividing
+// its address (cuBLASLt's heuristics assume 256 unless told).
+uint32_t AlignmentOf(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  return at % 256 == 0 ? 256u : static_cast<uint32_t>(at & (~at + 1));
+}
+
+// How Matmul runs an FP8 call (MatmulScratchBytes sizes the same plan).
+struct Fp8Plan {
+  bool gemv = false;       // Fp8Gemv in kFp8GemvMaxRows-row chunks
+  bool scaled = false;     // cuBLASLt applies the row scales (outer-vector scaling)
+  bool stage = false;      // cuBLASLt writes f32 into the scratch; Fp8ScaleRows stores y
+  int64_t xq_stride = 0;   // bytes between the quantized x rows
+  int64_t stage_rows = 0;  // x rows per staged GEMM
+};
+
+Fp8Plan PlanFp8(const cpu::MatmulArgs& a, const BlasHandles& blas) {
+  Fp8Plan p;
+  p.xq_stride = (a.k + 15) / 16 * 16;
+  // cuBLASLt's FP8 GEMMs take the TN layout with 16-byte aligned operands and k % 16 == 0.
+  if (a.m <= kFp8GemvMaxRows || blas.lt == nullptr || a.k % 16 != 0 || !Aligned16(a.w)) {
+    p.gemv = true;
+    return p;
+  }
+  p.scaled = blas.fp8_outer_vector;
+  const int64_t y_bytes = a.y_dtype == DType::kF32 ? 4 : 2;
+  const bool y_aligned = Aligned16(a.y) && (a.y_stride * y_bytes) % 16 == 0;
+  p.stage = !p.scaled || a.bias != nullptr || !y_aligned;
+  if (p.stage) p.stage_rows = std::clamp<int64_t>(kFp8StageBytes / (4 * a.n), 16, a.m);
+  return p;
+}
+
+// Scratch of an FP8 call: the quantized rows, their scales, the staged result.
+struct Fp8Scratch {
+  uint8_t* xq;
+  float* xs;
+  float* stage;
+};
+
+Fp8Scratch Fp8ScratchAt(const cpu::MatmulArgs& a, const Fp8Plan& p, void* scratch) {
+  auto* at = static_cast<uint8_t*>(scratch);
+  Fp8Scratch s;
+  s.xq = at;
+  at += Aligned(a.m * p.xq_stride);
+  s.xs = reinterpret_cast<float*>(at);
+  at += Aligned(a.m * 4);
+  s.stage = p.stage ? reinterpret_cast<float*>(at) : nullptr;
+  return s;
+}
+
+size_t Fp8ScratchBytes(const cpu::MatmulArgs& a, const Fp8Plan& p) {
+  return static_cast<size_t>(Aligned(a.m * p.xq_stride) + Aligned(a.m * 4) +
+                             (p.stage ? Aligned(p.stage_rows * a.n * 4) : 0));
+}
+
+// The algorithm cuBLASLt's heuristic picks for an FP8 problem, asked once per shape, operand
+// alignments and device.
+struct Fp8Algo {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo;
+};
+
+// One FP8 GEMM on cuBLASLt, column-major as cuBLAS sees our row-major operands: D [n, rows] =
+// W [n, k] (A: k x n, transposed) times xq^T (B: k x rows, ld xq_stride), f32 accumulation; with
+// `scaled`, D[j, r] is also multiplied by w_scale[j] * xs[r] (outer-vector scales). With
+// `query_only` it only asks whether an algorithm exists. NOT_SUPPORTED when none does.
+cublasStatus_t LtFp8Gemm(const BlasHandles& blas, const uint8_t* w, const float* w_scale, int64_t n,
+                         const uint8_t* xq, int64_t xq_stride, const float* xs, int64_t rows,
+                         int64_t k, void* d, cudaDataType_t d_type, int64_t ldd, bool scaled,
+                         cudaStream_t stream, bool query_only = false) {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  auto step = [&st](cublasStatus_t s) {
+    if (st == CUBLAS_STATUS_SUCCESS) st = s;
+  };
+  step(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int32_t op_t = CUBLAS_OP_T;
+  const int32_t op_n = CUBLAS_OP_N;
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    if (scaled) {
+      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                          sizeof(mode)));
+      step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                          sizeof(mode)));
+      step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
+                                          sizeof(w_scale)));
+      step(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs,
+                                          sizeof(xs)));
+    }
+  }
+  step(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
+                                  static_cast<uint64_t>(n), k));
+  step(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
+                                  static_cast<uint64_t>(rows), xq_stride));
+  step(cublasLtMatrixLayoutCreate(&d_layout, d_type, static_cast<uint64_t>(n),
+                                  static_cast<uint64_t>(rows), ldd));
+  step(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t workspace_bytes = blas.workspace_bytes;
+  // The operands' real alignments, so the algorithm chosen can take them (x rows of a chunk and
+  // a y inside a larger buffer may be 16-byte aligned only).
+  const uint32_t align_a = AlignmentOf(w), align_b = AlignmentOf(xq), align_d = AlignmentOf(d);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    step(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &workspace_bytes, sizeof(workspace_bytes)));
+    step(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                              &align_a, sizeof(align_a)));
+    step(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                              &align_b, sizeof(align_b)));
+    step(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                              &align_d, sizeof(align_d)));
+    step(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                              &align_d, sizeof(align_d)));
+  }
+  Fp8Algo found;
+  auto ask = [&] {
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(
+        blas.lt, desc, a_layout, b_layout, d_layout, d_layout, pref, 1, &result, &count);
+    Fp8Algo entry;
+    entry.found = h == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (entry.found) entry.algo = result.algo;
+    return entry;
+  };
+  if (st == CUBLAS_STATUS_SUCCESS && query_only) {
+    found = ask();  // a backend's one question, not cached
+  } else if (st == CUBLAS_STATUS_SUCCESS) {
+    // Heuristics cost host time: one query per problem shape and device.
+    static std::mutex mu;
+    static std::map<
+        std::tuple<int, int64_t, int64_t, int64_t, int, bool, uint32_t, uint32_t, uint32_t>,
+        Fp8Algo>
+        cache;
+    int device = 0;
+    cudaGetDevice(&device);
+    const auto key = std::make_tuple(device, n, rows, k, static_cast<int>(d_type), scaled, align_a,
+                                     align_b, align_d);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, ask()).first;
+    found = it->second;
+  }
+  if (st == CUBLAS_STATUS_SUCCESS && !found.found) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (st == CUBLAS_STATUS_SUCCESS && !query_only) {
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    st = cublasLtMatmul(blas.lt, desc, &one, w, a_layout, xq, b_layout, &zero, d, d_layout, d,
+                        d_layout, &found.algo, blas.workspace, blas.workspace_bytes, stream);
+  }
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  if (d_layout != nullptr) cublasLtMatrixLayoutDestroy(d_layout);
+  if (b_layout != nullptr) cublasLtMatrixLayoutDestroy(b_layout);
+  if (a_layout != nullptr) cublasLtMatrixLayoutDestroy(a_layout);
+  if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  return st;
+}
+
+// Fp8Gemv over x rows [r0, m) in chunks of kFp8GemvMaxRows.
+const char* Fp8GemvRows(const cpu::MatmulArgs& a, const Fp8Scratch& s, int64_t xq_stride,
+                        int64_t r0, cudaStream_t stream) {
+  const int64_t y_bytes = a.y_dtype == DType::kF32 ? 4 : 2;
+  for (; r0 < a.m; r0 += kFp8GemvMaxRows) {
+    cpu::MatmulArgs chunk = a;
+    chunk.m = std::min<int64_t>(kFp8GemvMaxRows, a.m - r0);
+    chunk.y = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(a.y) + r0 * a.y_stride * y_bytes);
+    if (Fp8Gemv(chunk, s.xq + r0 * xq_stride, xq_stride, s.xs + r0, stream) != cudaSuccess) {
+      return "FP8 GEMV launch failed";
+    }
+  }
+  return nullptr;
+}
+
+const char* Fp8Matmul(const cpu::MatmulArgs& a, const BlasHandles& blas, void* scratch,
+                      cudaStream_t stream) {
+  if (a.w_scale == nullptr) return "FP8 weights without their row scales (MatmulArgs::w_scale)";
+  const Fp8Plan p = PlanFp8(a, blas);
+  const Fp8Scratch s = Fp8ScratchAt(a, p, scratch);
+  if (QuantizeRowsFp8(a.x, a.x_dtype, a.x_stride, a.m, a.k, s.xq, p.xq_stride, s.xs, stream) !=
+      cudaSuccess) {
+    return "FP8 activation quantization launch failed";
+  }
+  if (p.gemv) return Fp8GemvRows(a, s, p.xq_stride, 0, stream);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  if (!p.stage) {
+    const cublasStatus_t st =
+        LtFp8Gemm(blas, w, a.w_scale, a.n, s.xq, p.xq_stride, s.xs, a.m, a.k, a.y,
+                  CudaType(a.y_dtype), a.y_stride, /*scaled=*/true, stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return Fp8GemvRows(a, s, p.xq_stride, 0, stream);
+    return st == CUBLAS_STATUS_SUCCESS ? nullptr : cublasGetStatusString(st);
+  }
+  const int64_t y_bytes = a.y_dtype == DType::kF32 ? 4 : 2;
+  for (int64_t r0 = 0; r0 < a.m; r0 += p.stage_rows) {
+    const int64_t rows = std::min(p.stage_rows, a.m - r0);
+    const cublasStatus_t st =
+        LtFp8Gemm(blas, w, a.w_scale, a.n, s.xq + r0 * p.xq_stride, p.xq_stride, s.xs + r0, rows,
+                  a.k, s.stage, CUDA_R_32F, a.n, p.scaled, stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return Fp8GemvRows(a, s, p.xq_stride, r0, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return cublasGetStatusString(st);
+    g_conversions.fetch_add(1, std::memory_order_relaxed);
+    if (Fp8ScaleRows(s.stage, a.n, p.scaled ? nullptr : s.xs + r0, p.scaled ? nullptr : a.w_scale,
+                     a.bias, reinterpret_cast<uint8_t*>(a.y) + r0 * a.y_stride * y_bytes, a.y_dtype,
+                     a.y_stride, rows, a.n, stream) != cudaSuccess) {
+      return "FP8 result scaling launch failed";
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-size_t MatmulScratchBytes(const cpu::MatmulArgs& a) {
+bool Fp8OuterVectorScaling(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
+  if (lt == nullptr) return false;
+  BlasHandles blas;
+  blas.lt = lt;
+  blas.workspace = workspace;
+  blas.workspace_bytes = workspace_bytes;
+  // Stand-in operand pointers: a query reads none of them.
+  const auto* p = static_cast<const uint8_t*>(workspace);
+  return LtFp8Gemm(blas, p, reinterpret_cast<const float*>(p), 64, p, 64,
+                   reinterpret_cast<const float*>(p), 64, 64, workspace, CUDA_R_16BF, 64,
+                   /*scaled=*/true, nullptr, /*query_only=*/true) == CUBLAS_STATUS_SUCCESS;
+}
+
+size_t MatmulScratchBytes(const cpu::MatmulArgs& a, const BlasHandles& blas) {
+  if (a.w_dtype == DType::kF8E4M3) return Fp8ScratchBytes(a, PlanFp8(a, blas));
   const GemmPlan p = PlanGemm(a);
   if (p.gemv) return 0;
   int64_t bytes = 0;
@@ -315,9 +553,11 @@ size_t MatmulScratchBytes(const cpu::MatmulArgs& a) {
 
 int64_t ActivationConversions() { return g_conversions.load(std::memory_order_relaxed); }
 
-const char* Matmul(const cpu::MatmulArgs& a, cublasHandle_t handle, void* scratch,
+const char* Matmul(const cpu::MatmulArgs& a, const BlasHandles& blas, void* scratch,
                    cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0) return nullptr;
+  if (a.w_dtype == DType::kF8E4M3) return Fp8Matmul(a, blas, scratch, stream);
+  cublasHandle_t handle = blas.blas;
   const GemmPlan p = PlanGemm(a);
   if (p.gemv) return QuantGemv(a, stream);
   const float alpha = 1.0f;

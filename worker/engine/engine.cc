@@ -42,7 +42,21 @@ namespace {
 constexpr int32_t kMaxDecodeGraphBatch = 512;
 
 // What the capacity planner needs to know of a loaded model.
-ModelSpec SpecOf(const ModelWeights& w) {
+// Bytes of `w` on a device backend with FP8 weights (BackendOptions::fp8_weights): each float
+// layer matrix at one byte a weight plus a 4-byte scale a row; the rest as stored.
+int64_t Fp8WeightBytes(const ModelWeights& w) {
+  int64_t total = w.TotalBytes();
+  w.ForEachLayerTensor([&](const TensorView& t) {
+    if (t.shape.size() == 2 &&
+        (t.dtype == DType::kF32 || t.dtype == DType::kF16 || t.dtype == DType::kBF16)) {
+      total -= t.nbytes() - t.shape[0] * (t.shape[1] + 4);
+    }
+  });
+  return total;
+}
+
+// The planner's view of `w`: its shapes, and its bytes as the backend holds them.
+ModelSpec SpecOf(const ModelWeights& w, bool fp8_weights) {
   const ModelConfig& c = w.config;
   ModelSpec spec;
   spec.model_type = c.architecture;
@@ -73,7 +87,7 @@ ModelSpec SpecOf(const ModelWeights& w) {
   spec.mla.qk_nope_head_dim = c.qk_nope_head_dim;
   spec.mla.v_head_dim = c.v_head_dim;
   ShardedSizes bytes;
-  bytes.replicated = w.TotalBytes();  // one rank holds everything
+  bytes.replicated = fp8_weights ? Fp8WeightBytes(w) : w.TotalBytes();  // one rank holds all
   spec.tensor_bytes = bytes;
   return spec;
 }
@@ -120,7 +134,7 @@ absl::StatusOr<int64_t> Engine::PoolBlocks(const ModelWeights& weights,
                                            int activation_bytes) {
   if (options.num_kv_blocks > 0) return options.num_kv_blocks;
   const ModelConfig& config = weights.config;
-  const ModelSpec spec = SpecOf(weights);
+  const ModelSpec spec = SpecOf(weights, options.fp8_weights && !host_pool);
   int64_t budget = options.kv_cache_memory;
   if (budget == 0 && options.gpu_memory_utilization > 0) {
     PlanOptions plan;
@@ -206,6 +220,7 @@ absl::Status Engine::CreateModel() {
     BackendOptions backend_options;
     backend_options.enable_graphs = options_.cuda_graphs;
     backend_options.keep_f32_weights = options_.keep_f32_weights;
+    backend_options.fp8_weights = options_.fp8_weights;
     // kAuto comes back as the CPU backend (having said why) when CUDA is unusable.
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         CreateBackend(options_.device, backend_options, nullptr);
@@ -215,6 +230,11 @@ absl::Status Engine::CreateModel() {
                        backend.status().message()));
     }
     if (!(*backend)->host_memory()) backend_ = std::move(*backend);
+  }
+  if (options_.fp8_weights && backend_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "--quantization fp8 runs on CUDA devices (sm_89 or newer); this engine runs on the CPU "
+        "(--device cpu, or --device auto without a usable GPU)");
   }
   // The planner sizes a device pool from the memory free on the device before the weights land
   // (it subtracts the weights and the activation peak itself).
@@ -247,6 +267,7 @@ absl::Status Engine::CreateModel() {
       BackendOptions rank_options;
       rank_options.enable_graphs = options_.cuda_graphs;
       rank_options.keep_f32_weights = options_.keep_f32_weights;
+      rank_options.fp8_weights = options_.fp8_weights;
       rank_options.simulator = options_.device == DeviceChoice::kCudaSim;
       UseDeviceRanks(&tp_options, rank_options, std::move(backend_));
       device_name_ = options_.device == DeviceChoice::kCudaSim ? "cuda-sim" : "cuda";

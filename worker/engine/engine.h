@@ -89,6 +89,9 @@ struct EngineOptions {
   bool cuda_graphs = true;
   /// CUDA: keep f32 weights in f32 (BackendOptions::keep_f32_weights) instead of bf16.
   bool keep_f32_weights = false;
+  /// CUDA, sm_89+: FP8 E4M3 Matmul weights with row scales (BackendOptions::fp8_weights,
+  /// `--quantization fp8`). Refused on the CPU.
+  bool fp8_weights = false;
   /// CUDA (one GPU, no pipeline): a step whose every sampled sequence the device kernel serves
   /// exactly (DeviceSampler::RowParams, no constraint) is sampled where its logits are, and only
   /// the token ids come back to the host; the tokens are the host sampler's. False

@@ -288,7 +288,8 @@ absl::Status LlamaModel::PrepareWeights() {
     output_.dtype = embedding_.dtype;
     output_.rows = embedding_.rows;
     output_.cols = embedding_.cols;
-  } else if (absl::Status s = matrix(weights_->output, &output_); !s.ok()) {
+  } else if (absl::Status s = matrix(weights_->output, &output_, MatrixUse::kMatmulKeepPrecision);
+             !s.ok()) {
     return s;
   }
   if (absl::Status s = vector(weights_->final_norm, &final_norm_); !s.ok()) return s;
@@ -388,7 +389,9 @@ absl::Status LlamaModel::PrepareWeights() {
       }
       continue;
     }
-    if (absl::Status s = matrix(w.router, &l.router); !s.ok()) return s;
+    if (absl::Status s = matrix(w.router, &l.router, MatrixUse::kMatmulKeepPrecision); !s.ok()) {
+      return s;
+    }
     l.router_bias = w.router_bias.present() ? F32(w.router_bias) : nullptr;
     if (w.shared.w_gate.present()) {
       for (auto [t, m] : {std::pair{&w.shared.w_gate, &l.shared.w_gate},
@@ -603,6 +606,7 @@ void LlamaModel::LinearStrided(const float* x, int64_t x_stride, const PreparedM
   args.w = w.data;
   args.w_dtype = w.dtype;
   args.w_packed = w.packed;
+  args.w_scale = w.scales;
   args.bias = bias.data;
   args.y = y;
   args.y_stride = y_stride;

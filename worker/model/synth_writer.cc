@@ -192,6 +192,8 @@ uint32_t GgufFileType(DType d, WeightMix mix) {
       return 18;
     case DType::kBF16:
       return 32;
+    case DType::kF8E4M3:  // made at load (BackendOptions::fp8_weights), never written
+      return 0;
   }
   return 0;
 }

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/block_quant.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/kv_quant.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/cpu/block_quant_reference.h"
 
@@ -123,6 +124,9 @@ inline std::vector<double> DecodeRows(DType dtype, const std::vector<uint8_t>& b
         case DType::kQ5_K:
         case DType::kQ6_K:
           value = RefDecodeElement(dtype, row, e);
+          break;
+        case DType::kF8E4M3:  // unscaled code values (the row scale lives elsewhere)
+          value = Fp8E4M3ToFloat(row[e]);
           break;
       }
       out[r * k + e] = value;

@@ -309,6 +309,53 @@ TEST_F(CudaEngineTest, QuantizedKvCache) {
   }
 }
 
+// FP8 weights (--quantization fp8) serve the golden prompts, keeping their first tokens, and the
+// planner sizes the KV pool with the weights' FP8 bytes: the memory they free (stories260K's
+// f32 layer matrices shrink to a quarter) becomes KV blocks.
+TEST_F(CudaEngineTest, Fp8WeightsServeTheGoldenPromptsAndFreeKvMemory) {
+  const auto golden = testing_golden::LoadStoriesGolden();
+  EngineOptions o = Options();
+  o.fp8_weights = true;
+  std::unique_ptr<Engine> engine = Make(o);
+  if (engine == nullptr) return;
+  const size_t tokens = testing_cuda::UseSimulator() ? 48 : golden.cases[0].generated_ids.size();
+  for (const auto& c : golden.cases) {
+    const Collected got =
+        Drain(**engine->Submit(Greedy(c.prompt, c.prompt_ids, static_cast<int>(tokens))))[0];
+    size_t match = 0;
+    while (match < got.tokens.size() && got.tokens[match] == c.generated_ids[match]) ++match;
+    std::printf("fp8 weights \"%s\": %zu of %zu leading tokens match the f32 reference\n",
+                c.prompt.c_str(), match, tokens);
+    EXPECT_GE(match, 8u);
+  }
+  ExpectPoolFree(*engine);
+  engine.reset();
+  // Pool sizes from the device's memory: 0.2 of the simulator's, the weights' bytes subtracted.
+  int64_t blocks[2] = {};
+  for (bool fp8 : {false, true}) {
+    EngineOptions sized = Options();
+    sized.fp8_weights = fp8;
+    sized.kv_cache_memory = 0;
+    sized.gpu_memory_utilization = 0.2;
+    std::unique_ptr<Engine> e = Make(sized);
+    if (e == nullptr) return;
+    blocks[fp8] = e->num_kv_blocks();
+  }
+  int64_t freed = 0;  // what the FP8 layer matrices save, in bytes
+  model_->weights->ForEachLayerTensor([&](const TensorView& t) {
+    if (t.shape.size() == 2) freed += t.nbytes() - t.shape[0] * (t.shape[1] + 4);
+  });
+  const ModelConfig& c = model_->weights->config;
+  const int64_t block_bytes = 2 * int64_t{c.num_layers} * c.num_kv_heads * c.head_dim *
+                              Options().block_size *
+                              KvCacheDTypeElemBytes(Options().kv_cache_dtype);
+  std::printf("KV blocks with the weights' bytes: %lld as stored, %lld in FP8 (%lld freed)\n",
+              static_cast<long long>(blocks[0]), static_cast<long long>(blocks[1]),
+              static_cast<long long>(freed));
+  EXPECT_NEAR(static_cast<double>(blocks[1] - blocks[0]), static_cast<double>(freed) / block_bytes,
+              2.0);
+}
+
 // A seeded top-k / top-p request (or greedy at temperature 0) of `max_tokens` tokens on a prompt
 // of 20 + 7 * seed % 50 tokens, ignoring EOS, with no log-probabilities.
 EngineRequest Sampled(int i, float temperature, int32_t top_k, float top_p, int max_tokens) {

@@ -74,6 +74,7 @@ std::vector<uint8_t> MakeWeights(DType dtype, int64_t rows, int64_t cols, uint32
         case DType::kQ4_K:
         case DType::kQ5_K:
         case DType::kQ6_K:
+        case DType::kF8E4M3:  // not a stored weight type
           break;  // quantized per row above
       }
     }

@@ -24,6 +24,8 @@ typedef enum {
   CUDA_R_32F = 0,
   CUDA_R_16F = 2,
   CUDA_R_16BF = 14,
+  CUDA_R_8F_E4M3 = 28,
+  CUDA_R_8F_E5M2 = 29,
 } cudaDataType_t;
 typedef cudaDataType_t cudaDataType;
 

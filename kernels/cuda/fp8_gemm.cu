@@ -1,0 +1,149 @@
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ptx.cuh"
+
+namespace kvserve::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;
+constexpr int kGemvWarps = 4;  // weight rows per 128-thread block
+
+// Element i of an f32 / f16 / bf16 array, as f32.
+__device__ __forceinline__ float LoadFloat(const void* p, int64_t i, DType type) {
+  if (type == DType::kF32) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  return type == DType::kBF16 ? Bf16BitsToFloat(bits) : HalfBitsToFloat(bits);
+}
+
+// One block per row: the row's absmax (NaN never wins, as in cpu::EncodeKvVector), its scale
+// absmax / 448, then every element divided by it and rounded to E4M3.
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsFp8Kernel(const void* src, DType src_dtype, int64_t src_stride, int64_t cols,
+                          uint8_t* codes, int64_t codes_stride, float* scales) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * src_stride;
+  float amax = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads) {
+    amax = fmaxf(amax, fabsf(LoadFloat(src, row + c, src_dtype)));
+  }
+  __shared__ float warp_max[kQuantThreads / kWarp];
+  amax = WarpMax(amax);
+  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = amax;
+  __syncthreads();
+  float block_max = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / kWarp; ++w) block_max = fmaxf(block_max, warp_max[w]);
+  const float s = block_max / 448.0f;
+  if (threadIdx.x == 0) scales[blockIdx.x] = s;
+  uint8_t* out = codes + static_cast<int64_t>(blockIdx.x) * codes_stride;
+  for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads) {
+    out[c] = s == 0.0f ? 0 : FloatToFp8(LoadFloat(src, row + c, src_dtype) / s);
+  }
+}
+
+// Sixteen E4M3 codes (a 16-byte load, first code in the low byte of .x) as floats.
+__device__ __forceinline__ void Decode16(const uint4 v, float* out) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 lo = Fp8x2ToFloat2(static_cast<uint16_t>(words[i] & 0xffffu));
+    const float2 hi = Fp8x2ToFloat2(static_cast<uint16_t>(words[i] >> 16));
+    out[4 * i] = lo.x;
+    out[4 * i + 1] = lo.y;
+    out[4 * i + 2] = hi.x;
+    out[4 * i + 3] = hi.y;
+  }
+}
+
+// One warp per weight row j: lanes on consecutive 16-code pieces of the row (vec16) or single
+// codes; every weight piece decoded once for all m x rows. The products of two E4M3 values are
+// exact in f32; only the summation order is the kernel's.
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
+    Fp8GemvKernel(cpu::MatmulArgs a, const uint8_t* xq, int64_t xq_stride, const float* xs,
+                  bool vec16, bool y_bf16) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (j >= a.n) return;
+  const int m = static_cast<int>(a.m);
+  const uint8_t* w = static_cast<const uint8_t*>(a.w) + j * a.k;
+  float acc[kFp8GemvMaxRows] = {};
+  if (vec16) {
+    for (int64_t c = 16 * lane; c < a.k; c += 16 * kWarp) {
+      float wf[16];
+      Decode16(*reinterpret_cast<const uint4*>(w + c), wf);
+#pragma unroll
+      for (int r = 0; r < kFp8GemvMaxRows; ++r) {
+        if (r >= m) break;
+        float xf[16];
+        Decode16(*reinterpret_cast<const uint4*>(xq + r * xq_stride + c), xf);
+        float sum = acc[r];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) sum = fmaf(wf[e], xf[e], sum);
+        acc[r] = sum;
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < a.k; c += kWarp) {
+      const float wv = Fp8ToFloat(w[c]);
+      for (int r = 0; r < m; ++r) acc[r] = fmaf(wv, Fp8ToFloat(xq[r * xq_stride + c]), acc[r]);
+    }
+  }
+  const float w_scale = a.w_scale[j];
+  const float bias = a.bias != nullptr ? a.bias[j] : 0.0f;
+#pragma unroll
+  for (int r = 0; r < kFp8GemvMaxRows; ++r) {
+    if (r >= m) break;
+    const float v = WarpSum(acc[r]);
+    if (lane == 0) StoreAct(a.y, r * a.y_stride + j, v * (xs[r] * w_scale) + bias, y_bf16);
+  }
+}
+
+__global__ void Fp8ScaleRowsKernel(const float* acc, int64_t acc_stride, const float* xs,
+                                   const float* ws, const float* bias, void* y, bool y_bf16,
+                                   int64_t y_stride, int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / n;
+    const int64_t c = e % n;
+    float v = acc[r * acc_stride + c];
+    if (xs != nullptr) v *= xs[r] * ws[c];
+    StoreAct(y, r * y_stride + c, v + (bias != nullptr ? bias[c] : 0.0f), y_bf16);
+  }
+}
+
+}  // namespace
+
+cudaError_t QuantizeRowsFp8(const void* src, DType src_dtype, int64_t src_stride, int64_t rows,
+                            int64_t cols, uint8_t* codes, int64_t codes_stride, float* scales,
+                            cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  KVSERVE_LAUNCH(QuantizeRowsFp8Kernel, static_cast<unsigned>(rows), kQuantThreads, 0, stream, src,
+                 src_dtype, src_stride, cols, codes, codes_stride, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t Fp8Gemv(const cpu::MatmulArgs& a, const uint8_t* xq, int64_t xq_stride, const float* xs,
+                    cudaStream_t stream) {
+  if (a.m <= 0 || a.n <= 0) return cudaSuccess;
+  const bool vec16 = a.k % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(xq) % 16 == 0 && xq_stride % 16 == 0;
+  const auto blocks = static_cast<unsigned>(CeilDiv(a.n, kGemvWarps));
+  KVSERVE_LAUNCH(Fp8GemvKernel, blocks, kGemvWarps * kWarp, 0, stream, a, xq, xq_stride, xs, vec16,
+                 a.y_dtype == DType::kBF16);
+  return cudaGetLastError();
+}
+
+cudaError_t Fp8ScaleRows(const float* acc, int64_t acc_stride, const float* xs, const float* ws,
+                         const float* bias, void* y, DType y_dtype, int64_t y_stride, int64_t m,
+                         int64_t n, cudaStream_t stream) {
+  if (m <= 0 || n <= 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(m * n, 256), 1, 65535));
+  KVSERVE_LAUNCH(Fp8ScaleRowsKernel, blocks, 256, 0, stream, acc, acc_stride, xs, ws, bias, y,
+                 y_dtype == DType::kBF16, y_stride, m, n);
+  return cudaGetLastError();
+}
+
+}  // namespace kvserve::cuda
