@@ -35,6 +35,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -474,68 +475,45 @@ std::vector<SampleRowParams> SampleParams(int64_t rows) {
   return params;
 }
 
-/// y[m, n] = x[m, k] W[n, k]^T through the backend (bf16 weights, f32 activations converted to
-/// bf16 inside, f32 output). Bytes: W (bf16) + x + y (f32); FLOPs: 2 m n k.
-void GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, Target target) {
-  const std::string name = absl::StrCat("GEMM ", what, " m", m, " n", n, " k", k);
+/// y[m, n] = x[m, k] W[n, k]^T through the backend. bf16 weights: f32 x converted to bf16
+/// inside, f32 y; bytes W (bf16) + x + y (f32). `fp8`: FP8 E4M3 weights with row scales
+/// (DType::kF8E4M3), bf16 x and y as the model passes them (x quantized per row, then the FP8
+/// GEMV at m <= 8 or cuBLASLt's FP8 GEMM); bytes W (1 a weight) + its scales + x + y (bf16), and
+/// the FLOPs against the FP8 tensor peak (twice the bf16 one). FLOPs: 2 m n k.
+void GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, Target target,
+              bool fp8 = false) {
+  const std::string name =
+      absl::StrCat("GEMM ", fp8 ? "fp8 " : "", what, " m", m, " n", n, " k", k);
   if (!bench.Wanted(name)) return;
-  const double w_bytes = 2.0 * n * k;
+  const double w_bytes = (fp8 ? 1.0 : 2.0) * n * k;
+  const int64_t act = fp8 ? 2 : 4;  // bytes of an x or y element
   const int copies = Bench::Rotations(w_bytes);
-  std::optional<DeviceBuffer> x = bench.Alloc(m * k * 4, 0), y = bench.Alloc(m * n * 4, 0),
-                              w = bench.Alloc(static_cast<size_t>(w_bytes) * copies, 0x3c);
-  if (!x || !y || !w) {
-    bench.Skip(name, "out of device memory");
-    return;
-  }
-  const double bytes = w_bytes + 4.0 * m * k + 4.0 * m * n;
-  const double flops = 2.0 * m * n * k;
-  Backend& b = bench.backend();
-  const double s = bench.TimePerCall(
-      bench.CallsFor(std::max(bytes / 4.8e12, flops / 989e12), copies), [&](int i) {
-        const uint8_t* wi = w->as<uint8_t>() + static_cast<size_t>(w_bytes) * (i % copies);
-        b.Matmul({x->as<float>(), k, wi, DType::kBF16, nullptr, y->as<float>(), n, m, n, k});
-      });
-  bench.Row(name, s, bytes, flops, target);
-}
-
-/// y[m, n] = x[m, k] W[n, k]^T with FP8 E4M3 weights and row scales (DType::kF8E4M3), bf16 x
-/// and y as the model passes them: x quantized per row, then the FP8 GEMV (m <= 8) or
-/// cuBLASLt's FP8 GEMM. Bytes: W (1 a weight) + its scales + x + y (bf16); FLOPs: 2 m n k against
-/// the FP8 tensor peak (twice the bf16 one).
-void Fp8GemmCase(Bench& bench, const char* what, int64_t m, int64_t n, int64_t k, Target target) {
-  const std::string name = absl::StrCat("GEMM fp8 ", what, " m", m, " n", n, " k", k);
-  if (!bench.Wanted(name)) return;
-  const double w_bytes = 1.0 * n * k;
-  const int copies = Bench::Rotations(w_bytes);
-  // Codes 0x38 (1.0), scales of bytes 0x39 (1.8e-4 each), x zero.
-  std::optional<DeviceBuffer> x = bench.Alloc(m * k * 2, 0), y = bench.Alloc(m * n * 2, 0),
-                              w = bench.Alloc(static_cast<size_t>(w_bytes) * copies, 0x38),
+  // bf16 weights 0x3c3c; FP8 codes 0x38 (1.0) with scales of bytes 0x39 (1.8e-4 each); x zero.
+  std::optional<DeviceBuffer> x = bench.Alloc(m * k * act, 0), y = bench.Alloc(m * n * act, 0),
+                              w = bench.Alloc(static_cast<size_t>(w_bytes) * copies,
+                                              fp8 ? 0x38 : 0x3c),
                               scales = bench.Alloc(n * 4, 0x39);
   if (!x || !y || !w || !scales) {
     bench.Skip(name, "out of device memory");
     return;
   }
-  const double bytes = w_bytes + 4.0 * n + 2.0 * m * k + 2.0 * m * n;
+  const double bytes = w_bytes + (fp8 ? 4.0 * n : 0.0) + act * (m * k + m * n);
   const double flops = 2.0 * m * n * k;
   Backend& b = bench.backend();
   const double s = bench.TimePerCall(
-      bench.CallsFor(std::max(bytes / 4.8e12, flops / 1979e12), copies), [&](int i) {
-        cpu::MatmulArgs a{x->as<float>(),
-                          k,
-                          w->as<uint8_t>() + static_cast<size_t>(w_bytes) * (i % copies),
-                          DType::kF8E4M3,
-                          nullptr,
-                          y->as<float>(),
-                          n,
-                          m,
-                          n,
-                          k};
-        a.w_scale = scales->as<float>();
-        a.x_dtype = DType::kBF16;
-        a.y_dtype = DType::kBF16;
+      bench.CallsFor(std::max(bytes / 4.8e12, flops / (fp8 ? 1979e12 : 989e12)), copies),
+      [&](int i) {
+        const uint8_t* wi = w->as<uint8_t>() + static_cast<size_t>(w_bytes) * (i % copies);
+        const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
+        cpu::MatmulArgs a{x->as<float>(), k, wi, wt, nullptr, y->as<float>(), n, m, n, k};
+        if (fp8) {
+          a.w_scale = scales->as<float>();
+          a.x_dtype = DType::kBF16;
+          a.y_dtype = DType::kBF16;
+        }
         b.Matmul(a);
       });
-  bench.Row(name, s, bytes, flops, target, "", 2.0);
+  bench.Row(name, s, bytes, flops, target, "", fp8 ? 2.0 : 1.0);
 }
 
 /// The serving GEMMs of one layer and the LM head (the model runs q, k, v, gate and up as
@@ -544,18 +522,20 @@ void GemmCases(Bench& bench, int64_t m) {
   const ModelShape& s = bench.model();
   const int64_t qd = s.heads * s.head_dim, kvd = s.kv_heads * s.head_dim;
   const Target t{Target::kRoofline, 0.70};
-  GemmCase(bench, "q", m, qd, s.hidden, t);
-  GemmCase(bench, "k/v", m, kvd, s.hidden, t);
-  GemmCase(bench, "o", m, s.hidden, qd, t);
-  GemmCase(bench, "gate/up", m, s.ffn, s.hidden, t);
-  GemmCase(bench, "down", m, s.hidden, s.ffn, t);
-  GemmCase(bench, "lm_head", m, s.vocab, s.hidden, t);
+  struct Part {
+    const char* what;
+    int64_t n, k;
+  };
+  const Part parts[] = {{"q", qd, s.hidden},       {"k/v", kvd, s.hidden},
+                        {"o", s.hidden, qd},       {"gate/up", s.ffn, s.hidden},
+                        {"down", s.hidden, s.ffn}, {"lm_head", s.vocab, s.hidden}};
   // FP8 weights (--quantization fp8) take the same shapes but the LM head, which stays bf16.
-  Fp8GemmCase(bench, "q", m, qd, s.hidden, t);
-  Fp8GemmCase(bench, "k/v", m, kvd, s.hidden, t);
-  Fp8GemmCase(bench, "o", m, s.hidden, qd, t);
-  Fp8GemmCase(bench, "gate/up", m, s.ffn, s.hidden, t);
-  Fp8GemmCase(bench, "down", m, s.hidden, s.ffn, t);
+  for (bool fp8 : {false, true}) {
+    for (const Part& p : parts) {
+      if (!fp8 || std::string_view(p.what) != "lm_head")
+        GemmCase(bench, p.what, m, p.n, p.k, t, fp8);
+    }
+  }
 }
 
 /// RMSNorm with the residual add, SiLU-mul, RoPE + KV write and sampling at `rows` tokens.

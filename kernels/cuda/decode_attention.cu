@@ -70,12 +70,7 @@ __device__ __forceinline__ void DecodeChunk(const uint4& c, float* f) {
         f[4 * i + b] = static_cast<float>(static_cast<int8_t>((w[i] >> (8 * b)) & 0xffu));
       }
     } else {
-      const float2 lo = Fp8x2ToFloat2(static_cast<uint16_t>(w[i] & 0xffffu));
-      const float2 hi = Fp8x2ToFloat2(static_cast<uint16_t>(w[i] >> 16));
-      f[4 * i] = lo.x;
-      f[4 * i + 1] = lo.y;
-      f[4 * i + 2] = hi.x;
-      f[4 * i + 3] = hi.y;
+      Fp8x4ToFloats(w[i], f + 4 * i);
     }
   }
 }

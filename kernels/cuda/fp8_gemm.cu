@@ -45,16 +45,10 @@ __global__ void __launch_bounds__(kQuantThreads)
 
 // Sixteen E4M3 codes (a 16-byte load, first code in the low byte of .x) as floats.
 __device__ __forceinline__ void Decode16(const uint4 v, float* out) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 lo = Fp8x2ToFloat2(static_cast<uint16_t>(words[i] & 0xffffu));
-    const float2 hi = Fp8x2ToFloat2(static_cast<uint16_t>(words[i] >> 16));
-    out[4 * i] = lo.x;
-    out[4 * i + 1] = lo.y;
-    out[4 * i + 2] = hi.x;
-    out[4 * i + 3] = hi.y;
-  }
+  Fp8x4ToFloats(v.x, out);
+  Fp8x4ToFloats(v.y, out + 4);
+  Fp8x4ToFloats(v.z, out + 8);
+  Fp8x4ToFloats(v.w, out + 12);
 }
 
 // One warp per weight row j: lanes on consecutive 16-code pieces of the row (vec16) or single

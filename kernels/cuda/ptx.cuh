@@ -92,6 +92,16 @@ __device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
 #endif
 }
 
+/// Four OCP FP8 E4M3 codes (a 32-bit word, first code in the low byte) -> four floats.
+__device__ __forceinline__ void Fp8x4ToFloats(uint32_t codes, float* out) {
+  const float2 lo = Fp8x2ToFloat2(static_cast<uint16_t>(codes & 0xffffu));
+  const float2 hi = Fp8x2ToFloat2(static_cast<uint16_t>(codes >> 16));
+  out[0] = lo.x;
+  out[1] = lo.y;
+  out[2] = hi.x;
+  out[3] = hi.y;
+}
+
 // ---- Tensor cores (mma.sync, ldmatrix) ---------------------------------------------------------
 //
 // Fragments are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating point type",
