@@ -340,7 +340,10 @@ Fp8Plan PlanFp8(const cpu::MatmulArgs& a, const BlasHandles& blas) {
   const int64_t y_bytes = a.y_dtype == DType::kF32 ? 4 : 2;
   const bool y_aligned = Aligned16(a.y) && (a.y_stride * y_bytes) % 16 == 0;
   p.stage = !p.scaled || a.bias != nullptr || !y_aligned;
-  if (p.stage) p.stage_rows = std::clamp<int64_t>(kFp8StageBytes / (4 * a.n), 16, a.m);
+  // Chunks of a multiple of 16 rows keep every chunk's x rows 256-byte and scales 64-byte aligned.
+  if (p.stage) {
+    p.stage_rows = std::min(a.m, std::max<int64_t>(16, kFp8StageBytes / (4 * a.n) / 16 * 16));
+  }
   return p;
 }
 

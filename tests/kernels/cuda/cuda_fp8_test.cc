@@ -107,6 +107,7 @@ struct Case {
   int64_t m, n, k;
   bool bias;
   DType y_dtype;
+  int64_t y_offset = 0;  // bytes from the start of a 256-byte aligned allocation
 };
 
 // Runs `c` on `gpu` (bf16 x unless the backend keeps f32 activations; the CPU gets the same
@@ -140,14 +141,16 @@ float RunAgainstCpu(Backend* gpu, const Case& c, uint32_t seed) {
   DeviceBuffer dx = x_bf16 ? Upload(gpu, x16) : Upload(gpu, x);
   DeviceBuffer db = Upload(gpu, bias);
   const size_t y_bytes = c.y_dtype == DType::kF32 ? 4 : 2;
-  absl::StatusOr<DeviceBuffer> dy = gpu->AllocBuffer(c.m * c.n * y_bytes);
+  absl::StatusOr<DeviceBuffer> dy = gpu->AllocBuffer(c.m * c.n * y_bytes + c.y_offset);
   EXPECT_TRUE(dy.ok());
+  float* y = reinterpret_cast<float*>(dy->as<uint8_t>() + c.y_offset);
+  const float* bias_at = c.bias ? db.as<float>() : nullptr;
   cpu::MatmulArgs ga{static_cast<const float*>(dx.get()),
                      c.k,
                      pw->data,
                      pw->dtype,
-                     c.bias ? db.as<float>() : nullptr,
-                     dy->as<float>(),
+                     bias_at,
+                     y,
                      c.n,
                      c.m,
                      c.n,
@@ -158,9 +161,9 @@ float RunAgainstCpu(Backend* gpu, const Case& c, uint32_t seed) {
   gpu->Matmul(ga);
   std::vector<float> got(want.size());
   if (c.y_dtype == DType::kF32) {
-    got = Download<float>(gpu, dy->get(), got.size());
+    got = Download<float>(gpu, y, got.size());
   } else {
-    const std::vector<uint16_t> g16 = Download<uint16_t>(gpu, dy->get(), got.size());
+    const std::vector<uint16_t> g16 = Download<uint16_t>(gpu, y, got.size());
     for (size_t i = 0; i < got.size(); ++i) got[i] = BF16ToFloat(g16[i]);
   }
   float scale = 0.0f, err = 0.0f;
@@ -191,20 +194,22 @@ TEST(CudaFp8Test, MatmulMatchesTheCpuTwinOnEveryPath) {
 }
 
 // Without a bias, an aligned y and more than 8 rows, cuBLASLt applies both row scales and writes
-// y itself: the quantization of x is the only pass besides the GEMM. A bias takes one scaling
-// pass per 8 MiB chunk of the f32 result.
+// y itself: the quantization of x is the only pass besides the GEMM -- also into a y only
+// 16-byte aligned (cuBLASLt is told so: an algorithm for 256-byte aligned operands would refuse
+// it). A bias takes one scaling pass per 8 MiB chunk of the f32 result.
 TEST(CudaFp8Test, CublasLtWritesYWithoutAPassOfItsOwn) {
   KVSERVE_REQUIRE_FP8(gpu, false, false);
   const int64_t before = ActivationConversions();
   EXPECT_LT(RunAgainstCpu(gpu, Case{24, 64, 128, false, DType::kBF16}, 7), 8e-3f);
+  EXPECT_LT(RunAgainstCpu(gpu, Case{24, 64, 128, false, DType::kBF16, 16}, 8), 8e-3f);
   EXPECT_EQ(ActivationConversions(), before);
   EXPECT_LT(RunAgainstCpu(gpu, Case{24, 64, 128, true, DType::kBF16}, 7), 8e-3f);
   EXPECT_EQ(ActivationConversions(), before + 1);
 }
 
 // A cuBLASLt without outer-vector scales (before CUDA 12.9): the GEMM's unscaled f32 result is
-// scaled by Fp8ScaleRows, in 8 MiB chunks of rows (70000 columns: 29 rows a chunk, so 40 rows
-// take two).
+// scaled by Fp8ScaleRows, in 8 MiB chunks of rows (70000 columns: 16 rows a chunk, a multiple
+// of 16 under 29, so 40 rows take three).
 TEST(CudaFp8Test, UnscaledCublasLtGemmIsScaledAfterwards) {
   KVSERVE_SIMULATOR_ONLY();
   KVSERVE_REQUIRE_FP8(gpu, true, true);
