@@ -64,9 +64,10 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + j * a.k;
   float acc[kFp8GemvMaxRows] = {};
   if (vec16) {
-    for (int64_t c = 16 * lane; c < a.k; c += 16 * kWarp) {
+    // The 16 weights at c against the x rows' 16 codes there.
+    auto piece = [&](const uint4 codes, int64_t c) {
       float wf[16];
-      Decode16(*reinterpret_cast<const uint4*>(w + c), wf);
+      Decode16(codes, wf);
 #pragma unroll
       for (int r = 0; r < kFp8GemvMaxRows; ++r) {
         if (r >= m) break;
@@ -77,6 +78,15 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
         for (int e = 0; e < 16; ++e) sum = fmaf(wf[e], xf[e], sum);
         acc[r] = sum;
       }
+    };
+    // Two 16-byte weight loads in flight per lane before either is used.
+    constexpr int64_t kSpan = 16 * kWarp;  // bytes of the row one warp-wide load covers
+    for (int64_t c = 16 * lane; c < a.k; c += 2 * kSpan) {
+      const bool second = c + kSpan < a.k;
+      const uint4 w0 = *reinterpret_cast<const uint4*>(w + c);
+      const uint4 w1 = second ? *reinterpret_cast<const uint4*>(w + c + kSpan) : uint4{};
+      piece(w0, c);
+      if (second) piece(w1, c + kSpan);
     }
   } else {
     for (int64_t c = lane; c < a.k; c += kWarp) {

@@ -174,8 +174,9 @@ float RunAgainstCpu(Backend* gpu, const Case& c, uint32_t seed) {
   return err / std::max(scale, 1e-30f);
 }
 
-// Every path against the twin: m <= 8 (GEMV), m > 8 with k % 16 == 0 (cuBLASLt, writing y
-// directly without a bias, staged with one), k % 16 != 0 (GEMV chunks); f32 and bf16 y.
+// Every path against the twin: m <= 8 (GEMV; k 1040 gives lanes one or two loads per step),
+// m > 8 with k % 16 == 0 (cuBLASLt, writing y directly without a bias, staged with one),
+// k % 16 != 0 (GEMV chunks); f32 and bf16 y.
 TEST(CudaFp8Test, MatmulMatchesTheCpuTwinOnEveryPath) {
   for (bool f32 : {true, false}) {
     KVSERVE_REQUIRE_FP8(gpu, f32, false);
@@ -183,7 +184,8 @@ TEST(CudaFp8Test, MatmulMatchesTheCpuTwinOnEveryPath) {
          {Case{1, 67, 96, true, DType::kF32}, Case{8, 67, 512, false, DType::kF32},
           Case{9, 67, 96, false, DType::kF32}, Case{17, 64, 96, true, DType::kF32},
           Case{33, 48, 160, false, DType::kBF16}, Case{12, 40, 160, true, DType::kBF16},
-          Case{20, 67, 100, true, DType::kF32}, Case{3, 67, 100, false, DType::kBF16}}) {
+          Case{20, 67, 100, true, DType::kF32}, Case{3, 67, 100, false, DType::kBF16},
+          Case{2, 40, 1040, true, DType::kF32}}) {
       SCOPED_TRACE(std::string(f32 ? "f32" : "bf16") + " x, m=" + std::to_string(c.m) +
                    " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                    (c.bias ? " bias" : "") + " y " + std::string(DTypeName(c.y_dtype)));
