@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,13 +42,15 @@ namespace {
 // whose launch overhead is small next to their work anyway.
 constexpr int32_t kMaxDecodeGraphBatch = 512;
 
-// What the capacity planner needs to know of a loaded model.
 // Bytes of `w` on a device backend with FP8 weights (BackendOptions::fp8_weights): each float
-// layer matrix at one byte a weight plus a 4-byte scale a row; the rest as stored.
+// layer matrix but the routers (kept as stored) at one byte a weight plus a 4-byte scale a row;
+// the rest as stored.
 int64_t Fp8WeightBytes(const ModelWeights& w) {
+  std::set<const void*> routers;
+  for (const LayerWeights& l : w.layers) routers.insert(l.router.data);
   int64_t total = w.TotalBytes();
   w.ForEachLayerTensor([&](const TensorView& t) {
-    if (t.shape.size() == 2 &&
+    if (t.shape.size() == 2 && routers.count(t.data) == 0 &&
         (t.dtype == DType::kF32 || t.dtype == DType::kF16 || t.dtype == DType::kBF16)) {
       total -= t.nbytes() - t.shape[0] * (t.shape[1] + 4);
     }
@@ -55,7 +58,8 @@ int64_t Fp8WeightBytes(const ModelWeights& w) {
   return total;
 }
 
-// The planner's view of `w`: its shapes, and its bytes as the backend holds them.
+// What the capacity planner needs to know of a loaded model: its shapes, and its bytes as the
+// backend holds them.
 ModelSpec SpecOf(const ModelWeights& w, bool fp8_weights) {
   const ModelConfig& c = w.config;
   ModelSpec spec;
