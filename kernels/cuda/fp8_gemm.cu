@@ -18,8 +18,20 @@ __device__ __forceinline__ float LoadFloat(const void* p, int64_t i, DType type)
   return type == DType::kBF16 ? Bf16BitsToFloat(bits) : HalfBitsToFloat(bits);
 }
 
-// One block per row: the row's absmax (NaN never wins, as in cpu::EncodeKvVector), its scale
-// absmax / 448, then every element divided by it and rounded to E4M3.
+// The block's largest `amax` (every thread gets it); NaN never wins, as in cpu::EncodeKvVector.
+__device__ __forceinline__ float BlockMax(float amax) {
+  __shared__ float warp_max[kQuantThreads / kWarp];
+  amax = WarpMax(amax);
+  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = amax;
+  __syncthreads();
+  float block_max = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / kWarp; ++w) block_max = fmaxf(block_max, warp_max[w]);
+  return block_max;
+}
+
+// One block per row, any layout: the row's absmax, its scale absmax / 448, then every element
+// divided by it and rounded to E4M3 (the row is read twice).
 __global__ void __launch_bounds__(kQuantThreads)
     QuantizeRowsFp8Kernel(const void* src, DType src_dtype, int64_t src_stride, int64_t cols,
                           uint8_t* codes, int64_t codes_stride, float* scales) {
@@ -28,18 +40,75 @@ __global__ void __launch_bounds__(kQuantThreads)
   for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads) {
     amax = fmaxf(amax, fabsf(LoadFloat(src, row + c, src_dtype)));
   }
-  __shared__ float warp_max[kQuantThreads / kWarp];
-  amax = WarpMax(amax);
-  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = amax;
-  __syncthreads();
-  float block_max = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / kWarp; ++w) block_max = fmaxf(block_max, warp_max[w]);
-  const float s = block_max / 448.0f;
+  const float s = BlockMax(amax) / 448.0f;
   if (threadIdx.x == 0) scales[blockIdx.x] = s;
   uint8_t* out = codes + static_cast<int64_t>(blockIdx.x) * codes_stride;
   for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads) {
     out[c] = s == 0.0f ? 0 : FloatToFp8(LoadFloat(src, row + c, src_dtype) / s);
+  }
+}
+
+// 16-byte vectors a thread of QuantizeRowsFp8VecKernel keeps: rows of up to 16 KiB.
+constexpr int kQuantVectors = 4;
+
+// The 4 (f32) or 8 (f16, bf16) values of a 16-byte vector of E as floats.
+template <DType E>
+__device__ __forceinline__ void Unpack(const uint4 v, float* out) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (E == DType::kF32) {
+      out[i] = __uint_as_float(w[i]);
+    } else if constexpr (E == DType::kBF16) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      out[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(w[i] & 0xffffu));
+      out[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(w[i] >> 16));
+    }
+  }
+}
+
+// QuantizeRowsFp8Kernel for rows of whole, 16-byte aligned vectors of at most kQuantVectors per
+// thread: each thread reads its vectors once into registers and stores its codes 4 or 8 at a
+// time (the same bytes: the same arithmetic per element).
+template <DType E>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsFp8VecKernel(const void* src, int64_t src_stride, int64_t cols, uint8_t* codes,
+                             int64_t codes_stride, float* scales) {
+  constexpr int kPer = E == DType::kF32 ? 4 : 8;  // elements of a 16-byte vector
+  const int64_t vectors = cols / kPer;
+  const auto* row = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(src)) +
+                    static_cast<int64_t>(blockIdx.x) * (src_stride / kPer);
+  float v[kQuantVectors][kPer];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kQuantVectors; ++i) {
+    const int64_t at = threadIdx.x + i * kQuantThreads;
+    if (at < vectors) {
+      Unpack<E>(row[at], v[i]);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
+    }
+  }
+  const float s = BlockMax(amax) / 448.0f;
+  if (threadIdx.x == 0) scales[blockIdx.x] = s;
+  uint8_t* out = codes + static_cast<int64_t>(blockIdx.x) * codes_stride;
+#pragma unroll
+  for (int i = 0; i < kQuantVectors; ++i) {
+    const int64_t at = threadIdx.x + i * kQuantThreads;
+    if (at >= vectors) break;
+    uint32_t packed[kPer / 4] = {};
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const uint32_t code = s == 0.0f ? 0u : FloatToFp8(v[i][e] / s);
+      packed[e / 4] |= code << (8 * (e % 4));
+    }
+    if constexpr (kPer == 8) {
+      reinterpret_cast<uint2*>(out)[at] = make_uint2(packed[0], packed[1]);
+    } else {
+      reinterpret_cast<uint32_t*>(out)[at] = packed[0];
+    }
   }
 }
 
@@ -124,8 +193,26 @@ cudaError_t QuantizeRowsFp8(const void* src, DType src_dtype, int64_t src_stride
                             int64_t cols, uint8_t* codes, int64_t codes_stride, float* scales,
                             cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  KVSERVE_LAUNCH(QuantizeRowsFp8Kernel, static_cast<unsigned>(rows), kQuantThreads, 0, stream, src,
-                 src_dtype, src_stride, cols, codes, codes_stride, scales);
+  const auto grid = static_cast<unsigned>(rows);
+  // Whole 16-byte vectors, aligned, few enough to stay in registers; codes stored a vector's
+  // worth (4 or 8 bytes) at a time.
+  const int per = src_dtype == DType::kF32 ? 4 : 8;
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % per == 0 &&
+                   cols % per == 0 && cols / per <= int64_t{kQuantVectors} * kQuantThreads &&
+                   reinterpret_cast<uintptr_t>(codes) % per == 0 && codes_stride % per == 0;
+  if (vec && src_dtype == DType::kF32) {
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kF32>, grid, kQuantThreads, 0, stream, src,
+                   src_stride, cols, codes, codes_stride, scales);
+  } else if (vec && src_dtype == DType::kBF16) {
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kBF16>, grid, kQuantThreads, 0, stream, src,
+                   src_stride, cols, codes, codes_stride, scales);
+  } else if (vec && src_dtype == DType::kF16) {
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kF16>, grid, kQuantThreads, 0, stream, src,
+                   src_stride, cols, codes, codes_stride, scales);
+  } else {
+    KVSERVE_LAUNCH(QuantizeRowsFp8Kernel, grid, kQuantThreads, 0, stream, src, src_dtype,
+                   src_stride, cols, codes, codes_stride, scales);
+  }
   return cudaGetLastError();
 }
 

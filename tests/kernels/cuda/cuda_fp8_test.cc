@@ -77,7 +77,9 @@ TEST(CudaFp8Test, WeightsQuantizeToTheCpuBytes) {
   KVSERVE_REQUIRE_FP8(gpu, false, false);
   const int64_t n = 67;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int64_t k : {96, 100}) {
+    // 96: whole 16-byte vectors; 100: not for f16 / bf16; 4104: three vectors a thread for
+    // f16 / bf16, over the 16 KiB a thread block keeps in registers for f32.
+    for (int64_t k : {96, 100, 4104}) {
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " k=" + std::to_string(k));
       std::vector<uint8_t> w = StoredWeights(dtype, n, k, 3);
       // An all-zero row and one large weight.
