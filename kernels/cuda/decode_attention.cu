@@ -50,31 +50,6 @@ __host__ __device__ constexpr int KvVec() {
   return 16 / KvBytes<DT>();
 }
 
-// One 16-byte chunk of a K or V row, decoded (not scaled).
-template <KvCacheDType DT>
-__device__ __forceinline__ void DecodeChunk(const uint4& c, float* f) {
-  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (DT == KvCacheDType::kF32) {
-      f[i] = __uint_as_float(w[i]);
-    } else if constexpr (DT == KvCacheDType::kBF16) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else if constexpr (DT == KvCacheDType::kF16) {
-      f[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(w[i] & 0xffffu));
-      f[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(w[i] >> 16));
-    } else if constexpr (DT == KvCacheDType::kInt8) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        f[4 * i + b] = static_cast<float>(static_cast<int8_t>((w[i] >> (8 * b)) & 0xffu));
-      }
-    } else {
-      Fp8x4ToFloats(w[i], f + 4 * i);
-    }
-  }
-}
-
 // Folds (m2, l2, acc2) into a running softmax state (m, l, acc); m in log2 units.
 template <int kVec>
 __device__ __forceinline__ void MergeState(float& m, float& l, float* acc, float m2, float l2,

@@ -51,32 +51,15 @@ __global__ void __launch_bounds__(kQuantThreads)
 // 16-byte vectors a thread of QuantizeRowsFp8VecKernel keeps: rows of up to 16 KiB.
 constexpr int kQuantVectors = 4;
 
-// The 4 (f32) or 8 (f16, bf16) values of a 16-byte vector of E as floats.
-template <DType E>
-__device__ __forceinline__ void Unpack(const uint4 v, float* out) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (E == DType::kF32) {
-      out[i] = __uint_as_float(w[i]);
-    } else if constexpr (E == DType::kBF16) {
-      out[2 * i] = __uint_as_float(w[i] << 16);
-      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
-      out[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(w[i] & 0xffffu));
-      out[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(w[i] >> 16));
-    }
-  }
-}
-
 // QuantizeRowsFp8Kernel for rows of whole, 16-byte aligned vectors of at most kQuantVectors per
 // thread: each thread reads its vectors once into registers and stores its codes 4 or 8 at a
-// time (the same bytes: the same arithmetic per element).
-template <DType E>
+// time (the same bytes: the same arithmetic per element). E: the source type, named as the KV
+// dtype of the same encoding (f32, f16, bf16) so DecodeChunk (ptx.cuh) widens it.
+template <KvCacheDType E>
 __global__ void __launch_bounds__(kQuantThreads)
     QuantizeRowsFp8VecKernel(const void* src, int64_t src_stride, int64_t cols, uint8_t* codes,
                              int64_t codes_stride, float* scales) {
-  constexpr int kPer = E == DType::kF32 ? 4 : 8;  // elements of a 16-byte vector
+  constexpr int kPer = E == KvCacheDType::kF32 ? 4 : 8;  // elements of a 16-byte vector
   const int64_t vectors = cols / kPer;
   const auto* row = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(src)) +
                     static_cast<int64_t>(blockIdx.x) * (src_stride / kPer);
@@ -86,7 +69,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   for (int i = 0; i < kQuantVectors; ++i) {
     const int64_t at = threadIdx.x + i * kQuantThreads;
     if (at < vectors) {
-      Unpack<E>(row[at], v[i]);
+      DecodeChunk<E>(row[at], v[i]);
 #pragma unroll
       for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(v[i][e]));
     }
@@ -201,14 +184,14 @@ cudaError_t QuantizeRowsFp8(const void* src, DType src_dtype, int64_t src_stride
                    cols % per == 0 && cols / per <= int64_t{kQuantVectors} * kQuantThreads &&
                    reinterpret_cast<uintptr_t>(codes) % per == 0 && codes_stride % per == 0;
   if (vec && src_dtype == DType::kF32) {
-    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kF32>, grid, kQuantThreads, 0, stream, src,
-                   src_stride, cols, codes, codes_stride, scales);
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<KvCacheDType::kF32>, grid, kQuantThreads, 0, stream,
+                   src, src_stride, cols, codes, codes_stride, scales);
   } else if (vec && src_dtype == DType::kBF16) {
-    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kBF16>, grid, kQuantThreads, 0, stream, src,
-                   src_stride, cols, codes, codes_stride, scales);
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<KvCacheDType::kBF16>, grid, kQuantThreads, 0, stream,
+                   src, src_stride, cols, codes, codes_stride, scales);
   } else if (vec && src_dtype == DType::kF16) {
-    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<DType::kF16>, grid, kQuantThreads, 0, stream, src,
-                   src_stride, cols, codes, codes_stride, scales);
+    KVSERVE_LAUNCH(QuantizeRowsFp8VecKernel<KvCacheDType::kF16>, grid, kQuantThreads, 0, stream,
+                   src, src_stride, cols, codes, codes_stride, scales);
   } else {
     KVSERVE_LAUNCH(QuantizeRowsFp8Kernel, grid, kQuantThreads, 0, stream, src, src_dtype,
                    src_stride, cols, codes, codes_stride, scales);

@@ -102,6 +102,32 @@ __device__ __forceinline__ void Fp8x4ToFloats(uint32_t codes, float* out) {
   out[3] = hi.y;
 }
 
+/// One 16-byte chunk of elements of type DT (a K or V row's, or an f32 / f16 / bf16 row's), as
+/// floats: 4 (f32), 8 (f16, bf16) or 16 (int8, fp8 codes, not scaled).
+template <KvCacheDType DT>
+__device__ __forceinline__ void DecodeChunk(const uint4& c, float* f) {
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (DT == KvCacheDType::kF32) {
+      f[i] = __uint_as_float(w[i]);
+    } else if constexpr (DT == KvCacheDType::kBF16) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else if constexpr (DT == KvCacheDType::kF16) {
+      f[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(w[i] & 0xffffu));
+      f[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(w[i] >> 16));
+    } else if constexpr (DT == KvCacheDType::kInt8) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        f[4 * i + b] = static_cast<float>(static_cast<int8_t>((w[i] >> (8 * b)) & 0xffu));
+      }
+    } else {
+      Fp8x4ToFloats(w[i], f + 4 * i);
+    }
+  }
+}
+
 // ---- Tensor cores (mma.sync, ldmatrix) ---------------------------------------------------------
 //
 // Fragments are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating point type",
