@@ -72,20 +72,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   if ((err = cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking)) != cudaSuccess) {
     return CudaError(err, "cudaStreamCreate");
   }
-  if (cublasCreate(&b->cublas_) != CUBLAS_STATUS_SUCCESS) {
+  if (cublasCreate(&b->blas_.blas) != CUBLAS_STATUS_SUCCESS) {
     return absl::UnavailableError("cublasCreate failed");
   }
-  cublasSetStream(b->cublas_, b->stream_);
+  cublasSetStream(b->blas_.blas, b->stream_);
   // A fixed workspace keeps cuBLAS from allocating during a graph capture.
-  if ((err = cudaMalloc(&b->cublas_workspace_, kCublasWorkspaceBytes)) != cudaSuccess) {
+  if ((err = cudaMalloc(&b->blas_.workspace, kCublasWorkspaceBytes)) != cudaSuccess) {
     return CudaError(err, "cudaMalloc(cuBLAS workspace)");
   }
-  cublasSetWorkspace(b->cublas_, b->cublas_workspace_, kCublasWorkspaceBytes);
-  if (cublasLtCreate(&b->cublas_lt_) != CUBLAS_STATUS_SUCCESS) {
+  b->blas_.workspace_bytes = kCublasWorkspaceBytes;
+  cublasSetWorkspace(b->blas_.blas, b->blas_.workspace, kCublasWorkspaceBytes);
+  if (cublasLtCreate(&b->blas_.lt) != CUBLAS_STATUS_SUCCESS) {
     return absl::UnavailableError("cublasLtCreate failed");
   }
-  b->fp8_outer_vector_ =
-      Fp8OuterVectorScaling(b->cublas_lt_, b->cublas_workspace_, kCublasWorkspaceBytes);
+  b->blas_.fp8_outer_vector = Fp8OuterVectorScaling(b->blas_);
   return b;
 }
 
@@ -98,9 +98,9 @@ CudaBackend::~CudaBackend() {
   for (cudaGraphExec_t g : graphs_) {
     if (g != nullptr) cudaGraphExecDestroy(g);
   }
-  if (cublas_lt_ != nullptr) cublasLtDestroy(cublas_lt_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
-  if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
+  if (blas_.lt != nullptr) cublasLtDestroy(blas_.lt);
+  if (blas_.blas != nullptr) cublasDestroy(blas_.blas);
+  if (blas_.workspace != nullptr) cudaFree(blas_.workspace);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -327,14 +327,8 @@ void CudaBackend::RmsNorm(const cpu::RmsNormArgs& args) {
 
 void CudaBackend::Matmul(const cpu::MatmulArgs& args) {
   Bind();
-  BlasHandles blas;
-  blas.blas = cublas_;
-  blas.lt = cublas_lt_;
-  blas.workspace = cublas_workspace_;
-  blas.workspace_bytes = kCublasWorkspaceBytes;
-  blas.fp8_outer_vector = fp8_outer_vector_;
-  if (!Reserve(&matmul_scratch_, MatmulScratchBytes(args, blas), "matmul")) return;
-  NoteText(cuda::Matmul(args, blas, matmul_scratch_.get(), stream_), "matmul");
+  if (!Reserve(&matmul_scratch_, MatmulScratchBytes(args, blas_), "matmul")) return;
+  NoteText(cuda::Matmul(args, blas_, matmul_scratch_.get(), stream_), "matmul");
 }
 
 void CudaBackend::RopeKvWrite(const RopeKvWriteArgs& args) {

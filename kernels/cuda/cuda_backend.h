@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/matmul.h"
 
 namespace kvserve::cuda {
 
@@ -104,10 +105,7 @@ class CudaBackend final : public Backend {
   std::string description_;
   int num_sms_ = 1;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
-  cublasLtHandle_t cublas_lt_ = nullptr;
-  void* cublas_workspace_ = nullptr;
-  bool fp8_outer_vector_ = false;  // cuda::Fp8OuterVectorScaling
+  BlasHandles blas_;   // cuBLAS and cuBLASLt on stream_, their workspace, FP8 scaling support
   std::string error_;  // first asynchronous error, reported by Synchronize
   DeviceBuffer matmul_scratch_;
   DeviceBuffer attention_scratch_;

@@ -530,16 +530,12 @@ const char* Fp8Matmul(const cpu::MatmulArgs& a, const BlasHandles& blas, void* s
 
 }  // namespace
 
-bool Fp8OuterVectorScaling(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
-  if (lt == nullptr) return false;
-  BlasHandles blas;
-  blas.lt = lt;
-  blas.workspace = workspace;
-  blas.workspace_bytes = workspace_bytes;
+bool Fp8OuterVectorScaling(const BlasHandles& blas) {
+  if (blas.lt == nullptr) return false;
   // Stand-in operand pointers: a query reads none of them.
-  const auto* p = static_cast<const uint8_t*>(workspace);
+  const auto* p = static_cast<const uint8_t*>(blas.workspace);
   return LtFp8Gemm(blas, p, reinterpret_cast<const float*>(p), 64, p, 64,
-                   reinterpret_cast<const float*>(p), 64, 64, workspace, CUDA_R_16BF, 64,
+                   reinterpret_cast<const float*>(p), 64, 64, blas.workspace, CUDA_R_16BF, 64,
                    /*scaled=*/true, nullptr, /*query_only=*/true) == CUBLAS_STATUS_SUCCESS;
 }
 

@@ -23,9 +23,9 @@ struct BlasHandles {
   bool fp8_outer_vector = false;
 };
 
-/// Whether cuBLASLt has an FP8 E4M3 GEMM with per-row (outer vector) scales on this device:
-/// asked once per backend, of a small TN problem.
-bool Fp8OuterVectorScaling(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+/// Whether cuBLASLt (blas.lt, with blas's workspace) has an FP8 E4M3 GEMM with per-row (outer
+/// vector) scales on this device: asked once per backend, of a small TN problem.
+bool Fp8OuterVectorScaling(const BlasHandles& blas);
 
 /// Bytes of scratch Matmul needs for `args` (0 when cuBLAS or the GEMV take x and give y as
 /// they are).
