@@ -397,7 +397,9 @@ TEST(PackedWeightsTest, KQuantsGiveTheStoredLayoutsBits) {
   std::mt19937 rng(6);
   for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (int64_t k : {256, 1024}) {
-      for (int64_t n : {16, 37}) {
+      // 1, 3 and 7 groups: decode reads them as one stream, two of one and a tail, two of three
+      // and a tail (PackedDecode).
+      for (int64_t n : {16, 37, 100}) {
         for (int64_t m : {1, 2, 3, 5, 17}) {
           const RandomProblem p(dtype, m, n, k, rng);
           for (const MatmulPath& path : MatmulPaths()) {
