@@ -136,6 +136,7 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   const int64_t min_chunk =
       RoundUp((kMinMacsPerChunk + macs_per_column - 1) / macs_per_column, column_grain);
   if (pool == nullptr || pool->num_threads() == 1 || min_chunk * 2 > args.n) {
+    plan.weight_streams = 2;
     columns(args, plan, 0, args.n);
     return;
   }

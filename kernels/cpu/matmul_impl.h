@@ -74,6 +74,9 @@ struct MatmulPlan {
   // sixteen quants, taken off the pair sums of a sub-block (Q6KPackedTile).
   const int32_t* xo = nullptr;
   int64_t xo_stride = 0;  // elements
+  // Packed-weight streams a decode tile reads side by side (matmul_packed.inc, PackedDecode): two
+  // when the whole call runs on one thread, one when threads share it.
+  int weight_streams = 1;
 };
 
 /// MatmulPlan::xo of one row of `k` int8 activations (k % 16 == 0).
