@@ -190,7 +190,11 @@ void StreamTiles(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, i
 template <class W>
 void Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   if (a.m >= kMaxRows) {
-    PanelColumns<FloatPanel<W>>(a, plan, n_begin, n_end);
+    if (a.k % W::kStep == 0) {  // the weights' rows are the panel (FloatPanel says why)
+      PanelColumns<FloatPanel<W, true>>(a, plan, n_begin, n_end);
+    } else {
+      PanelColumns<FloatPanel<W, false>>(a, plan, n_begin, n_end);
+    }
     return;
   }
   // Decode-like (fewer rows than a register tile): weights straight from memory, converted in

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -241,6 +242,38 @@ TEST(MatmulTest, EachColumnAloneGivesTheSameBits) {
             ASSERT_EQ(0, std::memcmp(&one[i], &all[i * p.y_stride() + j], sizeof(float)))
                 << "row " << i << " col " << j;
           }
+        }
+      }
+    }
+  }
+}
+
+// Batched float matmuls read the weight rows where they lie when k is a multiple of the converter
+// step (kInPlace panels in matmul_panel.inc): weights at any address (a GGUF file aligns tensors to
+// 32 bytes only; here 2, 4 and 36 bytes past a 64-byte boundary) give the bits of the same weights
+// aligned, for a batch (panel tiles) and alone (decode tiles).
+TEST(MatmulTest, BatchedFloatWeightsAtAnyAddressGiveTheSameBits) {
+  ThreadPool pool(2);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t k : {int64_t{64}, int64_t{1024}, int64_t{1030}}) {
+      const Problem p(13, 21, k, dtype, true, 17);
+      for (CpuIsa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
+                     " k=" + std::to_string(k));
+        const ScopedIsa scoped(isa);
+        const std::vector<float> aligned = p.Run(&pool);
+        ExpectMatchesReference(p, aligned);
+        for (size_t offset : {size_t{2}, size_t{4}, size_t{36}}) {
+          if (offset % DTypeRowBytes(dtype, 1) != 0) continue;  // elements stay whole
+          std::vector<uint8_t> buffer(p.w.size() + 128);
+          const size_t start = (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64 + offset;
+          std::memcpy(buffer.data() + start, p.w.data(), p.w.size());
+          std::vector<float> y(aligned.size(), -7.0f);
+          MatmulArgs args = p.Args(p.x.data(), p.m, y.data());
+          args.w = buffer.data() + start;
+          Matmul(args, &pool);
+          ASSERT_EQ(0, std::memcmp(y.data(), aligned.data(), y.size() * sizeof(float)))
+              << "weights " << offset << " bytes past a 64-byte boundary";
         }
       }
     }
