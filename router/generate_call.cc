@@ -45,13 +45,15 @@ bool IsRetryable(grpc::StatusCode code) {
 
 /// One attempt of the request on one worker: a client streaming call driven by callbacks.
 /// Keeps itself alive (self_) until OnDone; a hold keeps OnDone back until the GenerateCall
-/// has decided it starts no more reads (StopReading), so ReadNext never races OnDone.
+/// has decided it starts no more reads (StopReading), so ReadNext never races OnDone. Counted in
+/// the pool's live calls until destroyed (token_), so that its ClientContext never holds the last
+/// reference to the worker's channel (LiveCalls says why that matters).
 class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::GenerateResponse>,
                                      public std::enable_shared_from_this<Upstream> {
  public:
-  Upstream(GenerateCall* call, v1::GenerateRequest request,
+  Upstream(GenerateCall* call, LiveCalls::Token token, v1::GenerateRequest request,
            std::chrono::system_clock::time_point deadline)
-      : call_(call), request_(std::move(request)) {
+      : token_(std::move(token)), call_(call), request_(std::move(request)) {
     if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
   }
 
@@ -81,6 +83,7 @@ class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::Generate
   }
 
  private:
+  LiveCalls::Token token_;  // first: destroyed after context_
   GenerateCall* const call_;
   grpc::ClientContext context_;
   v1::GenerateRequest request_;
@@ -91,13 +94,14 @@ class GenerateCall::Upstream final : public grpc::ClientReadReactor<v1::Generate
 
 /// The prefill phase's call on a prefill worker: reads and discards its responses (one token
 /// nobody sees); what matters is that the worker computed, and now holds, the prompt's blocks.
-/// Keeps itself alive (self_) until OnDone, which reports the status to the GenerateCall.
+/// Keeps itself alive (self_) until OnDone, which reports the status to the GenerateCall; counted
+/// in the pool's live calls as Upstream is.
 class GenerateCall::PrefillUpstream final : public grpc::ClientReadReactor<v1::GenerateResponse>,
                                             public std::enable_shared_from_this<PrefillUpstream> {
  public:
-  PrefillUpstream(GenerateCall* call, v1::GenerateRequest request,
+  PrefillUpstream(GenerateCall* call, LiveCalls::Token token, v1::GenerateRequest request,
                   std::chrono::system_clock::time_point deadline)
-      : call_(call), request_(std::move(request)) {
+      : token_(std::move(token)), call_(call), request_(std::move(request)) {
     if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
   }
 
@@ -118,6 +122,7 @@ class GenerateCall::PrefillUpstream final : public grpc::ClientReadReactor<v1::G
   }
 
  private:
+  LiveCalls::Token token_;  // first: destroyed after context_
   GenerateCall* const call_;
   grpc::ClientContext context_;
   v1::GenerateRequest request_;
@@ -186,8 +191,8 @@ void GenerateCall::Start(Reservation reservation) {
       if (started_ == Clock::time_point{}) started_ = Clock::now();
       if (prefill_worker != nullptr) {
         prefill_started_ = Clock::now();
-        prefill = std::make_shared<PrefillUpstream>(this, PrefillRequestFor(request_),
-                                                    context_->deadline());
+        prefill = std::make_shared<PrefillUpstream>(
+            this, pool_->TrackCall(), PrefillRequestFor(request_), context_->deadline());
         prefill_ = prefill;
         prefill_reservation_ = std::move(reservation);
       } else {
@@ -227,7 +232,8 @@ std::shared_ptr<GenerateCall::Upstream> GenerateCall::NewAttemptLocked(
     hint->set_first_block(static_cast<uint32_t>(kv_source->first_block));
     hint->set_num_blocks(static_cast<uint32_t>(kv_source->num_blocks));
   }
-  upstream_ = std::make_shared<Upstream>(this, std::move(attempt), context_->deadline());
+  upstream_ = std::make_shared<Upstream>(this, pool_->TrackCall(), std::move(attempt),
+                                         context_->deadline());
   return upstream_;
 }
 

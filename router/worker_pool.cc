@@ -259,6 +259,7 @@ void WorkerPool::Shutdown() {
     workers = workers_;
   }
   for (const auto& worker : workers) StopKvStream(*worker);
+  calls_.WaitForNone();
 }
 
 std::vector<std::shared_ptr<WorkerHandle>> WorkerPool::Workers() const {

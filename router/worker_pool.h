@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/live_calls.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "kvserve/v1/inference.grpc.pb.h"
 #include "kvserve/v1/worker.grpc.pb.h"
@@ -153,7 +154,12 @@ class WorkerPool {
   void MarkDraining(WorkerHandle& worker);
   /// Called after every probe round and membership change (capacity may have appeared).
   void SetChangeListener(std::function<void()> listener);
-  /// Stops the probe thread and every KV stream. Idempotent; the destructor calls it.
+  /// Counts a callback call on a worker's channel until its reactor (which holds the token) is
+  /// destroyed: the channels are released only after every such call (LiveCalls says why).
+  LiveCalls::Token TrackCall() { return calls_.Track(); }
+  /// Stops the probe thread and every KV stream, then waits for the tracked calls to be gone
+  /// (callers end them first: the router shuts its server down before its pool). Idempotent;
+  /// the destructor calls it.
   void Shutdown();
 
  private:
@@ -181,6 +187,8 @@ class WorkerPool {
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread background_;
+
+  LiveCalls calls_;
 };
 
 }  // namespace kvserve

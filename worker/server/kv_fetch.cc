@@ -33,13 +33,16 @@ void KvFetchHandle::Cancel() {
   if (context_ != nullptr) context_->TryCancel();
 }
 
-/// One FetchKvBlocks call; deletes itself when it ends.
+/// One FetchKvBlocks call; deletes itself when it ends. Counted in the fetcher's live calls until
+/// then (token_).
 class KvFetchCall final : public grpc::ClientReadReactor<v1::KvBlockData> {
  public:
-  KvFetchCall(KvFetcher* fetcher, std::string peer, v1::FetchKvBlocksRequest request,
-              std::vector<BlockKey> expected, int32_t first_block, int64_t block_bytes,
-              std::shared_ptr<KvFetchHandle> handle, std::function<void(KvFetchResult)> done)
-      : fetcher_(fetcher),
+  KvFetchCall(LiveCalls::Token token, KvFetcher* fetcher, std::string peer,
+              v1::FetchKvBlocksRequest request, std::vector<BlockKey> expected, int32_t first_block,
+              int64_t block_bytes, std::shared_ptr<KvFetchHandle> handle,
+              std::function<void(KvFetchResult)> done)
+      : token_(std::move(token)),
+        fetcher_(fetcher),
         peer_(std::move(peer)),
         request_(std::move(request)),
         expected_(std::move(expected)),
@@ -112,6 +115,7 @@ class KvFetchCall final : public grpc::ClientReadReactor<v1::KvBlockData> {
   }
 
  private:
+  LiveCalls::Token token_;  // first: destroyed after context_
   KvFetcher* fetcher_;
   const std::string peer_;
   const v1::FetchKvBlocksRequest request_;
@@ -206,8 +210,9 @@ void KvFetcher::Fetch(const std::string& peer, std::span<const TokenId> tokens,
   request.mutable_identity()->mutable_model()->set_lo(identity.model.lo);
   request.mutable_identity()->set_layout(identity.layout);
   std::shared_ptr<v1::Worker::Stub> stub = StubFor(peer);
-  auto* call = new KvFetchCall(this, peer, std::move(request), std::move(expected), first_block,
-                               engine_->kv_block_bytes(), std::move(handle), std::move(done));
+  auto* call =
+      new KvFetchCall(calls_.Track(), this, peer, std::move(request), std::move(expected),
+                      first_block, engine_->kv_block_bytes(), std::move(handle), std::move(done));
   call->Start(stub.get(), options_.timeout);
 }
 

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/auth/tls_credentials.h"
+#include "common/rpc/live_calls.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "kvserve/v1/worker.grpc.pb.h"
@@ -75,7 +76,8 @@ class KvFetchHandle {
   bool cancelled_ = false;
 };
 
-/// Pulls prefix blocks from peers for one engine. Thread-safe.
+/// Pulls prefix blocks from peers for one engine. Thread-safe. Destroying it waits for the pulls
+/// in flight to end (each is bounded by the options' timeout).
 class KvFetcher {
  public:
   /// `engine` must outlive the fetcher; `on_pull` (may be null) is told of every finished pull
@@ -111,6 +113,9 @@ class KvFetcher {
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<v1::Worker::Stub>> stubs_;
   absl::flat_hash_map<std::string, double> bandwidth_;
+  // Last, so destroyed first: waits for every call to be gone (they use this fetcher to the end)
+  // before the stubs release their channels (LiveCalls says why that order matters).
+  LiveCalls calls_;
 };
 
 }  // namespace kvserve
