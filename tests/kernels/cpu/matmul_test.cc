@@ -250,8 +250,8 @@ TEST(MatmulTest, EachColumnAloneGivesTheSameBits) {
 
 // Batched float matmuls read the weight rows where they lie when k is a multiple of the converter
 // step (kInPlace panels in matmul_panel.inc): weights at any address (a GGUF file aligns tensors to
-// 32 bytes only; here 2, 4 and 36 bytes past a 64-byte boundary) give the bits of the same weights
-// aligned, for a batch (panel tiles) and alone (decode tiles).
+// 32 bytes only; here 2, 4 and 36 bytes past a 64-byte boundary) give the panel tiles the bits of
+// the same weights aligned (k = 1030: the converted panel, whose rows are read unaligned too).
 TEST(MatmulTest, BatchedFloatWeightsAtAnyAddressGiveTheSameBits) {
   ThreadPool pool(2);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
