@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -99,26 +100,65 @@ bool CpuHasAvx512Vnni() {
 #endif
 }
 
-constexpr int kVnniDefault = -1;
-std::atomic<int> g_vnni_override{kVnniDefault};
+// AVX512_BF16 from CPUID leaf 7, sub-leaf 1 (EAX bit 5): not every compiler's
+// __builtin_cpu_supports knows it.
+bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool bf16 = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return CpuSupportsIsa(CpuIsa::kAvx512) &&
+           __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+  }();
+  return bf16;
+#else
+  return false;
+#endif
+}
+
+// A kernel feature of the avx512 path that the CPU may have: on unless the environment variable
+// `env` was "0" when the process started, and forced either way by a test override.
+class FeatureSwitch {
+ public:
+  static constexpr int kDefault = -1;
+
+  FeatureSwitch(bool (*present)(), const char* env)
+      : present_(present),
+        env_off_(std::getenv(env) != nullptr && std::string_view(std::getenv(env)) == "0") {}
+
+  bool Enabled() const {
+    if (!present_()) return false;
+    const int forced = override_.load(std::memory_order_relaxed);
+    if (forced != kDefault) return forced != 0;
+    return !env_off_;
+  }
+  void Override(std::optional<bool> enabled) {
+    override_.store(enabled.has_value() ? static_cast<int>(*enabled) : kDefault,
+                    std::memory_order_relaxed);
+  }
+
+ private:
+  bool (*present_)();
+  bool env_off_;
+  std::atomic<int> override_{kDefault};
+};
+
+// Function-local, so that they are ready whenever a kernel first asks (even during another file's
+// static initialisation).
+FeatureSwitch& Vnni() {
+  static FeatureSwitch feature(&CpuHasAvx512Vnni, "KVSERVE_CPU_VNNI");
+  return feature;
+}
+FeatureSwitch& Bf16Dot() {
+  static FeatureSwitch feature(&CpuHasAvx512Bf16, "KVSERVE_CPU_BF16");
+  return feature;
+}
 
 }  // namespace
 
-bool CpuAvx512VnniEnabled() {
-  if (!CpuHasAvx512Vnni()) return false;
-  const int forced = g_vnni_override.load(std::memory_order_relaxed);
-  if (forced != kVnniDefault) return forced != 0;
-  static const bool from_env = [] {
-    const char* env = std::getenv("KVSERVE_CPU_VNNI");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  return from_env;
-}
-
-void SetAvx512VnniOverride(std::optional<bool> enabled) {
-  g_vnni_override.store(enabled.has_value() ? static_cast<int>(*enabled) : kVnniDefault,
-                        std::memory_order_relaxed);
-}
+bool CpuAvx512VnniEnabled() { return Vnni().Enabled(); }
+void SetAvx512VnniOverride(std::optional<bool> enabled) { Vnni().Override(enabled); }
+bool CpuAvx512Bf16Enabled() { return Bf16Dot().Enabled(); }
+void SetAvx512Bf16Override(std::optional<bool> enabled) { Bf16Dot().Override(enabled); }
 
 CpuIsa BestSupportedIsa() { return ClampToSupported(CpuIsa::kAvx512); }
 

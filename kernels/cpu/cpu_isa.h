@@ -42,6 +42,18 @@ bool CpuAvx512VnniEnabled();
 /// Meant for tests, like SetCpuIsaOverride.
 void SetAvx512VnniOverride(std::optional<bool> enabled);
 
+/// Whether the avx512 path multiplies bf16 weights with AVX512_BF16 (vdpbf16ps): the CPU has it
+/// and neither KVSERVE_CPU_BF16=0 nor SetAvx512Bf16Override(false) turned it off. The x rows are
+/// then rounded to bf16 (round to nearest even) before they meet the weights, as in the engines
+/// that run bf16 models in bf16, and each pair of exact bf16 products goes into an fp32
+/// accumulator: twice the multiply-adds per instruction of widening the weights to fp32, with
+/// numerics of its own (kernels/cpu/matmul_impl.h).
+bool CpuAvx512Bf16Enabled();
+
+/// Forces the bf16 dot product off (false) or back on where supported (true); nullopt restores
+/// the default. Meant for tests, like SetCpuIsaOverride.
+void SetAvx512Bf16Override(std::optional<bool> enabled);
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_CPU_ISA_H_

@@ -30,6 +30,9 @@ internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype) {
       if (internal::UsesInt8Activations(w_dtype) && CpuAvx512VnniEnabled()) {
         return &internal::MatmulColumnsAvx512Vnni;
       }
+      if (w_dtype == DType::kBF16 && CpuAvx512Bf16Enabled()) {
+        return &internal::MatmulColumnsAvx512Bf16;
+      }
       return &internal::MatmulColumnsAvx512;
     case CpuIsa::kAvx2:
       return &internal::MatmulColumnsAvx2;
@@ -87,6 +90,10 @@ void Q6OffsetRow(const int8_t* q, int64_t k, int32_t* offsets) {
     offsets[s] = static_cast<int32_t>((static_cast<uint32_t>(32 * word[0]) & 0xffff) |
                                       static_cast<uint32_t>(32 * word[1]) << 16);
   }
+}
+
+bool RoundsXToBf16(DType w_dtype) {
+  return SelectPath(ActiveCpuIsa(), w_dtype) == &MatmulColumnsAvx512Bf16;
 }
 
 }  // namespace internal

@@ -13,6 +13,10 @@
 //           ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 //   avx2:   one 8-lane FMA accumulator over k (zero-padded tail step), fixed horizontal sum.
 //   avx512: one 16-lane FMA accumulator over k (masked tail step), fixed horizontal sum.
+//   avx512 with AVX512_BF16, bf16 weights (its own path, RoundsXToBf16): each x row rounded to
+//           bf16 (round to nearest even), then per 32 elements one vdpbf16ps into a 16-lane
+//           accumulator (lane i takes the exact products of elements 2i and 2i + 1; masked tail
+//           step), fixed horizontal sum.
 // then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
 // to int8 once per call (QuantizeActivationRow; one scale per 32 elements, per 256 for the
 // K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled
@@ -28,9 +32,10 @@
 // Packed weights (MatmulArgs::w_packed, matmul_packed.inc): q4_0 / q8_0 per block the exact S,
 // then acc = fma(float(S), d_w * d_x, acc) in block order, the same on every path (scalar
 // included); packed K-quants take the stored K-quant tiles' arithmetic above.
-// The avx2 and avx512 paths for m >= 4 (matmul_panel.inc) convert weight panels to fp32 once into a
-// per-thread buffer and walk k in slices, storing the lane accumulators between slices: the same
-// FMA sequence per element as m < 4, so results stay bit-identical.
+// The avx2 and avx512 paths for m >= 4 (matmul_panel.inc) read the weight rows in place or from
+// panels converted once into a per-thread buffer, and walk k in slices, storing the lane
+// accumulators between slices: the same sequence of steps per element as m < 4, so results stay
+// bit-identical.
 
 #include <cstdint>
 
@@ -106,6 +111,13 @@ void MatmulColumnsAvx2(const MatmulArgs& args, const MatmulPlan& plan, int64_t n
 /// AVX-512 F/BW/VL path (matmul_avx512.cc).
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end);
+/// The AVX-512 path's bf16 weights with AVX512_BF16 (vdpbf16ps on x rounded to bf16),
+/// matmul_avx512_bf16.cc; other formats go to MatmulColumnsAvx512.
+void MatmulColumnsAvx512Bf16(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
+                             int64_t n_end);
+/// Whether Matmul() with `w_dtype` weights on the active path rounds the x rows to bf16 first
+/// (MatmulColumnsAvx512Bf16: bf16 weights, the avx512 path, CpuAvx512Bf16Enabled()).
+bool RoundsXToBf16(DType w_dtype);
 /// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc. A path of its own
 /// for q8_0/q4_0 (a different summation order from MatmulColumnsAvx512's 256-bit kernels); the
 /// K-quants give the same bits either way.

@@ -165,9 +165,12 @@ class IsaReport : public ::testing::Environment {
       std::string& list = CpuSupportsIsa(isa) ? ran : skipped;
       list += (list.empty() ? "" : ", ") + std::string(CpuIsaName(isa));
     }
-    std::printf("[ISA paths] exercised: %s; skipped (not on this CPU): %s; avx512 int8 VNNI: %s\n",
-                ran.c_str(), skipped.empty() ? "none" : skipped.c_str(),
-                CpuAvx512VnniEnabled() ? "on" : "off or absent");
+    std::printf(
+        "[ISA paths] exercised: %s; skipped (not on this CPU): %s; avx512 int8 VNNI: %s; "
+        "avx512 bf16 dot: %s\n",
+        ran.c_str(), skipped.empty() ? "none" : skipped.c_str(),
+        CpuAvx512VnniEnabled() ? "on" : "off or absent",
+        CpuAvx512Bf16Enabled() ? "on" : "off or absent");
   }
 };
 inline ::testing::Environment* const kIsaReport =
@@ -180,6 +183,53 @@ class ScopedIsa {
   ~ScopedIsa() { SetCpuIsaOverride(std::nullopt); }
   ScopedIsa(const ScopedIsa&) = delete;
   ScopedIsa& operator=(const ScopedIsa&) = delete;
+};
+
+/// One matmul path: an ISA and, on avx512, its optional features (VNNI for the int8 formats, the
+/// bf16 dot product for bf16 weights) forced on or off; each has its own summation order.
+struct MatmulPath {
+  CpuIsa isa;
+  std::optional<bool> features;  // nullopt: the default
+  /// While selected (ScopedPath): "avx512 vnni bf16dot" when both features run.
+  std::string Name() const {
+    std::string name(CpuIsaName(isa));
+    if (isa == CpuIsa::kAvx512 && CpuAvx512VnniEnabled()) name += " vnni";
+    if (isa == CpuIsa::kAvx512 && CpuAvx512Bf16Enabled()) name += " bf16dot";
+    return name;
+  }
+};
+
+/// Every matmul path this CPU can run: each supported ISA, the AVX-512 one with its features
+/// (where the CPU has them: asked for elsewhere, it is the path without) and without.
+inline std::vector<MatmulPath> MatmulPaths() {
+  std::vector<MatmulPath> paths;
+  for (CpuIsa isa : SupportedIsas()) {
+    if (isa == CpuIsa::kAvx512) {
+      paths.push_back({isa, true});
+      paths.push_back({isa, false});
+    } else {
+      paths.push_back({isa, std::nullopt});
+    }
+  }
+  return paths;
+}
+
+/// Selects a path for its lifetime.
+class ScopedPath {
+ public:
+  explicit ScopedPath(const MatmulPath& path) : isa_(path.isa) {
+    SetAvx512VnniOverride(path.features);
+    SetAvx512Bf16Override(path.features);
+  }
+  ~ScopedPath() {
+    SetAvx512VnniOverride(std::nullopt);
+    SetAvx512Bf16Override(std::nullopt);
+  }
+  ScopedPath(const ScopedPath&) = delete;
+  ScopedPath& operator=(const ScopedPath&) = delete;
+
+ private:
+  ScopedIsa isa_;
 };
 
 }  // namespace kvserve::cpu::testing

@@ -21,8 +21,11 @@ namespace {
 
 using testing::DecodeRows;
 using testing::EncodeRows;
+using testing::MatmulPath;
+using testing::MatmulPaths;
 using testing::RandomFloats;
 using testing::ScopedIsa;
+using testing::ScopedPath;
 using testing::SupportedIsas;
 
 constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
@@ -50,6 +53,30 @@ std::vector<double> Int8Activations(const float* x, int64_t k, int64_t scale_blo
       const float q = std::nearbyint(x[b * scale_block + j] * inv);
       out[b * scale_block + j] = static_cast<double>(q) * d;
     }
+  }
+  return out;
+}
+
+// An fp32 value rounded to bf16 (the nearest, ties to the even one; the inputs here are finite and
+// normal), as the avx512 path's bf16 dot product takes x rows (internal::RoundsXToBf16). Written
+// from that description.
+float RoundToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const uint32_t rest = bits & 0xffffu;
+  uint32_t top = bits >> 16;
+  if (rest > 0x8000u || (rest == 0x8000u && (top & 1u) != 0)) ++top;
+  bits = top << 16;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+// The x row as the active path multiplies it: int8 blocks, bf16, or as given.
+std::vector<double> PathActivations(DType dtype, const float* x, int64_t k) {
+  if (internal::UsesInt8Activations(dtype)) return Int8Activations(x, k, ScaleBlock(dtype));
+  std::vector<double> out(x, x + k);
+  if (internal::RoundsXToBf16(dtype)) {
+    for (double& v : out) v = RoundToBf16(static_cast<float>(v));
   }
   return out;
 }
@@ -97,9 +124,7 @@ struct Problem {
 void ExpectMatchesReference(const Problem& p, const std::vector<float>& y) {
   for (int64_t i = 0; i < p.m; ++i) {
     const float* x = &p.x[i * p.x_stride()];
-    const std::vector<double> xr = internal::UsesInt8Activations(p.dtype)
-                                       ? Int8Activations(x, p.k, ScaleBlock(p.dtype))
-                                       : std::vector<double>(x, x + p.k);
+    const std::vector<double> xr = PathActivations(p.dtype, x, p.k);
     for (int64_t j = 0; j < p.n; ++j) {
       double ref = p.with_bias ? p.bias[j] : 0.0;
       double sum_abs = p.with_bias ? std::fabs(p.bias[j]) : 0.0;
@@ -129,11 +154,10 @@ TEST(MatmulTest, EveryIsaAndDTypeMatchesDoubleReference) {
       for (int64_t n : {1, 7, 33, 100}) {
         for (int64_t m : {1, 3, 17}) {
           const Problem p(m, n, k, dtype, /*with_bias=*/(n % 2) == 1, seed++);
-          for (CpuIsa isa : SupportedIsas()) {
-            SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
-                         " m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                         " k=" + std::to_string(k));
-            const ScopedIsa scoped(isa);
+          for (const MatmulPath& path : MatmulPaths()) {
+            const ScopedPath scoped(path);
+            SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " m=" +
+                         std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
             ExpectMatchesReference(p, p.Run(nullptr));
             if (HasFatalFailure()) return;
           }
@@ -146,19 +170,24 @@ TEST(MatmulTest, EveryIsaAndDTypeMatchesDoubleReference) {
 TEST(MatmulTest, SimdPathsAgreeWithScalar) {
   for (DType dtype : kAllDTypes) {
     const Problem p(5, 37, 4096, dtype, true, 99);
-    std::vector<float> scalar;
+    // The bf16 dot product multiplies x rounded to bf16: the scalar path gets that x too.
+    Problem rounded = p;
+    for (float& v : rounded.x) v = RoundToBf16(v);
+    std::vector<float> scalar, scalar_rounded;
     {
       const ScopedIsa scoped(CpuIsa::kScalar);
       scalar = p.Run(nullptr);
+      scalar_rounded = rounded.Run(nullptr);
     }
-    for (CpuIsa isa : SupportedIsas()) {
-      const ScopedIsa scoped(isa);
+    for (const MatmulPath& path : MatmulPaths()) {
+      const ScopedPath scoped(path);
       const std::vector<float> y = p.Run(nullptr);
+      const std::vector<float>& want = internal::RoundsXToBf16(dtype) ? scalar_rounded : scalar;
       for (int64_t i = 0; i < p.m; ++i) {
         for (int64_t j = 0; j < p.n; ++j) {
-          const float a = scalar[i * p.y_stride() + j];
+          const float a = want[i * p.y_stride() + j];
           ASSERT_NEAR(y[i * p.y_stride() + j], a, 1e-4 * (1.0 + std::fabs(a)))
-              << DTypeName(dtype) << " " << CpuIsaName(isa);
+              << DTypeName(dtype) << " " << path.Name();
         }
       }
     }
@@ -179,10 +208,9 @@ TEST(MatmulTest, ResultsAreBitIdenticalAcrossBatchingAndThreads) {
     for (int64_t k : ks) {
       const int64_t m = 17;
       const Problem p(m, 37, k, dtype, true, 7);
-      for (CpuIsa isa : SupportedIsas()) {
-        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
-                     " k=" + std::to_string(k));
-        const ScopedIsa scoped(isa);
+      for (const MatmulPath& path : MatmulPaths()) {
+        const ScopedPath scoped(path);
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " k=" + std::to_string(k));
         const std::vector<float> base = p.Run(nullptr);
         for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
           const std::vector<float> y = p.Run(pool);
@@ -219,10 +247,9 @@ TEST(MatmulTest, EachColumnAloneGivesTheSameBits) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kQ8_0}) {
     for (int64_t m : {1, 2, 5, 13}) {
       const Problem p(m, 13, 1024, dtype, true, 21);
-      for (CpuIsa isa : SupportedIsas()) {
-        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
-                     " m=" + std::to_string(m));
-        const ScopedIsa scoped(isa);
+      for (const MatmulPath& path : MatmulPaths()) {
+        const ScopedPath scoped(path);
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " m=" + std::to_string(m));
         const std::vector<float> all = p.Run(nullptr);
         const int64_t row_bytes = DTypeRowBytes(dtype, p.k);
         for (int64_t j = 0; j < p.n; ++j) {
@@ -257,10 +284,9 @@ TEST(MatmulTest, BatchedFloatWeightsAtAnyAddressGiveTheSameBits) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int64_t k : {int64_t{64}, int64_t{1024}, int64_t{1030}}) {
       const Problem p(13, 21, k, dtype, true, 17);
-      for (CpuIsa isa : SupportedIsas()) {
-        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(CpuIsaName(isa)) +
-                     " k=" + std::to_string(k));
-        const ScopedIsa scoped(isa);
+      for (const MatmulPath& path : MatmulPaths()) {
+        const ScopedPath scoped(path);
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " k=" + std::to_string(k));
         const std::vector<float> aligned = p.Run(&pool);
         ExpectMatchesReference(p, aligned);
         for (size_t offset : {size_t{2}, size_t{4}, size_t{36}}) {
@@ -289,9 +315,9 @@ TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
                               {300, 9, 1030, DType::kBF16, false, 5}};
   ThreadPool pool(2);
   for (const Problem& p : problems) {
-    for (CpuIsa isa : SupportedIsas()) {
-      SCOPED_TRACE(std::string(DTypeName(p.dtype)) + " " + std::string(CpuIsaName(isa)));
-      const ScopedIsa scoped(isa);
+    for (const MatmulPath& path : MatmulPaths()) {
+      const ScopedPath scoped(path);
+      SCOPED_TRACE(std::string(DTypeName(p.dtype)) + " " + path.Name());
       const std::vector<float> y = p.Run(&pool);
       ExpectMatchesReference(p, y);
       for (int64_t row : {int64_t{0}, p.m / 2, p.m - 1}) {
@@ -310,8 +336,8 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const Problem p(3, 33, 4096, dtype, false, 21);
     const int64_t block = ScaleBlock(dtype);
-    for (CpuIsa isa : SupportedIsas()) {
-      const ScopedIsa scoped(isa);
+    for (const MatmulPath& path : MatmulPaths()) {
+      const ScopedPath scoped(path);
       const std::vector<float> y = p.Run(nullptr);
       for (int64_t i = 0; i < p.m; ++i) {
         const float* x = &p.x[i * p.x_stride()];
@@ -328,7 +354,7 @@ TEST(MatmulTest, Int8ActivationErrorIsWithinHalfAStep) {
             }
           }
           ASSERT_NEAR(y[i * p.y_stride() + j], exact, bound + 2e-5 * sum_abs)
-              << DTypeName(dtype) << " " << CpuIsaName(isa) << " row " << i << " col " << j;
+              << DTypeName(dtype) << " " << path.Name() << " row " << i << " col " << j;
         }
       }
     }
@@ -376,6 +402,54 @@ TEST(MatmulTest, Avx512WithAndWithoutVnni) {
     }
   }
   SetAvx512VnniOverride(std::nullopt);
+}
+
+// bf16 weights on the AVX-512 path with AVX512_BF16: x rounded to bf16, then vdpbf16ps. Off, the
+// weights are widened to fp32 against x as given. Each matches its reference, and each keeps a
+// row's bits whatever the batch (decode tiles for m < 4, panels above; k = 1024 reads the weights
+// in place, the others partial steps of a converted panel and masked decode steps).
+TEST(MatmulTest, Avx512WithAndWithoutBf16Dot) {
+  if (!CpuSupportsIsa(CpuIsa::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU"
+                 << testing_ci::DeclaredCiSkip("CI machines may lack it");
+  }
+  SetAvx512Bf16Override(true);
+  if (!CpuAvx512Bf16Enabled()) {
+    SetAvx512Bf16Override(std::nullopt);
+    GTEST_SKIP() << "no AVX512_BF16 on this CPU"
+                 << testing_ci::DeclaredCiSkip("CI machines may lack it");
+  }
+  const ScopedIsa scoped(CpuIsa::kAvx512);
+  ThreadPool pool(2);
+  for (int64_t k : {1024, 33, 80, 1030}) {
+    for (int64_t m : {1, 3, 5, 70}) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " k=" + std::to_string(k));
+      const Problem p(m, 37, k, DType::kBF16, true, 6);
+      for (bool dot : {true, false}) {
+        SetAvx512Bf16Override(dot);
+        ASSERT_EQ(internal::RoundsXToBf16(DType::kBF16), dot);
+        const std::vector<float> y = p.Run(&pool);
+        ExpectMatchesReference(p, y);
+        for (int64_t row : {int64_t{0}, m - 1}) {
+          std::vector<float> alone(static_cast<size_t>(p.n));
+          Matmul(p.Args(&p.x[row * p.x_stride()], 1, alone.data()), nullptr);
+          EXPECT_EQ(0, std::memcmp(alone.data(), &y[row * p.y_stride()], p.n * sizeof(float)))
+              << "row " << row << (dot ? " with" : " without") << " the bf16 dot product";
+        }
+      }
+      // Rounding x is the only difference: x already in bf16 gives the same bits both ways.
+      Problem exact = p;
+      for (float& v : exact.x) v = RoundToBf16(v);
+      SetAvx512Bf16Override(true);
+      const std::vector<float> with = exact.Run(nullptr);
+      SetAvx512Bf16Override(false);
+      const std::vector<float> without = exact.Run(nullptr);
+      for (size_t i = 0; i < with.size(); ++i) {
+        ASSERT_NEAR(with[i], without[i], 1e-5 * (1.0 + std::fabs(without[i]))) << "element " << i;
+      }
+    }
+  }
+  SetAvx512Bf16Override(std::nullopt);
 }
 
 // The q8_0 and K-quant tiles are one 256-bit source each on every x86 path (matmul_int8.inc) with

@@ -20,8 +20,11 @@ namespace kvserve::cpu {
 namespace {
 
 using testing::EncodeRows;
+using testing::MatmulPath;
+using testing::MatmulPaths;
 using testing::RandomFloats;
 using testing::ScopedIsa;
+using testing::ScopedPath;
 using testing::SupportedIsas;
 
 constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
@@ -29,39 +32,6 @@ constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, 
                                       DType::kQ6_K};
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
-
-// Every matmul path this CPU can run: each supported ISA, the AVX-512 one with VNNI (where the
-// CPU has it: asked for elsewhere, it is the path without) and without.
-struct MatmulPath {
-  CpuIsa isa;
-  std::optional<bool> vnni;
-  // While selected (ScopedPath).
-  std::string Name() const {
-    return std::string(CpuIsaName(isa)) +
-           (isa == CpuIsa::kAvx512 && CpuAvx512VnniEnabled() ? " vnni" : "");
-  }
-};
-std::vector<MatmulPath> MatmulPaths() {
-  std::vector<MatmulPath> paths;
-  for (CpuIsa isa : SupportedIsas()) {
-    if (isa == CpuIsa::kAvx512) {
-      paths.push_back({isa, true});
-      paths.push_back({isa, false});
-    } else {
-      paths.push_back({isa, std::nullopt});
-    }
-  }
-  return paths;
-}
-// Selects a path for its lifetime.
-class ScopedPath {
- public:
-  explicit ScopedPath(const MatmulPath& path) : isa_(path.isa) { SetAvx512VnniOverride(path.vnni); }
-  ~ScopedPath() { SetAvx512VnniOverride(std::nullopt); }
-
- private:
-  ScopedIsa isa_;
-};
 
 // Random bytes for every quant byte and a finite fp16 scale per block: the layout test needs
 // every byte distinguishable, not meaningful weights.
