@@ -237,21 +237,30 @@ TEST_F(KvTransferTest, ConcurrentPullsUnderPreemptionGiveTheComputedTokens) {
     computed[i] = a->Generate(r);
     ASSERT_TRUE(computed[i].status.ok()) << computed[i].status.error_message();
   }
-  std::vector<Output> pulled(kRequests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kRequests; ++i) {
-    threads.emplace_back(
-        [&, i] { pulled[i] = b->Generate(WithHint(requests[i], a->address, 0, 4)); });
+  // Whether the requests overlap enough to preempt depends on the machine's timing (in one ctest
+  // run of 100+ tests on two busy cores, none was preempted), so a round without preemption is
+  // tried again on a fresh B, up to three rounds; every round must give the computed tokens.
+  int64_t preemptions = 0;
+  for (int round = 0; round < 3 && preemptions == 0; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    if (round > 0) b = StartWorker(Always(), "both", 25);
+    std::vector<Output> pulled(kRequests);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kRequests; ++i) {
+      threads.emplace_back(
+          [&, i] { pulled[i] = b->Generate(WithHint(requests[i], a->address, 0, 4)); });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kRequests; ++i) {
+      SCOPED_TRACE(i);
+      ExpectSame(pulled[i], computed[i]);
+    }
+    EXPECT_EQ(b->server->stats().kv_pulled_blocks, 4 * kRequests);
+    EXPECT_GE(b->engine->stats().kv_transfer.restored_blocks, 4 * kRequests);
+    ExpectIdle(*b);
+    preemptions = b->engine->stats().num_preemptions;
   }
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < kRequests; ++i) {
-    SCOPED_TRACE(i);
-    ExpectSame(pulled[i], computed[i]);
-  }
-  EXPECT_GT(b->engine->stats().num_preemptions, 0);
-  EXPECT_EQ(b->server->stats().kv_pulled_blocks, 4 * kRequests);
-  EXPECT_GE(b->engine->stats().kv_transfer.restored_blocks, 4 * kRequests);
-  ExpectIdle(*b);
+  EXPECT_GT(preemptions, 0);
 }
 
 TEST_F(KvTransferTest, BlocksTheHolderKeepsOnlyInItsHostTierAreServed) {
