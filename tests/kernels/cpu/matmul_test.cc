@@ -26,7 +26,6 @@ using testing::MatmulPaths;
 using testing::RandomFloats;
 using testing::ScopedIsa;
 using testing::ScopedPath;
-using testing::SupportedIsas;
 
 constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
                                 DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,

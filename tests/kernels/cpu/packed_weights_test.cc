@@ -23,9 +23,7 @@ using testing::EncodeRows;
 using testing::MatmulPath;
 using testing::MatmulPaths;
 using testing::RandomFloats;
-using testing::ScopedIsa;
 using testing::ScopedPath;
-using testing::SupportedIsas;
 
 constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
 constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
