@@ -116,7 +116,7 @@ bool CpuHasAvx512Bf16() {
 }
 
 // A kernel feature of the avx512 path that the CPU may have: on unless the environment variable
-// `env` was "0" when the process started, and forced either way by a test override.
+// `env` is "0" (read once, when first asked), and forced either way by a test override.
 class FeatureSwitch {
  public:
   static constexpr int kDefault = -1;
