@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -104,8 +105,10 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
     MatmulFp8(args, pool);
     return;
   }
+  static std::atomic<uint64_t> calls{0};
   internal::MatmulPlan plan;
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
+  plan.call_id = calls.fetch_add(1, std::memory_order_relaxed) + 1;
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);
   if (internal::UsesInt8Activations(args.w_dtype)) {
     thread_local ActivationBuffers act;

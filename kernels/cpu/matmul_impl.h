@@ -82,6 +82,9 @@ struct MatmulPlan {
   // Packed-weight streams a decode tile reads side by side (matmul_packed.inc, PackedDecode): two
   // when the whole call runs on one thread, one when threads share it.
   int weight_streams = 1;
+  // Unique to this Matmul() call (never 0): a thread that runs several pieces of one call keeps
+  // the x rows it converted for the first (matmul_panel.inc) instead of converting them again.
+  uint64_t call_id = 0;
 };
 
 /// MatmulPlan::xo of one row of `k` int8 activations (k % 16 == 0).
