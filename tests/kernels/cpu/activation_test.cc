@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -14,6 +15,8 @@ namespace kvserve::cpu {
 namespace {
 
 using testing::RandomFloats;
+using testing::ScopedIsa;
+using testing::SupportedIsas;
 
 TEST(SiluMulTest, MatchesDoubleReferenceAtOddShapes) {
   ThreadPool pool(2);
@@ -33,6 +36,42 @@ TEST(SiluMulTest, MatchesDoubleReferenceAtOddShapes) {
         }
       }
     }
+  }
+}
+
+// The exps are ExpShifted's, which every ISA path computes with the same float operations: so
+// is silu, whatever the path (a seeded request samples the same tokens on every machine).
+// Gates cover both signs, zeros, values where exp(-|g|) underflows, and +-inf (silu(+inf) = +inf;
+// -inf and NaN give NaN, as g / (1 + exp(-g)) does).
+TEST(SiluMulTest, EveryIsaPathGivesTheSameBits) {
+  std::mt19937 rng(6);
+  const int64_t rows = 2, dim = 1037;
+  std::vector<float> gate = RandomFloats(rows * dim, rng, -30.0f, 30.0f);
+  const float specials[] = {0.0f, -0.0f, 90.0f, -90.0f, 1e-30f, -1e-30f, INFINITY, -INFINITY, NAN};
+  for (size_t i = 0; i < std::size(specials); ++i) gate[i * 97] = specials[i];
+  const std::vector<float> up = RandomFloats(rows * dim, rng, -2.0f, 2.0f);
+  std::vector<float> base(rows * dim);
+  {
+    const ScopedIsa scalar(CpuIsa::kScalar);
+    SiluMul(gate.data(), up.data(), base.data(), rows, dim, dim, dim, dim, nullptr);
+  }
+  for (size_t i = 0; i < std::size(specials); ++i) {
+    const float g = specials[i], u = up[i * 97], y = base[i * 97];
+    if (std::isnan(g) || g == -INFINITY) {
+      EXPECT_TRUE(std::isnan(y)) << g;
+    } else if (g == INFINITY) {
+      EXPECT_EQ(y, u > 0 ? INFINITY : -INFINITY);
+    } else {
+      const double want = g / (1.0 + std::exp(-static_cast<double>(g))) * u;
+      EXPECT_NEAR(y, want, 1e-6 * (1.0 + std::fabs(want))) << g;
+    }
+  }
+  for (CpuIsa isa : SupportedIsas()) {
+    const ScopedIsa scoped(isa);
+    std::vector<float> out(rows * dim);
+    SiluMul(gate.data(), up.data(), out.data(), rows, dim, dim, dim, dim, nullptr);
+    EXPECT_EQ(0, std::memcmp(out.data(), base.data(), out.size() * sizeof(float)))
+        << CpuIsaName(isa);
   }
 }
 
