@@ -15,6 +15,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -108,16 +109,26 @@ void RunDecode(benchmark::State& state, const ModelWeights* w, int batch, int th
   state.counters["weights_MB"] = static_cast<double>(w->TotalBytes()) / 1e6;
 }
 
+// Multiply-adds per token of the layers' matmuls (without the output head).
+double LayerMatmulParams(const ModelConfig& c) {
+  return static_cast<double>(
+      int64_t{c.num_layers} *
+      (int64_t{c.hidden_size} * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) +
+       3 * int64_t{c.hidden_size} * c.intermediate_size));
+}
+
+// FLOPs of QK^T and PV for one query token attending to `context` positions.
+double AttentionFlops(const ModelConfig& c, double context) {
+  return 2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * context;
+}
+
 void RunPrefill(benchmark::State& state, const ModelWeights* w, int len) {
   const ModelConfig& c = w->config;
-  // 2 FLOPs per weight per token, plus QK^T and PV over the causal triangle.
-  const double matmul_params = static_cast<double>(
-      int64_t{c.num_layers} *
-          (int64_t{c.hidden_size} * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) +
-           3 * int64_t{c.hidden_size} * c.intermediate_size) +
-      int64_t{c.vocab_size} * c.hidden_size / len);  // logits only for the last token
-  const double attn = 2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (len * (len + 1) / 2.0);
-  const double flops = 2.0 * matmul_params * len + attn;
+  // 2 FLOPs per weight per token (logits only for the last token), plus QK^T and PV over the
+  // causal triangle.
+  const double matmul_params =
+      LayerMatmulParams(c) + static_cast<double>(int64_t{c.vocab_size} * c.hidden_size) / len;
+  const double flops = 2.0 * matmul_params * len + AttentionFlops(c, len * (len + 1) / 2.0);
   DecodeHarness h(w, &Pool(), 1, len);
   for (auto _ : state) h.Prefill(len);
   // The register-only FMA peak of the same threads, measured right after (same machine load).
@@ -150,6 +161,66 @@ BENCHMARK(BM_DecodeSynthetic)
                     static_cast<int>(DType::kQ5_K), static_cast<int>(DType::kQ6_K)},
                    {1, 32},
                    {1, 0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Batch scaling, issue 13's "batch 32 >= 10 x batch 1": batch-1 and batch-32 decode of the same
+// model on the same threads, interleaved round by round (a few batch-1 steps, then one batch-32
+// step, about as long), so that both see the same machine: this VM's memory bandwidth and clock
+// drift by 20-50 % within seconds, and separate cases then compare different machines. Counters
+// are medians over the rounds: b1_tok/s, b32_tok/s, x_batch1 = b32_tok/s / b1_tok/s; b32_GFLOP/s
+// (2 FLOPs per weight per token, the output head included, plus attention) and peak_ratio = that
+// over the register-only FMA peak of the same threads, measured right after. Both harnesses
+// decode positions 64-320 (wrapping), so their attention costs match. Args: dtype, threads (0 =
+// all).
+void BM_BatchScaling(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const ModelWeights* w = SyntheticModel(dtype);
+  const ModelConfig& c = w->config;
+  cpu::ThreadPool* pool = &Pool(static_cast<int>(state.range(1)));
+  constexpr int kBatch = 32;
+  constexpr int kMaxLen = 320;
+  constexpr int kBatch1StepsPerRound = 4;
+  DecodeHarness one(w, pool, 1, kMaxLen);
+  DecodeHarness many(w, pool, kBatch, kMaxLen);
+  one.Prefill(64);
+  many.Prefill(64);
+  std::vector<double> b1, b32, b32_flops;
+  using Clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < kBatch1StepsPerRound; ++i) one.Decode();
+    const Clock::time_point t1 = Clock::now();
+    const double context = many.pos() + 1;
+    many.Decode();
+    const double s1 = std::chrono::duration<double>(t1 - t0).count();
+    const double s32 = std::chrono::duration<double>(Clock::now() - t1).count();
+    b1.push_back(kBatch1StepsPerRound / s1);
+    b32.push_back(kBatch / s32);
+    const double flops_per_token =
+        2.0 * (LayerMatmulParams(c) + static_cast<double>(int64_t{c.vocab_size} * c.hidden_size)) +
+        AttentionFlops(c, context);
+    b32_flops.push_back(kBatch * flops_per_token / s32);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double peak = bench::PeakFlopsPerSecond(pool);
+  state.counters["threads"] = pool->num_threads();
+  state.counters["b1_tok/s"] = median(b1);
+  state.counters["b32_tok/s"] = median(b32);
+  state.counters["x_batch1"] = median(b32) / std::max(median(b1), 1e-9);
+  state.counters["b32_GFLOP/s"] = median(b32_flops) / 1e9;
+  state.counters["peak_GFLOP/s"] = peak / 1e9;
+  state.counters["peak_ratio"] = median(b32_flops) / std::max(peak, 1.0);
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+BENCHMARK(BM_BatchScaling)
+    ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kBF16),
+                    static_cast<int>(DType::kF16)},
+                   {1, 0}})
+    ->Iterations(15)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
