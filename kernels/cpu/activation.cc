@@ -27,11 +27,10 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64
       const int64_t n = c1 - c0;
       // e = exp(-|g|) <= 1, ExpShifted's domain (SIMD on every ISA path, the same bits on each);
       // then silu(g) = g / (1 + e) for g >= 0 and g e / (1 + e) below: g / (1 + exp(-g)) either
-      // way, without an overflowing exp.
-      // Results go to a local buffer first: `out` may alias `gate` or `up`, and with loads and
-      // stores that may overlap the compiler kept the loop scalar.
+      // way, without an overflowing exp. The results replace e in this local buffer before they
+      // are copied out: `out` may alias `gate` or `up`, and with loads and stores that may
+      // overlap the compiler kept the loop scalar.
       alignas(64) float e[kChunk];
-      alignas(64) float y[kChunk];
       for (int64_t i = 0; i < n; ++i) e[i] = -std::fabs(g[i]);
       ExpShifted(e, n, 0.0f, 1.0f, e);
       // The factor is e where g's sign bit is set (g < 0, or -0 where e = 1) and 1 elsewhere, x * 1
@@ -42,9 +41,9 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64
         const uint32_t negative = 0u - (std::bit_cast<uint32_t>(x) >> 31);
         const float factor = std::bit_cast<float>((std::bit_cast<uint32_t>(e[i]) & negative) |
                                                   (std::bit_cast<uint32_t>(1.0f) & ~negative));
-        y[i] = x * factor / (1.0f + e[i]) * u[i];
+        e[i] = x * factor / (1.0f + e[i]) * u[i];
       }
-      std::memcpy(o, y, static_cast<size_t>(n) * sizeof(float));
+      std::memcpy(o, e, static_cast<size_t>(n) * sizeof(float));
     }
   };
   const int64_t items = rows * chunks_per_row;
