@@ -305,6 +305,31 @@ TEST(MatmulTest, BatchedFloatWeightsAtAnyAddressGiveTheSameBits) {
   }
 }
 
+// A batch's weight panels end in register tiles narrower than the full one (matmul_panel.inc:
+// kPanelTileCols<K> wide, then each narrower width for the rest): 16-column panels with 4-wide
+// tiles on AVX-512, 24-column panels with 3-wide (f32, f16) and 2-wide (bf16) tiles on AVX2. Panel
+// widths n = 22 to 26 and 40 end in tails of every width on both; each must give every row the
+// bits of that row alone (the decode tiles) and the reference product.
+TEST(MatmulTest, PanelTailsOfEveryWidthGiveTheSameBits) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {22, 23, 24, 25, 26, 40}) {
+      const Problem p(9, n, 64, dtype, true, static_cast<uint32_t>(n));
+      for (const MatmulPath& path : MatmulPaths()) {
+        const ScopedPath scoped(path);
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " n=" + std::to_string(n));
+        const std::vector<float> y = p.Run(nullptr);
+        ExpectMatchesReference(p, y);
+        for (int64_t row = 0; row < p.m; ++row) {
+          std::vector<float> alone(static_cast<size_t>(p.n));
+          Matmul(p.Args(&p.x[row * p.x_stride()], 1, alone.data()), nullptr);
+          ASSERT_EQ(0, std::memcmp(alone.data(), &y[row * p.y_stride()], p.n * sizeof(float)))
+              << "row " << row;
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
   // q8_0: m = 70 rows span two of the int8 path's 64-row blocks (matmul_int8.inc). Float formats:
   // m = 300 rows span two row blocks of the panel path (kPanelMaxRowBlock in matmul_panel.inc), and
