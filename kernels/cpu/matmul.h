@@ -33,7 +33,8 @@ struct MatmulArgs {
   const float* w_scale = nullptr;
 };
 
-/// Runs the matmul on the ActiveCpuIsa() path, parallel over n on `pool` (nullptr = inline).
+/// Runs the matmul on the ActiveCpuIsa() path, parallel over n on `pool` (nullptr = inline), and
+/// for float weights at larger batches also over groups of rows.
 ///
 /// Determinism: y[i, j] depends only on x row i, W row j, bias[j], k and the ISA path — never on
 /// m, the row's position in the batch, the thread count or the chunking (each output element is

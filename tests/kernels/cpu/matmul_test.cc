@@ -330,6 +330,31 @@ TEST(MatmulTest, PanelTailsOfEveryWidthGiveTheSameBits) {
   }
 }
 
+// Float weights at 12 or more rows per thread split the rows into one group per thread as well
+// as the columns into pieces (RowGroups in matmul.cc); a thread may take pieces of several groups
+// in one call, and must not reuse one group's converted x rows for another.
+TEST(MatmulTest, RowGroupsGiveTheSameBits) {
+  ThreadPool pool2(2), pool3(3);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t m : {24, 25, 37, 40}) {
+      const Problem p(m, 48, 96, dtype, true, static_cast<uint32_t>(m));
+      for (const MatmulPath& path : MatmulPaths()) {
+        const ScopedPath scoped(path);
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + path.Name() + " m=" + std::to_string(m));
+        const std::vector<float> base = p.Run(nullptr);
+        ExpectMatchesReference(p, base);
+        for (ThreadPool* pool : {&pool2, &pool3}) {
+          for (int rep = 0; rep < 4; ++rep) {  // claims of pieces differ between runs
+            const std::vector<float> y = p.Run(pool);
+            ASSERT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float)))
+                << pool->num_threads() << " threads";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
   // q8_0: m = 70 rows span two of the int8 path's 64-row blocks (matmul_int8.inc). Float formats:
   // m = 300 rows span two row blocks of the panel path (kPanelMaxRowBlock in matmul_panel.inc), and
