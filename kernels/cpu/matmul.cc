@@ -18,9 +18,9 @@ constexpr int64_t kMinMacsPerChunk = int64_t{1} << 16;
 // short last piece) leaves little idle time on the others, few enough that claiming one (an
 // atomic add) stays negligible.
 constexpr int64_t kPiecesPerThread = 4;
-// Piece sizes are a multiple of this many columns so every register tile / weight panel of the
-// ISA paths stays whole (matmul_int8.inc: 8-column decode tiles; matmul_panel.inc: weight panels;
-// packed weights: whole groups of kPackedGroupRows).
+// Piece sizes are a multiple of this many columns so the int8 decode tiles stay whole
+// (matmul_int8.inc: 8 columns; packed weights: whole groups of kPackedGroupRows). The float
+// panels (matmul_panel.inc: 16 or 24 columns) take any width, ending in narrower tiles.
 constexpr int64_t kColumnGrain = 8;
 // Batched float matmuls (the panel path) with at least this many x rows per thread also split
 // the rows into one group per thread (RowGroups).
