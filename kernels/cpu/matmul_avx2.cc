@@ -171,6 +171,10 @@ constexpr int kPanelRows = 4;
 template <class K>
 constexpr int kPanelTileCols = K::kVecs == 1 ? 3 : 2;
 constexpr int kPanelCols = 24;  // weight rows per panel: whole 3- and 2-wide tiles
+// k elements per slice: a 4 x 3 tile's seven rows of 1024 f32 (28 KiB) fit the L1. At k = 2816
+// (batch 256, two threads) whole rows ran f32 at 0.75 and bf16 at 0.66 of the FMA peak, slices of
+// 1024 at 0.78-0.82 and 0.69-0.79; 256 and 512 were no better (docs/benchmarks.md).
+constexpr int64_t kPanelKBlock = 1024;
 
 #include "kernels/cpu/matmul_panel.inc"
 

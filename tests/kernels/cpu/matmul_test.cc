@@ -358,11 +358,12 @@ TEST(MatmulTest, RowGroupsGiveTheSameBits) {
 TEST(MatmulTest, LargeBatchUsesRowBlocksWithoutChangingResults) {
   // q8_0: m = 70 rows span two of the int8 path's 64-row blocks (matmul_int8.inc). Float formats:
   // m = 300 rows span two row blocks of the panel path (kPanelMaxRowBlock in matmul_panel.inc), and
-  // k = 1030 two k slices, the second a zero-padded partial vector; n = 40 columns are enough for
-  // two threads, each converting every row block anew for each of its pieces.
+  // k = 4102 several k slices on every path (kPanelKBlock), the last a zero-padded partial vector;
+  // n = 40 columns are enough for two threads, each converting every row block anew for each of
+  // its pieces.
   const Problem problems[] = {{70, 9, 4096, DType::kQ8_0, false, 3},
-                              {300, 40, 1030, DType::kF32, true, 4},
-                              {300, 40, 1030, DType::kBF16, false, 5}};
+                              {300, 40, 4102, DType::kF32, true, 4},
+                              {300, 40, 4102, DType::kBF16, false, 5}};
   ThreadPool pool(2);
   for (const Problem& p : problems) {
     for (const MatmulPath& path : MatmulPaths()) {
