@@ -175,6 +175,13 @@ constexpr int kPanelCols = 24;  // weight rows per panel: whole 3- and 2-wide ti
 // (batch 256, two threads) whole rows ran f32 at 0.75 and bf16 at 0.66 of the FMA peak, slices of
 // 1024 at 0.78-0.82 and 0.69-0.79; 256 and 512 were no better (docs/benchmarks.md).
 constexpr int64_t kPanelKBlock = 1024;
+// The next panel's prefetch: one line every other tile step (12 or 8 FMAs, 6 or 4 cycles on Zen 4:
+// ~5-8 bytes per cycle, as the AVX-512 tile asks). The AVX-512 rate of two lines per step asked
+// for each panel in its first fifth, faster than memory delivers it, and held up the tiles'
+// loads: batch 32 ran f32 0.13 and bf16 0.15-0.25 slower on two threads, f32 0.10 slower on one
+// (docs/benchmarks.md).
+constexpr int kPanelPrefetchLines = 1;
+constexpr int kPanelPrefetchEvery = 2;
 
 #include "kernels/cpu/matmul_panel.inc"
 
