@@ -178,8 +178,8 @@ constexpr int64_t kPanelKBlock = 1024;
 // The next panel's prefetch: one line every other tile step (12 or 8 FMAs, 6 or 4 cycles on Zen 4:
 // ~5-8 bytes per cycle, as the AVX-512 tile asks). The AVX-512 rate of two lines per step asked
 // for each panel in its first fifth, faster than memory delivers it, and held up the tiles'
-// loads: batch 32 ran f32 0.13 and bf16 0.15-0.25 slower on two threads, f32 0.10 slower on one
-// (docs/benchmarks.md).
+// loads: a batch-32 step took 13-30 % (f32) and 15-25 % (bf16) longer on two threads, 10-15 %
+// (f32) on one (docs/benchmarks.md).
 constexpr int kPanelPrefetchLines = 1;
 constexpr int kPanelPrefetchEvery = 2;
 
