@@ -61,8 +61,9 @@ struct BF16W {
   }
 };
 
-#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4
 #include "kernels/cpu/matmul_int8.inc"
+
+#include "kernels/cpu/avx2_reduce.inc"  // HorizontalSum, HorizontalSum4
 
 // Stores HorizontalSum(acc[c]) (+ bias[c * col_step]) at y[c * col_step] for c < C.
 template <int C>
@@ -166,8 +167,8 @@ void StreamTiles(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin, i
 
 // ---- Batched path (m >= kMaxRows): prefill and batched decode (matmul_panel.inc). ----
 using Vec = __m256;
-Vec VecLoad(const float* p) { return _mm256_load_ps(p); }
 Vec VecZero() { return _mm256_setzero_ps(); }
+Vec VecLoad(const float* p) { return _mm256_load_ps(p); }
 void VecStore(float* p, Vec v) { _mm256_store_ps(p, v); }
 Vec VecFmadd(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
 // Batched register tile, 4 x 3 of the 16 ymm registers: 12 accumulators + 3 weight vectors + 1 x
