@@ -127,7 +127,7 @@ absl::StatusOr<PreparedMatrix> CpuBackend::PrepareMatrix(const void* host, DType
     return m;
   }
   if (use == MatrixUse::kEmbedding || !PackedLayoutSupported(dtype) || rows <= 0 || cols <= 0 ||
-      cols % DTypeBlockElems(dtype) != 0 || !PackWeightsEnabled()) {
+      cols % PackedBlockElems(dtype) != 0 || !PackWeightsEnabled()) {
     return m;
   }
   // Matmul weights with a packed layout: packed once (packed_weights.h) into the arenas, and the

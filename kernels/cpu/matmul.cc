@@ -41,7 +41,11 @@ int64_t RowGroups(const MatmulArgs& args, int threads) {
   return threads;
 }
 
-internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype) {
+internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = false) {
+  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps; any other path unpacks its rows.
+  if (w_packed && w_dtype == DType::kBF16 && !(isa == CpuIsa::kAvx512 && CpuAvx512Bf16Enabled())) {
+    return &internal::MatmulColumnsScalar;
+  }
   switch (isa) {
     case CpuIsa::kAvx512:
       if (internal::UsesInt8Activations(w_dtype) && CpuAvx512VnniEnabled()) {
@@ -125,7 +129,7 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   internal::MatmulPlan plan;
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
   plan.call_id = calls.fetch_add(1, std::memory_order_relaxed) + 1;
-  const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype);
+  const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype, args.w_packed);
   if (internal::UsesInt8Activations(args.w_dtype)) {
     thread_local ActivationBuffers act;
     const int64_t scale_block = internal::ActivationScaleBlock(args.w_dtype);

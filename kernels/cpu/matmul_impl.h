@@ -16,7 +16,9 @@
 //   avx512 with AVX512_BF16, bf16 weights (its own path, RoundsXToBf16): each x row rounded to
 //           bf16 (round to nearest even), then per 32 elements one vdpbf16ps into a 16-lane
 //           accumulator (lane i takes the exact products of elements 2i and 2i + 1; masked tail
-//           step), fixed horizontal sum.
+//           step), fixed horizontal sum; packed bf16 weights (packed_weights.h, MatmulArgs::
+//           w_packed) one fp32 lane per output instead, one vdpbf16ps per pair of elements in
+//           order (no horizontal sum). Other paths unpack packed bf16 rows (scalar order).
 // then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
 // to int8 once per call (QuantizeActivationRow; one scale per 32 elements, per 256 for the
 // K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled

@@ -116,11 +116,19 @@ void MatmulColumnsScalar(const MatmulArgs& args, const MatmulPlan& plan, int64_t
     Int8Columns(args, plan, n_begin, n_end);
     return;
   }
+  // Float weights; packed ones (bf16 off the vdpbf16ps path, Matmul()) unpacked row by row.
   thread_local std::vector<float> w_row;
+  thread_local std::vector<uint8_t> unpacked;
   w_row.resize(static_cast<size_t>(args.k));
+  unpacked.resize(static_cast<size_t>(plan.w_row_bytes));
   const auto* w = static_cast<const uint8_t*>(args.w);
   for (int64_t j = n_begin; j < n_end; ++j) {
-    ConvertRowToF32(w + j * plan.w_row_bytes, args.w_dtype, args.k, w_row.data());
+    const uint8_t* stored = w + j * plan.w_row_bytes;
+    if (args.w_packed) {
+      UnpackRow(args.w, args.w_dtype, args.k, j, unpacked.data());
+      stored = unpacked.data();
+    }
+    ConvertRowToF32(stored, args.w_dtype, args.k, w_row.data());
     const float bias = args.bias != nullptr ? args.bias[j] : 0.0f;
     for (int64_t i = 0; i < args.m; ++i) {
       float s = Dot(args.x + i * args.x_stride, w_row.data(), args.k);

@@ -4,11 +4,14 @@
 #include <cstring>
 
 #include "kernels/cpu/block_quant.h"
+#include "kernels/cpu/matmul_impl.h"
 
 namespace kvserve::cpu {
 namespace {
 
 constexpr int64_t kScaleBytes = 2;
+// bf16: a row's two elements per group-block (4 bytes, row i at 4i of a 64-byte line).
+constexpr int64_t kBf16PairElems = 2, kBf16PairBytes = 4;
 
 // Quant bytes per row and block of q4_0 / q8_0 (the block's bytes after its fp16 d).
 int64_t QuantBytes(DType dtype) { return DTypeRowBytes(dtype, 32) - kScaleBytes; }
@@ -108,6 +111,10 @@ void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
 }
 
 void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
+  if (dtype == DType::kBF16) {
+    std::memcpy(block, gb + kBf16PairBytes * i, kBf16PairBytes);
+    return;
+  }
   ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
     std::memcpy(block + to, gb + from, static_cast<size_t>(n));
   });
@@ -154,8 +161,8 @@ void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
 struct RowPlace {
   int64_t blocks, block_bytes, group_block, group_offset;
   RowPlace(DType dtype, int64_t cols, int64_t row)
-      : blocks(cols / DTypeBlockElems(dtype)),
-        block_bytes(DTypeRowBytes(dtype, DTypeBlockElems(dtype))),
+      : blocks(cols / PackedBlockElems(dtype)),
+        block_bytes(DTypeRowBytes(dtype, PackedBlockElems(dtype))),
         group_block(PackedGroupBlockBytes(dtype)),
         group_offset(row / kPackedGroupRows * blocks * group_block) {}
 };
@@ -163,10 +170,16 @@ struct RowPlace {
 }  // namespace
 
 bool PackedLayoutSupported(DType dtype) {
+  if (dtype == DType::kBF16) return internal::RoundsXToBf16(dtype);
   return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype) || dtype == DType::kQ6_K;
 }
 
+int64_t PackedBlockElems(DType dtype) {
+  return dtype == DType::kBF16 ? kBf16PairElems : DTypeBlockElems(dtype);
+}
+
 int64_t PackedGroupBlockBytes(DType dtype) {
+  if (dtype == DType::kBF16) return kPackedGroupRows * kBf16PairBytes;
   if (dtype == DType::kQ6_K) return kQ6GroupBlock;
   if (IsQ45K(dtype)) return kKLines + 64 * (dtype == DType::kQ5_K ? 40 : 32);
   return kPackedGroupRows * (kScaleBytes + QuantBytes(dtype));
@@ -174,19 +187,31 @@ int64_t PackedGroupBlockBytes(DType dtype) {
 
 int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols) {
   const int64_t groups = (rows + kPackedGroupRows - 1) / kPackedGroupRows;
-  return groups * (cols / DTypeBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
+  return groups * (cols / PackedBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
 }
 
 void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst,
               ThreadPool* pool) {
   const int64_t row_bytes = DTypeRowBytes(dtype, cols);
-  const int64_t group_bytes = (cols / DTypeBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
+  const int64_t group_bytes = (cols / PackedBlockElems(dtype)) * PackedGroupBlockBytes(dtype);
   // Groups [begin, end): each group's bytes are its own, so groups pack in any order, on any
   // thread, to the same bytes.
   const auto pack_groups = [&](int64_t begin, int64_t end) {
     std::memset(static_cast<uint8_t*>(dst) + begin * group_bytes, 0,
                 static_cast<size_t>((end - begin) * group_bytes));
     const int64_t row_end = std::min(rows, end * kPackedGroupRows);
+    if (dtype == DType::kBF16) {  // a 4-byte move per pair: no per-block call
+      for (int64_t row = begin * kPackedGroupRows; row < row_end; ++row) {
+        const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;
+        uint8_t* out = static_cast<uint8_t*>(dst) + row / kPackedGroupRows * group_bytes +
+                       row % kPackedGroupRows * kBf16PairBytes;
+        for (int64_t p = 0; p < cols / kBf16PairElems; ++p) {
+          std::memcpy(out + p * kPackedGroupRows * kBf16PairBytes, in + p * kBf16PairBytes,
+                      kBf16PairBytes);
+        }
+      }
+      return;
+    }
     for (int64_t row = begin * kPackedGroupRows; row < row_end; ++row) {
       const RowPlace at(dtype, cols, row);
       const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;

@@ -1,8 +1,9 @@
 #ifndef KVSERVE_KERNELS_CPU_PACKED_WEIGHTS_H_
 #define KVSERVE_KERNELS_CPU_PACKED_WEIGHTS_H_
 
-// Quantized weight matrices regrouped once at load for the CPU matmul ("packed"), so that a
-// SIMD lane holds one weight row: sixteen rows side by side, block by block.
+// Quantized weight matrices (and bf16 ones on the vdpbf16ps path) regrouped once at load for the
+// CPU matmul ("packed"), so that a SIMD lane holds one weight row: sixteen rows side by side,
+// block by block.
 //
 // Why: a decode GEMV over rows in the file's layout spends most of its instructions per weight
 // row and block — the fp16 scale converted alone, one int32-to-float conversion, FMA and
@@ -39,6 +40,11 @@
 //     a row's chunk holds the 6-bit quant of element 16j + 4k + p in bits 0..5 and bits 2k, 2k + 1
 //     of element 16j + 12 + p's quant in bits 6, 7 — four elements' quants in three bytes, which
 //     decode with one AND each and, for the fourth, three shifts, ANDs and two ORs.
+//   bf16 (packed only where the matmul runs vdpbf16ps, PackedLayoutSupported; cols even): a
+//     group-block is one chunk line, line p holding elements 2p and 2p + 1 of each row (row i's
+//     at bytes 4i .. 4i + 3, element 2p first): one 512-bit load is the weight operand of a
+//     vdpbf16ps whose lane i accumulates row i's output (matmul_avx512_bf16.cc), so batched
+//     tiles need no horizontal sums.
 
 #include <cstdint>
 
@@ -50,8 +56,13 @@ namespace kvserve::cpu {
 /// Weight rows per packed group (one 512-bit vector of f32 lanes).
 inline constexpr int64_t kPackedGroupRows = 16;
 
-/// Whether weights of `dtype` have a packed layout (q4_0, q8_0, q4_k, q5_k, q6_k).
+/// Whether weights of `dtype` have a packed layout on the active matmul path: q4_0, q8_0, q4_k,
+/// q5_k and q6_k everywhere, bf16 where Matmul() runs it as vdpbf16ps (AVX-512 with AVX512_BF16;
+/// elsewhere a packed bf16 matrix still multiplies, but by unpacking each row).
 bool PackedLayoutSupported(DType dtype);
+
+/// Elements of a row per group-block: DTypeBlockElems(dtype), except 2 for bf16 (one pair).
+int64_t PackedBlockElems(DType dtype);
 
 /// Bytes of a packed [rows, cols] matrix (rows rounded up to whole groups).
 int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols);
@@ -60,8 +71,8 @@ int64_t PackedBytes(DType dtype, int64_t rows, int64_t cols);
 int64_t PackedGroupBlockBytes(DType dtype);
 
 /// Packs `rows` rows of `cols` elements (row-major, the stored dtype layout) into `dst`
-/// (PackedBytes(dtype, rows, cols) bytes). PackedLayoutSupported(dtype), cols a multiple of
-/// DTypeBlockElems(dtype). With a `pool`, groups of rows are packed on its threads (the same
+/// (PackedBytes(dtype, rows, cols) bytes). A dtype with a packed layout, cols a multiple of
+/// PackedBlockElems(dtype). With a `pool`, groups of rows are packed on its threads (the same
 /// bytes).
 void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst,
               ThreadPool* pool = nullptr);

@@ -33,6 +33,20 @@ inline std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo = -
   return v;
 }
 
+/// An fp32 value rounded to bf16 (the nearest, ties to the even one; the inputs here are finite
+/// and normal), as the avx512 path's bf16 dot product takes x rows (internal::RoundsXToBf16).
+/// Written from that description.
+inline float RoundToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const uint32_t rest = bits & 0xffffu;
+  uint32_t top = bits >> 16;
+  if (rest > 0x8000u || (rest == 0x8000u && (top & 1u) != 0)) ++top;
+  bits = top << 16;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
 /// Encodes a row-major [rows, k] float matrix in `dtype` (round to nearest; Q8_0 and Q4_0 use
 /// one scale per 32-element block: Q8_0 d = amax/127, Q4_0 d = amax/7; the other quantized
 /// types go through cpu::QuantizeRow).

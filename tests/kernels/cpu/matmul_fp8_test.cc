@@ -15,6 +15,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
@@ -231,7 +232,13 @@ TEST(MatmulFp8Test, CpuBackendQuantizesOnlyFloatMatmulWeights) {
           cpu.PrepareMatrix(stored.data(), dtype, rows, cols, use);
       ASSERT_TRUE(kept.ok()) << kept.status();
       EXPECT_EQ(kept->dtype, dtype);
-      EXPECT_EQ(kept->data, stored.data());
+      // Kept in its precision; a kept Matmul matrix is packed where its dtype has a packed
+      // layout on this path (bf16 with vdpbf16ps), else used in place.
+      const bool packed = use == MatrixUse::kMatmulKeepPrecision && PackedLayoutSupported(dtype);
+      EXPECT_EQ(kept->packed, packed);
+      if (!packed) {
+        EXPECT_EQ(kept->data, stored.data());
+      }
       EXPECT_EQ(kept->scales, nullptr);
     }
   }

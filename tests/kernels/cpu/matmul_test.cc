@@ -24,6 +24,7 @@ using testing::EncodeRows;
 using testing::MatmulPath;
 using testing::MatmulPaths;
 using testing::RandomFloats;
+using testing::RoundToBf16;
 using testing::ScopedIsa;
 using testing::ScopedPath;
 
@@ -54,20 +55,6 @@ std::vector<double> Int8Activations(const float* x, int64_t k, int64_t scale_blo
     }
   }
   return out;
-}
-
-// An fp32 value rounded to bf16 (the nearest, ties to the even one; the inputs here are finite and
-// normal), as the avx512 path's bf16 dot product takes x rows (internal::RoundsXToBf16). Written
-// from that description.
-float RoundToBf16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  const uint32_t rest = bits & 0xffffu;
-  uint32_t top = bits >> 16;
-  if (rest > 0x8000u || (rest == 0x8000u && (top & 1u) != 0)) ++top;
-  bits = top << 16;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
 }
 
 // The x row as the active path multiplies it: int8 blocks, bf16, or as given.
