@@ -41,11 +41,7 @@ int64_t RowGroups(const MatmulArgs& args, int threads) {
   return threads;
 }
 
-internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = false) {
-  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps; any other path unpacks its rows.
-  if (w_packed && w_dtype == DType::kBF16 && !(isa == CpuIsa::kAvx512 && CpuAvx512Bf16Enabled())) {
-    return &internal::MatmulColumnsScalar;
-  }
+internal::MatmulColumnsFn SelectIsaPath(CpuIsa isa, DType w_dtype) {
   switch (isa) {
     case CpuIsa::kAvx512:
       if (internal::UsesInt8Activations(w_dtype) && CpuAvx512VnniEnabled()) {
@@ -61,6 +57,15 @@ internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = 
       break;
   }
   return &internal::MatmulColumnsScalar;
+}
+
+internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = false) {
+  const internal::MatmulColumnsFn path = SelectIsaPath(isa, w_dtype);
+  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps; any other path unpacks its rows.
+  if (w_packed && w_dtype == DType::kBF16 && path != &internal::MatmulColumnsAvx512Bf16) {
+    return &internal::MatmulColumnsScalar;
+  }
+  return path;
 }
 
 // Per-thread buffers for the int8 activations (grown on demand, kept between calls).

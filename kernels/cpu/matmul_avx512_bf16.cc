@@ -103,25 +103,9 @@ constexpr int64_t kPackedMaxRowBlock = 264;  // x rows converted per pass, at mo
 constexpr int64_t kPackedLineBytes = 64;
 constexpr int kPackedPrefetchLines = 2;  // per tile step (R * C vdpbf16ps)
 
-// The x rows of one call, rounded to bf16 pairs (BF16DotW::LoadX's rounding), per thread. The
-// row stride is an odd number of 64-byte lines, so that a tile's eight rows at one pair do not
-// share an L1 set.
-struct PackedXScratch {
-  uint32_t* data = nullptr;
-  size_t capacity = 0;  // uint32 elements
-  uint64_t call = 0;    // the call whose rows it holds (0: none)
-  const float* rows = nullptr;
-  ~PackedXScratch() { ::operator delete(data, std::align_val_t(64)); }
-  uint32_t* Get(size_t elems) {
-    if (elems > capacity) {
-      ::operator delete(data, std::align_val_t(64));
-      data = static_cast<uint32_t*>(::operator new(elems * sizeof(uint32_t), std::align_val_t(64)));
-      capacity = elems;
-    }
-    return data;
-  }
-};
-
+// The x rows' stride in the per-thread x buffer (matmul_panel.inc's PanelScratch, rounded to bf16
+// pairs by BF16DotW::LoadX's rounding): an odd number of 64-byte lines, so that a tile's eight rows
+// at one pair do not share an L1 set.
 int64_t PackedXStride(int64_t pairs) {
   int64_t lines = (pairs + 15) / 16;
   if (lines % 2 == 0) ++lines;
@@ -286,13 +270,13 @@ void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_be
   const int64_t pairs = a.k / 2;
   const int64_t x_stride = PackedXStride(pairs);
   const int64_t block_rows = a.m < kPackedMaxRowBlock ? a.m : kPackedMaxRowBlock;
-  thread_local PackedXScratch scratch;
-  uint32_t* const xbuf = scratch.Get(static_cast<size_t>(block_rows * x_stride));
+  PanelScratch& scratch = ThreadPanelScratch();
+  uint32_t* const xbuf = scratch.X<uint32_t>(block_rows * x_stride);
   // One block: the rows converted for this thread's previous piece of the call are still there.
   const bool one_block = a.m <= kPackedMaxRowBlock;
   const bool x_ready =
-      one_block && plan.call_id != 0 && scratch.call == plan.call_id && scratch.rows == a.x;
-  scratch.call = 0;
+      one_block && plan.call_id != 0 && scratch.x_call == plan.call_id && scratch.x_rows == a.x;
+  scratch.x_call = 0;
   for (int64_t row_base = 0; row_base < a.m; row_base += block_rows) {
     const int64_t rows = a.m - row_base < block_rows ? a.m - row_base : block_rows;
     if (!x_ready) {
@@ -302,8 +286,8 @@ void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_be
       }
     }
     if (one_block) {
-      scratch.call = plan.call_id;
-      scratch.rows = a.x;
+      scratch.x_call = plan.call_id;
+      scratch.x_rows = a.x;
     }
     if (a.m < kMaxRows) {
       static_assert(kMaxRows == 4, "one case per row count below kMaxRows");

@@ -23,24 +23,28 @@ float Dot(const float* x, const float* w, int64_t k) {
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
+// Weight row j as fp32 in `out` (k elements), by the shared block decoders; a packed row
+// (packed_weights.h) is unpacked first: the same bits as the stored one.
+void DecodeWeightRow(const MatmulArgs& args, const MatmulPlan& plan, int64_t j, float* out) {
+  thread_local std::vector<uint8_t> unpacked;
+  const uint8_t* stored = static_cast<const uint8_t*>(args.w) + j * plan.w_row_bytes;
+  if (args.w_packed) {
+    unpacked.resize(static_cast<size_t>(plan.w_row_bytes));
+    UnpackRow(args.w, args.w_dtype, args.k, j, unpacked.data());
+    stored = unpacked.data();
+  }
+  ConvertRowToF32(stored, args.w_dtype, args.k, out);
+}
+
 // Int8 activations (matmul_impl.h): each weight row decoded to fp32 by the shared block
 // decoders (ConvertRowToF32: the values every path uses), then per 32 elements d_x * sum(w * q_x),
 // added in order.
-// Packed K-quant rows (packed_weights.h) are unpacked first: the same bits as stored ones.
 void Int8Columns(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin, int64_t n_end) {
   thread_local std::vector<float> w_row;
-  thread_local std::vector<uint8_t> unpacked;
   w_row.resize(static_cast<size_t>(args.k));
-  unpacked.resize(static_cast<size_t>(plan.w_row_bytes));
-  const auto* w = static_cast<const uint8_t*>(args.w);
   const int64_t blocks_per_scale = ActivationScaleBlock(args.w_dtype) / kActBlock;
   for (int64_t j = n_begin; j < n_end; ++j) {
-    const uint8_t* stored = w + j * plan.w_row_bytes;
-    if (args.w_packed) {
-      UnpackRow(args.w, args.w_dtype, args.k, j, unpacked.data());
-      stored = unpacked.data();
-    }
-    ConvertRowToF32(stored, args.w_dtype, args.k, w_row.data());
+    DecodeWeightRow(args, plan, j, w_row.data());
     for (int64_t i = 0; i < args.m; ++i) {
       const int8_t* xq = plan.xq + i * plan.xq_stride;
       const float* xd = plan.xd + i * plan.xd_stride;
@@ -116,19 +120,11 @@ void MatmulColumnsScalar(const MatmulArgs& args, const MatmulPlan& plan, int64_t
     Int8Columns(args, plan, n_begin, n_end);
     return;
   }
-  // Float weights; packed ones (bf16 off the vdpbf16ps path, Matmul()) unpacked row by row.
+  // Float weights (packed bf16 too, off the vdpbf16ps path: Matmul()).
   thread_local std::vector<float> w_row;
-  thread_local std::vector<uint8_t> unpacked;
   w_row.resize(static_cast<size_t>(args.k));
-  unpacked.resize(static_cast<size_t>(plan.w_row_bytes));
-  const auto* w = static_cast<const uint8_t*>(args.w);
   for (int64_t j = n_begin; j < n_end; ++j) {
-    const uint8_t* stored = w + j * plan.w_row_bytes;
-    if (args.w_packed) {
-      UnpackRow(args.w, args.w_dtype, args.k, j, unpacked.data());
-      stored = unpacked.data();
-    }
-    ConvertRowToF32(stored, args.w_dtype, args.k, w_row.data());
+    DecodeWeightRow(args, plan, j, w_row.data());
     const float bias = args.bias != nullptr ? args.bias[j] : 0.0f;
     for (int64_t i = 0; i < args.m; ++i) {
       float s = Dot(args.x + i * args.x_stride, w_row.data(), args.k);
