@@ -8,6 +8,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace kvserve::cpu {
 namespace {
@@ -115,6 +119,34 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
+// AMX-TILE and AMX-BF16 (CPUID leaf 7, sub-leaf 0, EDX bits 24 and 22), the tile state enabled by
+// the OS in XCR0 (bits 17 and 18), and this process allowed to use it: Linux hands the 8 KiB of
+// tile data only to processes that ask (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA,
+// kernel 5.16 and later); a tile instruction otherwise kills the process with SIGILL. Asked once,
+// for the whole process (threads started before and after alike).
+bool CpuHasAmxBf16() {
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool amx = [] {
+    if (!CpuHasAvx512Bf16()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+    if ((edx & kAmxBf16) == 0 || (edx & kAmxTile) == 0) return false;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    constexpr unsigned kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
+    if ((xcr0_lo & kTileState) != kTileState) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return amx;
+#else
+  return false;
+#endif
+}
+
 // A kernel feature of the avx512 path that the CPU may have: on unless the environment variable
 // `env` is "0" (read once, when first asked), and forced either way by a test override.
 class FeatureSwitch {
@@ -152,6 +184,10 @@ FeatureSwitch& Bf16Dot() {
   static FeatureSwitch feature(&CpuHasAvx512Bf16, "KVSERVE_CPU_BF16");
   return feature;
 }
+FeatureSwitch& AmxBf16() {
+  static FeatureSwitch feature(&CpuHasAmxBf16, "KVSERVE_CPU_AMX");
+  return feature;
+}
 
 }  // namespace
 
@@ -159,6 +195,8 @@ bool CpuAvx512VnniEnabled() { return Vnni().Enabled(); }
 void SetAvx512VnniOverride(std::optional<bool> enabled) { Vnni().Override(enabled); }
 bool CpuAvx512Bf16Enabled() { return Bf16Dot().Enabled(); }
 void SetAvx512Bf16Override(std::optional<bool> enabled) { Bf16Dot().Override(enabled); }
+bool CpuAmxBf16Enabled() { return AmxBf16().Enabled(); }
+void SetAmxBf16Override(std::optional<bool> enabled) { AmxBf16().Override(enabled); }
 
 CpuIsa BestSupportedIsa() { return ClampToSupported(CpuIsa::kAvx512); }
 

@@ -54,6 +54,18 @@ bool CpuAvx512Bf16Enabled();
 /// the default. Meant for tests, like SetCpuIsaOverride.
 void SetAvx512Bf16Override(std::optional<bool> enabled);
 
+/// Whether packed bf16 weights on the bf16 dot product's path (CpuAvx512Bf16Enabled) are
+/// multiplied with AMX (TDPBF16PS, Intel AMX-TILE and AMX-BF16): the CPU has it, the kernel let
+/// this process use the tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once, when first
+/// needed), and neither KVSERVE_CPU_AMX=0 nor SetAmxBf16Override(false) turned it off. The x rows
+/// are rounded to bf16 as on that path; AMX sums each 32-element step its own way, so the results
+/// are those of a path of their own (kernels/cpu/matmul_impl.h).
+bool CpuAmxBf16Enabled();
+
+/// Forces AMX off (false) or back on where usable (true); nullopt restores the default. Meant for
+/// tests, like SetCpuIsaOverride.
+void SetAmxBf16Override(std::optional<bool> enabled);
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_CPU_ISA_H_

@@ -135,6 +135,7 @@ void Matmul(const MatmulArgs& args, ThreadPool* pool) {
   plan.w_row_bytes = DTypeRowBytes(args.w_dtype, args.k);
   plan.call_id = calls.fetch_add(1, std::memory_order_relaxed) + 1;
   const internal::MatmulColumnsFn columns = SelectPath(ActiveCpuIsa(), args.w_dtype, args.w_packed);
+  plan.amx = args.w_packed && columns == &internal::MatmulColumnsAvx512Bf16 && CpuAmxBf16Enabled();
   if (internal::UsesInt8Activations(args.w_dtype)) {
     thread_local ActivationBuffers act;
     const int64_t scale_block = internal::ActivationScaleBlock(args.w_dtype);

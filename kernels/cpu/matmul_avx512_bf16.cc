@@ -265,6 +265,244 @@ void PackedDecode(const MatmulArgs& a, const uint32_t* x, int64_t x_stride, int6
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// ---- Packed bf16 weights on AMX (MatmulPlan::amx). ----
+//
+// TDPBF16PS C += A B multiplies tiles: A holds up to 16 x rows of 16 bf16 pairs (64 bytes each),
+// B 16 rows of 64 bytes where row p holds pair p of 16 outputs, and C (fp32) gets, per x row and
+// output, the 32 products of the step. Lines p0 .. p0 + 15 of a packed group are such a B tile as
+// they lie (64 bytes apart), and the x buffer's rows at pair p0 the A tile. The C tiles stay in
+// their registers for the whole k, so each output is one chain of TDPBF16PS over k in order,
+// whatever the batch, tile shape or thread: results are bit-identical across batches (matmul.h).
+// One TDPBF16PS does 16 x 16 x 32 multiply-adds in about as many cycles as a few vdpbf16ps, and
+// costs the same for one x row as for sixteen, so decode is bound by the weights' stream and a
+// batch reads each weight once per step (docs/benchmarks.md, "AMX").
+constexpr int64_t kAmxStepPairs = 16;                                // pairs per TDPBF16PS
+constexpr int64_t kAmxStepBytes = kAmxStepPairs * kPackedLineBytes;  // one B tile: 1 KiB
+constexpr int kAmxTileRows = 16;
+
+// The tile configuration (palette 1): per tile, rows and bytes per row.
+struct alignas(64) AmxConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles for a block of `rows` x rows. Up to 16 rows: tile 0 is A, tiles 1-3 three groups' B and
+// tiles 4-6 their C. 17 to 32 rows: tiles 0 and 1 are A (rows 0-15 and the rest), 2 and 3 two
+// groups' B, 4 and 5 the first A's C with them, 6 and 7 the second's.
+void AmxConfigure(int rows) {
+  AmxConfig c{};
+  c.palette = 1;
+  const auto set = [&](int tile, int tile_rows) {
+    c.rows[tile] = static_cast<uint8_t>(tile_rows);
+    c.colsb[tile] = static_cast<uint16_t>(kPackedLineBytes);
+  };
+  if (rows <= kAmxTileRows) {
+    set(0, rows);
+    for (int t = 1; t <= 3; ++t) set(t, kAmxTileRows);
+    for (int t = 4; t <= 6; ++t) set(t, rows);
+  } else {
+    set(0, kAmxTileRows);
+    set(1, rows - kAmxTileRows);
+    set(2, kAmxTileRows);
+    set(3, kAmxTileRows);
+    set(4, kAmxTileRows);
+    set(5, kAmxTileRows);
+    set(6, rows - kAmxTileRows);
+    set(7, rows - kAmxTileRows);
+  }
+  _tile_loadconfig(&c);
+}
+
+// Where a unit of groups works: the block's x rows (x at the step's pair, stride in bytes), the
+// first group's first line, its first output (col, relative to y and bias) and the piece's end.
+struct AmxUnitAt {
+  const uint32_t* x;
+  int64_t x_stride_bytes;
+  const uint8_t* w;
+  int64_t group_bytes;
+  int64_t pairs;
+  float* y;  // the block's first row
+  int64_t y_stride;
+  const float* bias;  // or null
+  int64_t col, col_end;
+  int rows;
+  uint8_t* tail;  // kAmxStepBytes per group, for the k tail
+  float* c_out;   // 16 x 16 floats
+};
+
+// The last step's B tiles when k / 2 is not a multiple of 16: the group's remaining lines, then
+// zeros (the A rows are zero there too: ConvertX fills the x rows' last step with zeros; lines
+// past the group are the next group's, or past the buffer).
+const uint8_t* AmxTail(const AmxUnitAt& u, int g, int64_t p0) {
+  uint8_t* const t = u.tail + g * kAmxStepBytes;
+  const int64_t bytes = (u.pairs - p0) * kPackedLineBytes;
+  std::memcpy(t, u.w + g * u.group_bytes + p0 * kPackedLineBytes, static_cast<size_t>(bytes));
+  std::memset(t + bytes, 0, static_cast<size_t>(kAmxStepBytes - bytes));
+  return t;
+}
+
+// C tile `rows` x 16 (in c_out, 16 floats a row) into y at output `col` (+ bias), the outputs that
+// exist only.
+void AmxStoreC(const AmxUnitAt& u, int rows, int64_t col, float* y) {
+  const int64_t left = u.col_end - col;
+  const __mmask16 mask =
+      left >= 16 ? static_cast<__mmask16>(0xffff) : Mask16(static_cast<int>(left));
+  const __m512 bias =
+      u.bias != nullptr ? _mm512_maskz_loadu_ps(mask, u.bias + col) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    __m512 v = _mm512_load_ps(u.c_out + 16 * r);
+    if (u.bias != nullptr) v = _mm512_add_ps(v, bias);
+    _mm512_mask_storeu_ps(y + r * u.y_stride + col, mask, v);
+  }
+}
+
+// Up to 16 x rows by G (<= 3) groups.
+template <int G>
+void AmxUnit16(const AmxUnitAt& u) {
+  _tile_zero(4);
+  if constexpr (G > 1) _tile_zero(5);
+  if constexpr (G > 2) _tile_zero(6);
+  const int64_t full = u.pairs / kAmxStepPairs * kAmxStepPairs;
+  const uint8_t* const w = u.w;
+  const int64_t gb = u.group_bytes;
+  for (int64_t p = 0; p < full; p += kAmxStepPairs) {
+    _tile_loadd(0, u.x + p, u.x_stride_bytes);
+    const uint8_t* const at = w + p * kPackedLineBytes;
+    _tile_loadd(1, at, kPackedLineBytes);
+    if constexpr (G > 1) _tile_loadd(2, at + gb, kPackedLineBytes);
+    if constexpr (G > 2) _tile_loadd(3, at + 2 * gb, kPackedLineBytes);
+    _tile_dpbf16ps(4, 0, 1);
+    if constexpr (G > 1) _tile_dpbf16ps(5, 0, 2);
+    if constexpr (G > 2) _tile_dpbf16ps(6, 0, 3);
+  }
+  if (full < u.pairs) {
+    _tile_loadd(0, u.x + full, u.x_stride_bytes);
+    _tile_loadd(1, AmxTail(u, 0, full), kPackedLineBytes);
+    if constexpr (G > 1) _tile_loadd(2, AmxTail(u, 1, full), kPackedLineBytes);
+    if constexpr (G > 2) _tile_loadd(3, AmxTail(u, 2, full), kPackedLineBytes);
+    _tile_dpbf16ps(4, 0, 1);
+    if constexpr (G > 1) _tile_dpbf16ps(5, 0, 2);
+    if constexpr (G > 2) _tile_dpbf16ps(6, 0, 3);
+  }
+  _tile_stored(4, u.c_out, 64);
+  AmxStoreC(u, u.rows, u.col, u.y);
+  if constexpr (G > 1) {
+    _tile_stored(5, u.c_out, 64);
+    AmxStoreC(u, u.rows, u.col + 16, u.y);
+  }
+  if constexpr (G > 2) {
+    _tile_stored(6, u.c_out, 64);
+    AmxStoreC(u, u.rows, u.col + 32, u.y);
+  }
+}
+
+// 17 to 32 x rows by G (<= 2) groups.
+template <int G>
+void AmxUnit32(const AmxUnitAt& u) {
+  _tile_zero(4);
+  _tile_zero(6);
+  if constexpr (G > 1) {
+    _tile_zero(5);
+    _tile_zero(7);
+  }
+  const int64_t full = u.pairs / kAmxStepPairs * kAmxStepPairs;
+  const uint32_t* const x1 = u.x + kAmxTileRows * (u.x_stride_bytes / 4);
+  const int64_t gb = u.group_bytes;
+  for (int64_t p = 0; p < full; p += kAmxStepPairs) {
+    const uint8_t* const at = u.w + p * kPackedLineBytes;
+    _tile_loadd(2, at, kPackedLineBytes);
+    _tile_loadd(0, u.x + p, u.x_stride_bytes);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_loadd(1, x1 + p, u.x_stride_bytes);
+    _tile_dpbf16ps(6, 1, 2);
+    if constexpr (G > 1) {
+      _tile_loadd(3, at + gb, kPackedLineBytes);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  if (full < u.pairs) {
+    _tile_loadd(2, AmxTail(u, 0, full), kPackedLineBytes);
+    _tile_loadd(0, u.x + full, u.x_stride_bytes);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_loadd(1, x1 + full, u.x_stride_bytes);
+    _tile_dpbf16ps(6, 1, 2);
+    if constexpr (G > 1) {
+      _tile_loadd(3, AmxTail(u, 1, full), kPackedLineBytes);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  float* const y1 = u.y + kAmxTileRows * u.y_stride;
+  const int rows1 = u.rows - kAmxTileRows;
+  _tile_stored(4, u.c_out, 64);
+  AmxStoreC(u, kAmxTileRows, u.col, u.y);
+  _tile_stored(6, u.c_out, 64);
+  AmxStoreC(u, rows1, u.col, y1);
+  if constexpr (G > 1) {
+    _tile_stored(5, u.c_out, 64);
+    AmxStoreC(u, kAmxTileRows, u.col + 16, u.y);
+    _tile_stored(7, u.c_out, 64);
+    AmxStoreC(u, rows1, u.col + 16, y1);
+  }
+}
+
+// Per-thread scratch of the AMX units: the k tail's B tiles and one C tile's store.
+struct AmxScratch {
+  alignas(64) uint8_t tail[3 * kAmxStepBytes];
+  alignas(64) float c_out[kAmxTileRows * 16];
+};
+
+// Columns [n_begin, n_end) (whole groups but the call's last) for `rows` x rows converted in
+// xbuf: blocks of at most 32 rows, as equal as they can be (one tile configuration for all but
+// the last); per block, units of groups across the piece, each over the whole k.
+void AmxBf16Columns(const MatmulArgs& a, const uint32_t* xbuf, int64_t x_stride, int64_t rows,
+                    float* y, int64_t n_begin, int64_t n_end) {
+  thread_local AmxScratch scratch;
+  AmxUnitAt u{};
+  u.x_stride_bytes = x_stride * 4;
+  u.group_bytes = a.k / 2 * kPackedLineBytes;
+  u.pairs = a.k / 2;
+  u.y_stride = a.y_stride;
+  u.bias = a.bias;
+  u.col_end = n_end;
+  u.tail = scratch.tail;
+  u.c_out = scratch.c_out;
+  const int64_t max_block = 2 * kAmxTileRows;
+  const int64_t blocks = (rows + max_block - 1) / max_block;
+  const int64_t block_rows = (rows + blocks - 1) / blocks;
+  int configured = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    u.rows = static_cast<int>(rows - r0 < block_rows ? rows - r0 : block_rows);
+    if (u.rows != configured) {
+      AmxConfigure(u.rows);
+      configured = u.rows;
+    }
+    u.x = xbuf + r0 * x_stride;
+    u.y = y + r0 * a.y_stride;
+    const int groups_per_unit = u.rows <= kAmxTileRows ? 3 : 2;
+    for (u.col = n_begin; u.col < n_end; u.col += 16 * groups_per_unit) {
+      u.w = static_cast<const uint8_t*>(a.w) + u.col / 16 * u.group_bytes;
+      const int64_t groups = (n_end - u.col + 15) / 16;
+      const int g = static_cast<int>(groups < groups_per_unit ? groups : groups_per_unit);
+      if (u.rows <= kAmxTileRows) {
+        if (g == 3) AmxUnit16<3>(u);
+        if (g == 2) AmxUnit16<2>(u);
+        if (g == 1) AmxUnit16<1>(u);
+      } else {
+        if (g == 2) AmxUnit32<2>(u);
+        if (g == 1) AmxUnit32<1>(u);
+      }
+    }
+  }
+  _tile_release();  // the tile state back to its initial (unsaved) form until the next call
+}
+#endif  // AMX
+
 void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin,
                        int64_t n_end) {
   const int64_t pairs = a.k / 2;
@@ -289,6 +527,12 @@ void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_be
       scratch.x_call = plan.call_id;
       scratch.x_rows = a.x;
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (plan.amx) {
+      AmxBf16Columns(a, xbuf, x_stride, rows, a.y + row_base * a.y_stride, n_begin, n_end);
+      continue;
+    }
+#endif
     if (a.m < kMaxRows) {
       static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
       if (a.m == 3) PackedDecode<3>(a, xbuf, x_stride, n_begin, n_end);

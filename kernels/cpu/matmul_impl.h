@@ -18,7 +18,10 @@
 //           accumulator (lane i takes the exact products of elements 2i and 2i + 1; masked tail
 //           step), fixed horizontal sum; packed bf16 weights (packed_weights.h, MatmulArgs::
 //           w_packed) one fp32 lane per output instead, one vdpbf16ps per pair of elements in
-//           order (no horizontal sum). Other paths unpack packed bf16 rows (scalar order).
+//           order (no horizontal sum); with AMX (CpuAmxBf16Enabled) one TDPBF16PS per 32 elements
+//           in order into each output's fp32 element of a C tile, which sums the step's 32
+//           products its own way (no horizontal sum). Other paths unpack packed bf16 rows
+//           (scalar order).
 // then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
 // to int8 once per call (QuantizeActivationRow; one scale per 32 elements, per 256 for the
 // K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled
@@ -87,6 +90,9 @@ struct MatmulPlan {
   // Unique to this Matmul() call (never 0): a thread that runs several pieces of one call keeps
   // the x rows it converted for the first (matmul_panel.inc) instead of converting them again.
   uint64_t call_id = 0;
+  // Packed bf16 on MatmulColumnsAvx512Bf16 with CpuAmxBf16Enabled(): the AMX tiles instead of
+  // vdpbf16ps (matmul_avx512_bf16.cc).
+  bool amx = false;
 };
 
 /// MatmulPlan::xo of one row of `k` int8 activations (k % 16 == 0).

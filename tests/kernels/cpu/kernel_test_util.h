@@ -181,10 +181,11 @@ class IsaReport : public ::testing::Environment {
     }
     std::printf(
         "[ISA paths] exercised: %s; skipped (not on this CPU): %s; avx512 int8 VNNI: %s; "
-        "avx512 bf16 dot: %s\n",
+        "avx512 bf16 dot: %s; avx512 bf16 AMX: %s\n",
         ran.c_str(), skipped.empty() ? "none" : skipped.c_str(),
         CpuAvx512VnniEnabled() ? "on" : "off or absent",
-        CpuAvx512Bf16Enabled() ? "on" : "off or absent");
+        CpuAvx512Bf16Enabled() ? "on" : "off or absent",
+        CpuAmxBf16Enabled() ? "on" : "off or absent");
   }
 };
 inline ::testing::Environment* const kIsaReport =
@@ -200,29 +201,34 @@ class ScopedIsa {
 };
 
 /// One matmul path: an ISA and, on avx512, its optional features (VNNI for the int8 formats, the
-/// bf16 dot product for bf16 weights) forced on or off; each has its own summation order.
+/// bf16 dot product for bf16 weights, and with it AMX for packed bf16) forced on or off; each has
+/// its own summation order.
 struct MatmulPath {
   CpuIsa isa;
   std::optional<bool> features;  // nullopt: the default
-  /// While selected (ScopedPath): "avx512 vnni bf16dot" when both features run.
+  std::optional<bool> amx;       // nullopt: the default
+  /// While selected (ScopedPath): "avx512 vnni bf16dot amx" when all features run.
   std::string Name() const {
     std::string name(CpuIsaName(isa));
     if (isa == CpuIsa::kAvx512 && CpuAvx512VnniEnabled()) name += " vnni";
     if (isa == CpuIsa::kAvx512 && CpuAvx512Bf16Enabled()) name += " bf16dot";
+    if (isa == CpuIsa::kAvx512 && CpuAvx512Bf16Enabled() && CpuAmxBf16Enabled()) name += " amx";
     return name;
   }
 };
 
 /// Every matmul path this CPU can run: each supported ISA, the AVX-512 one with its features
-/// (where the CPU has them: asked for elsewhere, it is the path without) and without.
+/// (where the CPU has them: asked for elsewhere, it is the path without) and without, and where
+/// AMX runs by default, the features on with AMX off too.
 inline std::vector<MatmulPath> MatmulPaths() {
   std::vector<MatmulPath> paths;
   for (CpuIsa isa : SupportedIsas()) {
     if (isa == CpuIsa::kAvx512) {
-      paths.push_back({isa, true});
-      paths.push_back({isa, false});
+      paths.push_back({isa, true, std::nullopt});
+      if (CpuAmxBf16Enabled()) paths.push_back({isa, true, false});
+      paths.push_back({isa, false, std::nullopt});
     } else {
-      paths.push_back({isa, std::nullopt});
+      paths.push_back({isa, std::nullopt, std::nullopt});
     }
   }
   return paths;
@@ -234,10 +240,12 @@ class ScopedPath {
   explicit ScopedPath(const MatmulPath& path) : isa_(path.isa) {
     SetAvx512VnniOverride(path.features);
     SetAvx512Bf16Override(path.features);
+    SetAmxBf16Override(path.amx);
   }
   ~ScopedPath() {
     SetAvx512VnniOverride(std::nullopt);
     SetAvx512Bf16Override(std::nullopt);
+    SetAmxBf16Override(std::nullopt);
   }
   ScopedPath(const ScopedPath&) = delete;
   ScopedPath& operator=(const ScopedPath&) = delete;

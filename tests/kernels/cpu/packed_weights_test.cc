@@ -584,7 +584,7 @@ TEST(PackedWeightsTest, Bf16KeepsItsBitsOnEveryBatchAndPath) {
       const RandomProblem p(dtype, m, n, k, rng);
       std::vector<float> scalar_stored(static_cast<size_t>(m * n));
       {
-        const ScopedPath scoped({CpuIsa::kScalar, std::nullopt});
+        const ScopedPath scoped({CpuIsa::kScalar, std::nullopt, std::nullopt});
         Matmul(MatmulArgs{p.x.data(), p.x_stride, p.w.data(), dtype, p.bias.data(),
                           scalar_stored.data(), n, m, n, k},
                nullptr);
@@ -615,7 +615,9 @@ TEST(PackedWeightsTest, Bf16KeepsItsBitsOnEveryBatchAndPath) {
           ASSERT_EQ(0, std::memcmp(run(0, m, pool).data(), y.data(), y.size() * sizeof(float)))
               << pool->num_threads() << " threads";
         }
-        for (int64_t rows : {1, 2, 3, 5}) {
+        // Up to 5 rows: the decode tiles; 16, 17, 32 and 33 the AMX tiles' block shapes (one A
+        // tile, two, and blocks of 17 and 16 rows with the tiles configured for each).
+        for (int64_t rows : {1, 2, 3, 5, 16, 17, 32, 33}) {
           for (int64_t row0 = 0; row0 + rows <= m; row0 += rows + 2) {
             const std::vector<float> part = run(row0, rows, nullptr);
             ASSERT_EQ(0, std::memcmp(part.data(), &y[row0 * n], part.size() * sizeof(float)))
