@@ -61,8 +61,12 @@ internal::MatmulColumnsFn SelectIsaPath(CpuIsa isa, DType w_dtype) {
 
 internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = false) {
   const internal::MatmulColumnsFn path = SelectIsaPath(isa, w_dtype);
-  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps; any other path unpacks its rows.
+  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps, packed f32 for the avx512 path's
+  // FMAs; any other path unpacks their rows.
   if (w_packed && w_dtype == DType::kBF16 && path != &internal::MatmulColumnsAvx512Bf16) {
+    return &internal::MatmulColumnsScalar;
+  }
+  if (w_packed && w_dtype == DType::kF32 && path != &internal::MatmulColumnsAvx512) {
     return &internal::MatmulColumnsScalar;
   }
   return path;
@@ -121,6 +125,8 @@ void Q6OffsetRow(const int8_t* q, int64_t k, int32_t* offsets) {
 bool RoundsXToBf16(DType w_dtype) {
   return SelectPath(ActiveCpuIsa(), w_dtype) == &MatmulColumnsAvx512Bf16;
 }
+
+bool RunsPackedF32() { return SelectPath(ActiveCpuIsa(), DType::kF32) == &MatmulColumnsAvx512; }
 
 }  // namespace internal
 

@@ -88,11 +88,36 @@ struct BF16W : Fp32Dot {
 };
 
 #include "kernels/cpu/matmul_int8.inc"
+#include "kernels/cpu/matmul_packed_float.inc"
+
+// Packed f32 (packed_weights.h): one element per row per line, x copied as it is.
+struct PackedF32 {
+  static constexpr int64_t kStepElems = 1;
+  using W = __m512;
+  static W LoadLine(const uint8_t* p) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static W Broadcast(uint32_t bits) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(bits)));
+  }
+  static __m512 Step(__m512 acc, W w, W x) { return _mm512_fmadd_ps(w, x, acc); }
+  static void ConvertX(const float* src, int64_t k, uint32_t* dst) {
+    std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
+    const int64_t line_end = (k + 15) / 16 * 16;
+    std::memset(dst + k, 0, static_cast<size_t>(line_end - k) * sizeof(float));
+  }
+  static bool Special(const MatmulArgs&, const MatmulPlan&, const uint32_t*, int64_t, int64_t,
+                      float*, int64_t, int64_t) {
+    return false;
+  }
+};
 
 }  // namespace
 
 void MatmulColumnsAvx512(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                          int64_t n_end) {
+  if (args.w_packed && args.w_dtype == DType::kF32) {
+    PackedFloatColumns<PackedF32>(args, plan, n_begin, n_end);
+    return;
+  }
   if (Int8Matmul(args, plan, n_begin, n_end)) return;
   switch (args.w_dtype) {
     case DType::kF32:

@@ -80,190 +80,24 @@ struct Bf16DotPanel {
   }
 };
 
-// ---- Packed bf16 weights (packed_weights.h): sixteen rows side by side per 64-byte line. ----
-//
-// Line p of a group holds elements 2p and 2p + 1 of its sixteen rows, so one load is a
-// vdpbf16ps operand whose lane i belongs to row i, and an x row's pair p, broadcast, is the other.
-// Each output is then one accumulator lane, the whole k in one chain:
-//   acc = 0; for p = 0 .. k / 2 - 1: acc = vdpbf16ps(acc, line p, x pair p); y = acc (+ bias)
-// for every batch size, tile and k slice (a slice stores the lanes in y and the next reloads
-// them: the same chain), so results stay bit-identical across batches (matmul.h). A register tile
-// of R x rows by C groups holds R * C * 16 outputs and needs no horizontal sums: in a bare loop
-// with its operands in L1/L2 the 8 x 3 tile ran at 0.97-0.99 of the vdpbf16ps peak, where the
-// row-major 6 x 4 tile (sixteen partial sums per output, summed per tile) ran at 0.89 at
-// k = 1024 (docs/benchmarks.md, "Packed bf16").
-constexpr int kPackedTileRows = 8;    // x rows of a batched register tile
-constexpr int kPackedTileGroups = 3;  // groups of sixteen weight rows of a batched tile: 24 zmm
-// Decode (m < kMaxRows): groups read side by side (PackedDecode).
-constexpr int kPackedDecodeGroups = 2;
-// Pairs per k slice of the batched tiles: C groups' lines of a slice (C * 128 KiB) stay in the
-// L2 while every row tile of the block reads them.
-constexpr int64_t kPackedSlicePairs = 2048;
-constexpr int64_t kPackedMaxRowBlock = 264;  // x rows converted per pass, at most
-constexpr int64_t kPackedLineBytes = 64;
-constexpr int kPackedPrefetchLines = 2;  // per tile step (R * C vdpbf16ps)
+#include "kernels/cpu/matmul_packed_float.inc"
 
-// The x rows' stride in the per-thread x buffer (matmul_panel.inc's PanelScratch, rounded to bf16
-// pairs by BF16DotW::LoadX's rounding): an odd number of 64-byte lines, so that a tile's eight rows
-// at one pair do not share an L1 set.
-int64_t PackedXStride(int64_t pairs) {
-  int64_t lines = (pairs + 15) / 16;
-  if (lines % 2 == 0) ++lines;
-  return lines * 16;
-}
-
-// The lines of the tiles' next (groups, k slice), requested into the L2 a few per tile step while
-// the current ones run: a batched tile does only R vdpbf16ps per line it reads, so its first row
-// tile would otherwise wait on memory (the panel path's kPanelPrefetchLines says the same).
-struct PackedPrefetch {
-  const char* at = nullptr;  // next line to request
-  int64_t left = 0;          // lines still to request
-  int64_t in_group = 0;      // lines left in this group's part
-  int64_t lines = 0;         // lines per group's part
-  int64_t skip = 0;          // bytes from a part's end to the next group's part
-  void Set(const uint8_t* first, int64_t groups, int64_t group_lines, int64_t group_bytes) {
-    at = reinterpret_cast<const char*>(first);
-    lines = in_group = group_lines;
-    left = groups * group_lines;
-    skip = group_bytes - group_lines * kPackedLineBytes;
+// Packed bf16 (packed_weights.h): a pair per row per line; x rounded to bf16 pairs by BF16DotW's
+// rounding; blocks of rows go to the AMX tiles where MatmulPlan::amx says so.
+struct PackedBf16 {
+  static constexpr int64_t kStepElems = 2;
+  using W = __m512bh;
+  static W LoadLine(const uint8_t* p) { return reinterpret_cast<W>(_mm512_loadu_si512(p)); }
+  static W Broadcast(uint32_t bits) {
+    return reinterpret_cast<W>(_mm512_set1_epi32(static_cast<int>(bits)));
   }
-  void Step() {
-    for (int i = 0; i < kPackedPrefetchLines && left > 0; ++i, --left) {
-      _mm_prefetch(at, _MM_HINT_T1);
-      at += kPackedLineBytes;
-      if (--in_group == 0) {
-        at += skip;
-        in_group = lines;
-      }
-    }
+  static __m512 Step(__m512 acc, W w, W x) { return _mm512_dpbf16_ps(acc, w, x); }
+  static void ConvertX(const float* src, int64_t k, uint32_t* dst) {
+    Bf16DotPanel<BF16DotW, true>::ConvertX(src, k, reinterpret_cast<uint16_t*>(dst));
   }
+  static bool Special(const MatmulArgs& a, const MatmulPlan& plan, const uint32_t* xbuf,
+                      int64_t x_stride, int64_t rows, float* y, int64_t n_begin, int64_t n_end);
 };
-
-// One register tile: x rows [0, R) (x, x_stride in pairs) by C groups `stride` groups apart (w:
-// the first one's line at the slice's first pair, y and bias at its first output) over `pairs`
-// pairs; masks[c] picks the outputs (weight rows) that exist.
-// first: the chains start at zero, else from y; bias (or null): added as the chains end.
-template <int R, int C>
-[[gnu::always_inline]] inline void PackedTile(const uint32_t* x, int64_t x_stride, const uint8_t* w,
-                                              int64_t group_bytes, int64_t stride, int64_t pairs,
-                                              bool first, const float* bias, const __mmask16* masks,
-                                              float* y, int64_t y_stride,
-                                              PackedPrefetch* prefetch) {
-  __m512 acc[R][C];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      acc[r][c] = first ? _mm512_setzero_ps()
-                        : _mm512_maskz_loadu_ps(masks[c], y + r * y_stride + 16 * stride * c);
-    }
-  }
-  for (int64_t p = 0; p < pairs; ++p) {
-    if (prefetch != nullptr) prefetch->Step();
-    __m512bh wv[C];
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      wv[c] = reinterpret_cast<__m512bh>(
-          _mm512_loadu_si512(w + c * stride * group_bytes + p * kPackedLineBytes));
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv =
-          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[r * x_stride + p])));
-#pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xv);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      __m512 v = acc[r][c];
-      if (bias != nullptr) {
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(masks[c], bias + 16 * stride * c));
-      }
-      _mm512_mask_storeu_ps(y + r * y_stride + 16 * stride * c, masks[c], v);
-    }
-  }
-}
-
-// Where a row of tiles works: x rows from x (output rows from y), the groups from col, k slice.
-struct PackedTileRowAt {
-  const uint32_t* x;
-  int64_t x_stride;
-  float* y;
-  int64_t col;      // first output column (weight row) of the row of tiles
-  int64_t col_end;  // the piece's end
-  int64_t p0, pairs;
-  bool first;
-  const float* bias;         // the call's bias, or null (or not the last slice)
-  PackedPrefetch* prefetch;  // or null
-};
-
-// The groups of [at.col, at.col_end) for R x rows: tiles of C groups, then narrower ones.
-template <int R, int C>
-void PackedTileRow(const MatmulArgs& a, const PackedTileRowAt& at) {
-  const int64_t group_bytes = a.k / 2 * kPackedLineBytes;
-  int64_t col = at.col;
-  for (; col + 16 * (C - 1) < at.col_end; col += 16 * C) {
-    __mmask16 masks[C];
-    for (int c = 0; c < C; ++c) {
-      const int64_t left = at.col_end - col - 16 * c;
-      masks[c] = left >= 16 ? static_cast<__mmask16>(0xffff) : Mask16(static_cast<int>(left));
-    }
-    const uint8_t* w =
-        static_cast<const uint8_t*>(a.w) + col / 16 * group_bytes + at.p0 * kPackedLineBytes;
-    PackedTile<R, C>(at.x + at.p0, at.x_stride, w, group_bytes, 1, at.pairs, at.first,
-                     at.bias != nullptr ? at.bias + col : nullptr, masks, at.y + col, a.y_stride,
-                     at.prefetch);
-  }
-  if constexpr (C > 1) {
-    if (col < at.col_end) {
-      PackedTileRowAt rest = at;
-      rest.col = col;
-      PackedTileRow<R, C - 1>(a, rest);
-    }
-  }
-}
-
-// R (< kPackedTileRows) x rows, the tile shape picked at run time.
-template <int C, int R = kPackedTileRows - 1>
-void PackedTileRowTail(const MatmulArgs& a, const PackedTileRowAt& at, int rows) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      PackedTileRowTail<C, R - 1>(a, at, rows);
-      return;
-    }
-  }
-  PackedTileRow<R, C>(a, at);
-}
-
-// Decode (m < kMaxRows): the piece's groups cut into two halves, tile i taking group i of each,
-// whole k, so that each half is read as one ascending stream (matmul_avx512_tiles.inc's
-// StreamTiles says why), with two chains for vdpbf16ps's latency.
-template <int R>
-void PackedDecode(const MatmulArgs& a, const uint32_t* x, int64_t x_stride, int64_t n_begin,
-                  int64_t n_end) {
-  const int64_t pairs = a.k / 2, group_bytes = pairs * kPackedLineBytes;
-  const int64_t g_begin = n_begin / 16, g_end = (n_end + 15) / 16, part = (g_end - g_begin) / 2;
-  const auto mask = [&](int64_t g) {
-    const int64_t left = n_end - 16 * g;
-    return left >= 16 ? static_cast<__mmask16>(0xffff) : Mask16(static_cast<int>(left));
-  };
-  const auto* w = static_cast<const uint8_t*>(a.w);
-  for (int64_t g = g_begin; g < g_begin + part; ++g) {
-    const __mmask16 masks[kPackedDecodeGroups] = {mask(g), mask(g + part)};
-    PackedTile<R, kPackedDecodeGroups>(x, x_stride, w + g * group_bytes, group_bytes, part, pairs,
-                                       true, a.bias != nullptr ? a.bias + 16 * g : nullptr, masks,
-                                       a.y + 16 * g, a.y_stride, nullptr);
-  }
-  for (int64_t g = g_begin + 2 * part; g < g_end; ++g) {
-    const __mmask16 masks[1] = {mask(g)};
-    PackedTile<R, 1>(x, x_stride, w + g * group_bytes, group_bytes, 1, pairs, true,
-                     a.bias != nullptr ? a.bias + 16 * g : nullptr, masks, a.y + 16 * g, a.y_stride,
-                     nullptr);
-  }
-}
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // ---- Packed bf16 weights on AMX (MatmulPlan::amx). ----
@@ -503,89 +337,17 @@ void AmxBf16Columns(const MatmulArgs& a, const uint32_t* xbuf, int64_t x_stride,
 }
 #endif  // AMX
 
-void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_begin,
-                       int64_t n_end) {
-  const int64_t pairs = a.k / 2;
-  const int64_t x_stride = PackedXStride(pairs);
-  const int64_t block_rows = a.m < kPackedMaxRowBlock ? a.m : kPackedMaxRowBlock;
-  PanelScratch& scratch = ThreadPanelScratch();
-  uint32_t* const xbuf = scratch.X<uint32_t>(block_rows * x_stride);
-  // One block: the rows converted for this thread's previous piece of the call are still there.
-  const bool one_block = a.m <= kPackedMaxRowBlock;
-  const bool x_ready =
-      one_block && plan.call_id != 0 && scratch.x_call == plan.call_id && scratch.x_rows == a.x;
-  scratch.x_call = 0;
-  for (int64_t row_base = 0; row_base < a.m; row_base += block_rows) {
-    const int64_t rows = a.m - row_base < block_rows ? a.m - row_base : block_rows;
-    if (!x_ready) {
-      for (int64_t r = 0; r < rows; ++r) {
-        Bf16DotPanel<BF16DotW, true>::ConvertX(a.x + (row_base + r) * a.x_stride, a.k,
-                                               reinterpret_cast<uint16_t*>(xbuf + r * x_stride));
-      }
-    }
-    if (one_block) {
-      scratch.x_call = plan.call_id;
-      scratch.x_rows = a.x;
-    }
+bool PackedBf16::Special(const MatmulArgs& a, const MatmulPlan& plan, const uint32_t* xbuf,
+                         int64_t x_stride, int64_t rows, float* y, int64_t n_begin, int64_t n_end) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (plan.amx) {
-      AmxBf16Columns(a, xbuf, x_stride, rows, a.y + row_base * a.y_stride, n_begin, n_end);
-      continue;
-    }
-#endif
-    if (a.m < kMaxRows) {
-      static_assert(kMaxRows == 4, "one case per row count below kMaxRows");
-      if (a.m == 3) PackedDecode<3>(a, xbuf, x_stride, n_begin, n_end);
-      if (a.m == 2) PackedDecode<2>(a, xbuf, x_stride, n_begin, n_end);
-      if (a.m == 1) PackedDecode<1>(a, xbuf, x_stride, n_begin, n_end);
-      return;
-    }
-    PackedTileRowAt at{};
-    at.x_stride = x_stride;
-    // Batched: per tile of groups, per k slice, every row tile of the block against the slice,
-    // while the next (groups, slice)'s lines are requested.
-    const int64_t group_bytes = pairs * kPackedLineBytes;
-    const int64_t groups_end = (n_end + 15) / 16;
-    PackedPrefetch prefetch;
-    at.prefetch = &prefetch;
-    for (int64_t col = n_begin; col < n_end; col += 16 * kPackedTileGroups) {
-      at.col = col;
-      at.col_end = col + 16 * kPackedTileGroups < n_end ? col + 16 * kPackedTileGroups : n_end;
-      for (at.p0 = 0; at.p0 < pairs; at.p0 += kPackedSlicePairs) {
-        at.pairs = pairs - at.p0 < kPackedSlicePairs ? pairs - at.p0 : kPackedSlicePairs;
-        at.first = at.p0 == 0;
-        at.bias = at.p0 + at.pairs == pairs ? a.bias : nullptr;
-        // The next unit: this tile's next slice, or the next tile's first.
-        int64_t next_col = col, next_p0 = at.p0 + at.pairs;
-        if (next_p0 >= pairs) {
-          next_col = col + 16 * kPackedTileGroups;
-          next_p0 = 0;
-        }
-        prefetch.left = 0;
-        if (next_col < n_end) {
-          const int64_t g0 = next_col / 16;
-          const int64_t groups =
-              groups_end - g0 < kPackedTileGroups ? groups_end - g0 : kPackedTileGroups;
-          const int64_t lines =
-              pairs - next_p0 < kPackedSlicePairs ? pairs - next_p0 : kPackedSlicePairs;
-          prefetch.Set(
-              static_cast<const uint8_t*>(a.w) + g0 * group_bytes + next_p0 * kPackedLineBytes,
-              groups, lines, group_bytes);
-        }
-        int64_t r = 0;
-        for (; r + kPackedTileRows <= rows; r += kPackedTileRows) {
-          at.x = xbuf + r * x_stride;
-          at.y = a.y + (row_base + r) * a.y_stride;
-          PackedTileRow<kPackedTileRows, kPackedTileGroups>(a, at);
-        }
-        if (r < rows) {
-          at.x = xbuf + r * x_stride;
-          at.y = a.y + (row_base + r) * a.y_stride;
-          PackedTileRowTail<kPackedTileGroups>(a, at, static_cast<int>(rows - r));
-        }
-      }
-    }
+  if (plan.amx) {
+    AmxBf16Columns(a, xbuf, x_stride, rows, y, n_begin, n_end);
+    return true;
   }
+#else
+  (void)a, (void)plan, (void)xbuf, (void)x_stride, (void)rows, (void)y, (void)n_begin, (void)n_end;
+#endif
+  return false;
 }
 
 }  // namespace
@@ -593,7 +355,7 @@ void PackedBf16Columns(const MatmulArgs& a, const MatmulPlan& plan, int64_t n_be
 void MatmulColumnsAvx512Bf16(const MatmulArgs& args, const MatmulPlan& plan, int64_t n_begin,
                              int64_t n_end) {
   if (args.w_dtype == DType::kBF16 && args.w_packed) {
-    PackedBf16Columns(args, plan, n_begin, n_end);
+    PackedFloatColumns<PackedBf16>(args, plan, n_begin, n_end);
   } else if (args.w_dtype == DType::kBF16) {
     Columns<BF16DotW, Bf16DotPanel>(args, plan, n_begin, n_end);
   } else {

@@ -22,6 +22,8 @@
 //           in order into each output's fp32 element of a C tile, which sums the step's 32
 //           products its own way (no horizontal sum). Other paths unpack packed bf16 rows
 //           (scalar order).
+//   avx512, packed f32 weights (packed_weights.h): one fp32 lane per output, one FMA per element
+//           in order (no horizontal sum); other paths unpack packed f32 rows (their own order).
 // then + bias. Quantized weights (UsesInt8Activations) are not converted: each x row is quantized
 // to int8 once per call (QuantizeActivationRow; one scale per 32 elements, per 256 for the
 // K-quants), and every weight block's integer dot product sum(qw * qx) (exact in int32) is scaled
@@ -129,6 +131,9 @@ void MatmulColumnsAvx512Bf16(const MatmulArgs& args, const MatmulPlan& plan, int
 /// Whether Matmul() with `w_dtype` weights on the active path rounds the x rows to bf16 first
 /// (MatmulColumnsAvx512Bf16: bf16 weights, the avx512 path, CpuAvx512Bf16Enabled()).
 bool RoundsXToBf16(DType w_dtype);
+/// Whether Matmul() runs f32 weights on MatmulColumnsAvx512 (the avx512 path), which multiplies
+/// packed f32 (packed_weights.h) with its own kernels; every other path unpacks the rows.
+bool RunsPackedF32();
 /// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc. A path of its own
 /// for q8_0/q4_0 (a different summation order from MatmulColumnsAvx512's 256-bit kernels); the
 /// K-quants give the same bits either way.

@@ -10,8 +10,10 @@ namespace kvserve::cpu {
 namespace {
 
 constexpr int64_t kScaleBytes = 2;
-// bf16: a row's two elements per group-block (4 bytes, row i at 4i of a 64-byte line).
-constexpr int64_t kBf16PairElems = 2, kBf16PairBytes = 4;
+// bf16 and f32: a row's 4-byte word per group-block (two bf16 elements or one f32; row i at 4i of
+// a 64-byte line).
+constexpr int64_t kWordBytes = 4;
+bool WordPacked(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF32; }
 
 // Quant bytes per row and block of q4_0 / q8_0 (the block's bytes after its fp16 d).
 int64_t QuantBytes(DType dtype) { return DTypeRowBytes(dtype, 32) - kScaleBytes; }
@@ -111,8 +113,8 @@ void PackBlock(DType dtype, int64_t i, const uint8_t* block, uint8_t* gb) {
 }
 
 void UnpackBlock(DType dtype, int64_t i, const uint8_t* gb, uint8_t* block) {
-  if (dtype == DType::kBF16) {
-    std::memcpy(block, gb + kBf16PairBytes * i, kBf16PairBytes);
+  if (WordPacked(dtype)) {
+    std::memcpy(block, gb + kWordBytes * i, kWordBytes);
     return;
   }
   ForEachField(dtype, i, [&](int64_t to, int64_t from, int64_t n) {
@@ -171,15 +173,17 @@ struct RowPlace {
 
 bool PackedLayoutSupported(DType dtype) {
   if (dtype == DType::kBF16) return internal::RoundsXToBf16(dtype);
+  if (dtype == DType::kF32) return internal::RunsPackedF32();
   return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype) || dtype == DType::kQ6_K;
 }
 
 int64_t PackedBlockElems(DType dtype) {
-  return dtype == DType::kBF16 ? kBf16PairElems : DTypeBlockElems(dtype);
+  if (WordPacked(dtype)) return kWordBytes / DTypeRowBytes(dtype, 1);
+  return DTypeBlockElems(dtype);
 }
 
 int64_t PackedGroupBlockBytes(DType dtype) {
-  if (dtype == DType::kBF16) return kPackedGroupRows * kBf16PairBytes;
+  if (WordPacked(dtype)) return kPackedGroupRows * kWordBytes;
   if (dtype == DType::kQ6_K) return kQ6GroupBlock;
   if (IsQ45K(dtype)) return kKLines + 64 * (dtype == DType::kQ5_K ? 40 : 32);
   return kPackedGroupRows * (kScaleBytes + QuantBytes(dtype));
@@ -200,14 +204,13 @@ void PackRows(const void* src, DType dtype, int64_t rows, int64_t cols, void* ds
     std::memset(static_cast<uint8_t*>(dst) + begin * group_bytes, 0,
                 static_cast<size_t>((end - begin) * group_bytes));
     const int64_t row_end = std::min(rows, end * kPackedGroupRows);
-    if (dtype == DType::kBF16) {  // a 4-byte move per pair: no per-block call
+    if (WordPacked(dtype)) {  // a 4-byte move per word: no per-block call
       for (int64_t row = begin * kPackedGroupRows; row < row_end; ++row) {
         const uint8_t* in = static_cast<const uint8_t*>(src) + row * row_bytes;
         uint8_t* out = static_cast<uint8_t*>(dst) + row / kPackedGroupRows * group_bytes +
-                       row % kPackedGroupRows * kBf16PairBytes;
-        for (int64_t p = 0; p < cols / kBf16PairElems; ++p) {
-          std::memcpy(out + p * kPackedGroupRows * kBf16PairBytes, in + p * kBf16PairBytes,
-                      kBf16PairBytes);
+                       row % kPackedGroupRows * kWordBytes;
+        for (int64_t p = 0; p < row_bytes / kWordBytes; ++p) {
+          std::memcpy(out + p * kPackedGroupRows * kWordBytes, in + p * kWordBytes, kWordBytes);
         }
       }
       return;

@@ -45,6 +45,10 @@
 //     at bytes 4i .. 4i + 3, element 2p first): one 512-bit load is the weight operand of a
 //     vdpbf16ps whose lane i accumulates row i's output (matmul_avx512_bf16.cc), so batched
 //     tiles need no horizontal sums.
+//   f32 (packed only on the avx512 path, PackedLayoutSupported): the same with one element per
+//     row per line (line p holds element p of each row, row i's at bytes 4i .. 4i + 3): a
+//     512-bit load is the weight operand of a vfmadd231ps against x element p broadcast
+//     (matmul_avx512.cc).
 
 #include <cstdint>
 

@@ -92,8 +92,18 @@ TEST(CpuBackendTest, PrepareMatrixPacksQuantizedMatmulWeights) {
   absl::StatusOr<PreparedMatrix> f32 =
       cpu.PrepareMatrix(wf.data(), DType::kF32, rows, cols, MatrixUse::kMatmul);
   ASSERT_TRUE(f32.ok()) << f32.status();
-  EXPECT_FALSE(f32->packed);
-  EXPECT_EQ(f32->data, wf.data());
+  // f32 is packed only where the avx512 path multiplies it (packed_weights.h).
+  EXPECT_EQ(f32->packed, PackedLayoutSupported(DType::kF32));
+  if (f32->packed) {
+    std::vector<float> unpacked(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      UnpackRow(f32->data, DType::kF32, cols, r, unpacked.data());
+      EXPECT_EQ(0, std::memcmp(unpacked.data(), &wf[static_cast<size_t>(r * cols)],
+                               static_cast<size_t>(cols) * sizeof(float)));
+    }
+  } else {
+    EXPECT_EQ(f32->data, wf.data());
+  }
 }
 
 // RoPE + KV write with biases = the same without, on q/k/v that already hold the biases.

@@ -28,8 +28,8 @@ using testing::RoundToBf16;
 using testing::ScopedPath;
 
 constexpr DType kPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0};  // 32-element blocks
-constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K,
-                                      DType::kQ5_K, DType::kQ6_K, DType::kBF16};
+constexpr DType kAllPackedDTypes[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                                      DType::kQ6_K, DType::kBF16, DType::kF32};
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
@@ -546,102 +546,118 @@ TEST(PackedWeightsTest, KQuantSumsStayExactAtTheLimits) {
 // bf16: a group-block is one 64-byte line, line p holding elements 2p and 2p + 1 of each of the
 // sixteen rows (row i at bytes 4i .. 4i + 3, element 2p first); the last group's missing rows
 // are zero.
-TEST(PackedWeightsTest, Bf16LayoutFollowsTheDescription) {
+// bf16: line p of a group holds elements 2p and 2p + 1 of its rows; f32: element p. Either way
+// row i's 4 bytes of line p are at 4i, and the last group's missing rows are zeros.
+TEST(PackedWeightsTest, Bf16AndF32LayoutsFollowTheDescription) {
   std::mt19937 rng(8);
-  const DType dtype = DType::kBF16;
-  const int64_t rows = 19, cols = 6, pairs = 3;
-  ASSERT_EQ(PackedBlockElems(dtype), 2);
-  ASSERT_EQ(PackedGroupBlockBytes(dtype), 64);
-  ASSERT_EQ(PackedBytes(dtype, rows, cols), 2 * pairs * 64);
-  std::vector<uint8_t> w(static_cast<size_t>(rows * cols * 2));
-  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
-  std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)), 0xAB);
-  PackRows(w.data(), dtype, rows, cols, packed.data());
-  for (int64_t row = 0; row < 32; ++row) {
-    for (int64_t p = 0; p < pairs; ++p) {
-      for (int t = 0; t < 4; ++t) {
-        const uint8_t want = row < rows ? w[static_cast<size_t>(row * cols * 2 + 4 * p + t)] : 0;
-        ASSERT_EQ(packed[static_cast<size_t>((row / 16 * pairs + p) * 64 + 4 * (row % 16) + t)],
-                  want)
-            << "row " << row << " pair " << p << " byte " << t;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(Name(dtype));
+    const int64_t elem_bytes = DTypeRowBytes(dtype, 1), elems_per_line = 4 / elem_bytes;
+    const int64_t rows = 19, lines = 3, cols = lines * elems_per_line;
+    ASSERT_EQ(PackedBlockElems(dtype), elems_per_line);
+    ASSERT_EQ(PackedGroupBlockBytes(dtype), 64);
+    ASSERT_EQ(PackedBytes(dtype, rows, cols), 2 * lines * 64);
+    std::vector<uint8_t> w(static_cast<size_t>(rows * cols * elem_bytes));
+    for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> packed(static_cast<size_t>(PackedBytes(dtype, rows, cols)), 0xAB);
+    PackRows(w.data(), dtype, rows, cols, packed.data());
+    for (int64_t row = 0; row < 32; ++row) {
+      for (int64_t p = 0; p < lines; ++p) {
+        for (int t = 0; t < 4; ++t) {
+          const uint8_t want =
+              row < rows ? w[static_cast<size_t>(row * cols * elem_bytes + 4 * p + t)] : 0;
+          ASSERT_EQ(packed[static_cast<size_t>((row / 16 * lines + p) * 64 + 4 * (row % 16) + t)],
+                    want)
+              << "row " << row << " line " << p << " byte " << t;
+        }
       }
     }
   }
 }
 
-// Packed bf16 on every path: where Matmul() runs vdpbf16ps (PackedLayoutSupported), each output is
-// one chain over k whatever the batch, row tile, k slice (k = 8200 crosses two), piece or thread
+// Packed bf16 and f32 on every path: where Matmul() runs the packed kernels
+// (PackedLayoutSupported: vdpbf16ps or AMX for bf16, the avx512 FMAs for f32), each output is one
+// chain over k whatever the batch, row tile, k slice (k = 8200 crosses two), piece or thread
 // count, so a row alone, rows in twos and threes (the decode tiles) and whole batches give the
-// same bits, within fp32 rounding of the exact sums of x rounded to bf16. Elsewhere the rows are
-// unpacked: the scalar path's bits for the stored rows.
-TEST(PackedWeightsTest, Bf16KeepsItsBitsOnEveryBatchAndPath) {
+// same bits, within fp32 rounding of the exact sums (of x rounded to bf16, for bf16). Elsewhere
+// the rows are unpacked: the scalar path's bits for the stored rows.
+TEST(PackedWeightsTest, Bf16AndF32KeepTheirBitsOnEveryBatchAndPath) {
   ThreadPool pool2(2), pool3(3);
   std::mt19937 rng(9);
-  const DType dtype = DType::kBF16;
-  for (int64_t k : {2, 62, 1024, 8200}) {
-    for (int64_t n : {16, 37, 100}) {
-      const int64_t m = k > 1024 ? 11 : 35;  // 8-row tiles and a tail (3 or 11 rows over)
-      const RandomProblem p(dtype, m, n, k, rng);
-      std::vector<float> scalar_stored(static_cast<size_t>(m * n));
-      {
-        const ScopedPath scoped({CpuIsa::kScalar, std::nullopt, std::nullopt});
-        Matmul(MatmulArgs{p.x.data(), p.x_stride, p.w.data(), dtype, p.bias.data(),
-                          scalar_stored.data(), n, m, n, k},
-               nullptr);
-      }
-      for (const MatmulPath& path : MatmulPaths()) {
-        const ScopedPath scoped(path);
-        SCOPED_TRACE(path.Name() + " k=" + std::to_string(k) + " n=" + std::to_string(n));
-        const bool dot = internal::RoundsXToBf16(dtype);
-        ASSERT_EQ(PackedLayoutSupported(dtype), dot);
-        auto run = [&](int64_t row0, int64_t rows, ThreadPool* pool) {
-          std::vector<float> y(static_cast<size_t>(rows * n), -7.0f);
-          MatmulArgs args{&p.x[row0 * p.x_stride],
-                          p.x_stride,
-                          p.packed.data(),
-                          dtype,
-                          p.bias.data(),
-                          y.data(),
-                          n,
-                          rows,
-                          n,
-                          k};
-          args.w_packed = true;
-          Matmul(args, pool);
-          return y;
-        };
-        const std::vector<float> y = run(0, m, nullptr);
-        for (ThreadPool* pool : {&pool2, &pool3}) {
-          ASSERT_EQ(0, std::memcmp(run(0, m, pool).data(), y.data(), y.size() * sizeof(float)))
-              << pool->num_threads() << " threads";
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (int64_t k : {2, 62, 1024, 8200}) {
+      for (int64_t n : {16, 37, 100}) {
+        const int64_t m = k > 1024 ? 11 : 35;  // 8-row tiles and a tail (3 or 11 rows over)
+        const RandomProblem p(dtype, m, n, k, rng);
+        std::vector<float> scalar_stored(static_cast<size_t>(m * n));
+        {
+          const ScopedPath scoped({CpuIsa::kScalar, std::nullopt, std::nullopt});
+          Matmul(MatmulArgs{p.x.data(), p.x_stride, p.w.data(), dtype, p.bias.data(),
+                            scalar_stored.data(), n, m, n, k},
+                 nullptr);
         }
-        // Up to 5 rows: the decode tiles; 16, 17, 32 and 33 the AMX tiles' block shapes (one A
-        // tile, two, and blocks of 17 and 16 rows with the tiles configured for each).
-        for (int64_t rows : {1, 2, 3, 5, 16, 17, 32, 33}) {
-          for (int64_t row0 = 0; row0 + rows <= m; row0 += rows + 2) {
-            const std::vector<float> part = run(row0, rows, nullptr);
-            ASSERT_EQ(0, std::memcmp(part.data(), &y[row0 * n], part.size() * sizeof(float)))
-                << rows << " rows from " << row0;
+        for (const MatmulPath& path : MatmulPaths()) {
+          const ScopedPath scoped(path);
+          SCOPED_TRACE(path.Name() + " " + Name(dtype) + " k=" + std::to_string(k) +
+                       " n=" + std::to_string(n));
+          const bool bf16 = dtype == DType::kBF16;
+          const bool packed_kernels = PackedLayoutSupported(dtype);
+          ASSERT_EQ(packed_kernels,
+                    bf16 ? internal::RoundsXToBf16(dtype) : internal::RunsPackedF32());
+          auto run = [&](int64_t row0, int64_t rows, ThreadPool* pool) {
+            std::vector<float> y(static_cast<size_t>(rows * n), -7.0f);
+            MatmulArgs args{&p.x[row0 * p.x_stride],
+                            p.x_stride,
+                            p.packed.data(),
+                            dtype,
+                            p.bias.data(),
+                            y.data(),
+                            n,
+                            rows,
+                            n,
+                            k};
+            args.w_packed = true;
+            Matmul(args, pool);
+            return y;
+          };
+          const std::vector<float> y = run(0, m, nullptr);
+          for (ThreadPool* pool : {&pool2, &pool3}) {
+            ASSERT_EQ(0, std::memcmp(run(0, m, pool).data(), y.data(), y.size() * sizeof(float)))
+                << pool->num_threads() << " threads";
           }
-        }
-        if (!dot) {
-          ASSERT_EQ(0, std::memcmp(y.data(), scalar_stored.data(), y.size() * sizeof(float)));
-          continue;
-        }
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            double ref = p.bias[j], sum_abs = std::fabs(p.bias[j]);
-            for (int64_t e = 0; e < k; ++e) {
-              uint16_t bits;
-              std::memcpy(&bits, &p.w[static_cast<size_t>(2 * (j * k + e))], sizeof(bits));
-              const uint32_t wide = uint32_t{bits} << 16;
-              float wv;
-              std::memcpy(&wv, &wide, sizeof(wv));
-              const double prod = double{RoundToBf16(p.x[i * p.x_stride + e])} * wv;
-              ref += prod;
-              sum_abs += std::fabs(prod);
+          // Up to 5 rows: the decode tiles; 16, 17, 32 and 33 the AMX tiles' block shapes (one A
+          // tile, two, and blocks of 17 and 16 rows with the tiles configured for each).
+          for (int64_t rows : {1, 2, 3, 5, 16, 17, 32, 33}) {
+            for (int64_t row0 = 0; row0 + rows <= m; row0 += rows + 2) {
+              const std::vector<float> part = run(row0, rows, nullptr);
+              ASSERT_EQ(0, std::memcmp(part.data(), &y[row0 * n], part.size() * sizeof(float)))
+                  << rows << " rows from " << row0;
             }
-            ASSERT_NEAR(y[i * n + j], ref, 2e-5 * sum_abs + 1e-30) << "row " << i << " col " << j;
+          }
+          if (!packed_kernels) {
+            ASSERT_EQ(0, std::memcmp(y.data(), scalar_stored.data(), y.size() * sizeof(float)));
+            continue;
+          }
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double ref = p.bias[j], sum_abs = std::fabs(p.bias[j]);
+              for (int64_t e = 0; e < k; ++e) {
+                float wv;
+                if (bf16) {
+                  uint16_t bits;
+                  std::memcpy(&bits, &p.w[static_cast<size_t>(2 * (j * k + e))], sizeof(bits));
+                  const uint32_t wide = uint32_t{bits} << 16;
+                  std::memcpy(&wv, &wide, sizeof(wv));
+                } else {
+                  std::memcpy(&wv, &p.w[static_cast<size_t>(4 * (j * k + e))], sizeof(wv));
+                }
+                const float xv = p.x[i * p.x_stride + e];
+                const double prod = double{bf16 ? RoundToBf16(xv) : xv} * wv;
+                ref += prod;
+                sum_abs += std::fabs(prod);
+              }
+              ASSERT_NEAR(y[i * n + j], ref, 2e-5 * sum_abs + 1e-30) << "row " << i << " col " << j;
+            }
           }
         }
       }

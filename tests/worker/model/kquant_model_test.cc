@@ -235,6 +235,33 @@ TEST(KQuantModelTest, PackedBf16MatchesTheFileLayoutAndTheTwin) {
   }
 }
 
+// Packed f32 (the avx512 path's FMA kernels, one chain per output) against the same file in its
+// stored layout (sixteen-lane partial sums): both f32 throughout, so only the summation order
+// differs, and the logits stay within f32 rounding of each other (no bf16 step to amplify it).
+TEST(KQuantModelTest, PackedF32MatchesTheFileLayout) {
+  SynthWriteOptions o = Model("f32", DType::kF32, WeightMix::kUniform);
+  absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<LoadedModel> f32 = LoadModel(out->gguf_path);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_EQ(f32->weights->layers[0].wq.dtype, DType::kF32);
+  std::printf("f32 weights packed on this path: %s\n",
+              cpu::PackedLayoutSupported(DType::kF32) ? "yes" : "no");
+  for (const std::string text : {"The keeper waited for the first token.", "Mia waved"}) {
+    absl::StatusOr<std::vector<TokenId>> ids = f32->tokenizer->Encode(text);
+    ASSERT_TRUE(ids.ok());
+    const std::vector<float> packed = LastLogits(*f32, *ids, 2);
+    ASSERT_EQ(setenv("KVSERVE_CPU_PACK_WEIGHTS", "0", 1), 0);
+    const std::vector<float> file_layout = LastLogits(*f32, *ids, 2);
+    ASSERT_EQ(unsetenv("KVSERVE_CPU_PACK_WEIGHTS"), 0);
+    const double scale = MaxAbs(file_layout);
+    std::printf("f32: max |logit| %.4f, packed vs file layout %.3g\n", scale,
+                MaxDiff(packed, file_layout));
+    EXPECT_GT(scale, 0.1);
+    EXPECT_LE(MaxDiff(packed, file_layout), 1e-4 * scale) << text;
+  }
+}
+
 TEST(KQuantModelTest, WriterRefusesBadMixes) {
   SynthWriteOptions o = Model("badmix", DType::kQ6_K, WeightMix::kKQuantMedium);
   absl::StatusOr<SynthOutputs> out = WriteSynthModel(o);

@@ -151,6 +151,10 @@ TEST_P(StoriesTest, TokenByTokenEqualsPrefillBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Formats, StoriesTest, ::testing::Values(kStoriesGguf, kStoriesHf),
                          [](const auto& info) { return info.index == 0 ? "gguf" : "hf"; });
 
+// The two files hold the same f32 weights; where one ties the output head to the embedding and
+// the other stores it apart, the head is read in its stored layout on one side and packed on the
+// other (the avx512 path packs f32 matmul weights, not an embedding), and the two sum each logit
+// in different orders: 1.5e-5 apart at most over these 200 positions, hence 5e-5.
 TEST(LlamaModelTest, GgufAndHfLogitsAgree) {
   cpu::ThreadPool pool(1);
   LoadedModel gguf = *LoadModel(kStoriesGguf);
@@ -167,7 +171,7 @@ TEST(LlamaModelTest, GgufAndHfLogitsAgree) {
       std::vector<float> la = a.Feed(chunk);
       std::vector<float> lb = b.Feed(chunk);
       for (size_t i = 0; i < la.size(); ++i) {
-        ASSERT_NEAR(la[i], lb[i], 1e-5f * std::max(1.0f, std::fabs(la[i])))
+        ASSERT_NEAR(la[i], lb[i], 5e-5f * std::max(1.0f, std::fabs(la[i])))
             << "position " << start + n - 1 << " logit " << i;
       }
     }
