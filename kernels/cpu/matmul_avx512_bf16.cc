@@ -285,18 +285,15 @@ void AmxUnit32(const AmxUnitAt& u) {
   }
 }
 
-// Per-thread scratch of the AMX units: the k tail's B tiles and one C tile's store.
-struct AmxScratch {
-  alignas(64) uint8_t tail[3 * kAmxStepBytes];
-  alignas(64) float c_out[kAmxTileRows * 16];
-};
-
 // Columns [n_begin, n_end) (whole groups but the call's last) for `rows` x rows converted in
 // xbuf: blocks of at most 32 rows, as equal as they can be (one tile configuration for all but
 // the last); per block, units of groups across the piece, each over the whole k.
 void AmxBf16Columns(const MatmulArgs& a, const uint32_t* xbuf, int64_t x_stride, int64_t rows,
                     float* y, int64_t n_begin, int64_t n_end) {
-  thread_local AmxScratch scratch;
+  // The units' scratch, one C tile's store and the k tail's B tiles, in the thread's panel
+  // accumulator buffer (unused on the packed paths; on the heap, PanelScratch says why).
+  constexpr int64_t kCFloats = kAmxTileRows * 16;
+  float* const scratch = ThreadPanelScratch().Acc(kCFloats + 3 * kAmxStepBytes / 4);
   AmxUnitAt u{};
   u.x_stride_bytes = x_stride * 4;
   u.group_bytes = a.k / 2 * kPackedLineBytes;
@@ -304,8 +301,8 @@ void AmxBf16Columns(const MatmulArgs& a, const uint32_t* xbuf, int64_t x_stride,
   u.y_stride = a.y_stride;
   u.bias = a.bias;
   u.col_end = n_end;
-  u.tail = scratch.tail;
-  u.c_out = scratch.c_out;
+  u.c_out = scratch;
+  u.tail = reinterpret_cast<uint8_t*>(scratch + kCFloats);
   const int64_t max_block = 2 * kAmxTileRows;
   const int64_t blocks = (rows + max_block - 1) / max_block;
   const int64_t block_rows = (rows + blocks - 1) / blocks;
