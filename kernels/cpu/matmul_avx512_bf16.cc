@@ -4,7 +4,8 @@
 // multiply-adds per instruction of widening the weights to fp32 (matmul_avx512.cc's BF16W).
 // Selected by Matmul() when CpuAvx512Bf16Enabled(); the decode tiles and the batched panels are
 // matmul_avx512_tiles.inc's, so every output element sees the same sequence of steps whatever the
-// batch (the determinism contract in matmul.h).
+// batch (the determinism contract in matmul.h). Packed bf16 weights take matmul_packed_float.inc's
+// tiles, or the AMX tiles below where the CPU has AMX (MatmulPlan::amx).
 
 #include "kernels/cpu/matmul_impl.h"
 

@@ -1,9 +1,9 @@
 #ifndef KVSERVE_KERNELS_CPU_PACKED_WEIGHTS_H_
 #define KVSERVE_KERNELS_CPU_PACKED_WEIGHTS_H_
 
-// Quantized weight matrices (and bf16 ones on the vdpbf16ps path) regrouped once at load for the
-// CPU matmul ("packed"), so that a SIMD lane holds one weight row: sixteen rows side by side,
-// block by block.
+// Quantized weight matrices (and bf16 ones on the vdpbf16ps or AMX path, f32 ones on the avx512
+// path) regrouped once at load for the CPU matmul ("packed"), so that a SIMD lane holds one weight
+// row: sixteen rows side by side, block by block.
 //
 // Why: a decode GEMV over rows in the file's layout spends most of its instructions per weight
 // row and block — the fp16 scale converted alone, one int32-to-float conversion, FMA and
@@ -61,11 +61,13 @@ namespace kvserve::cpu {
 inline constexpr int64_t kPackedGroupRows = 16;
 
 /// Whether weights of `dtype` have a packed layout on the active matmul path: q4_0, q8_0, q4_k,
-/// q5_k and q6_k everywhere, bf16 where Matmul() runs it as vdpbf16ps (AVX-512 with AVX512_BF16;
-/// elsewhere a packed bf16 matrix still multiplies, but by unpacking each row).
+/// q5_k and q6_k everywhere, bf16 where Matmul() runs it as vdpbf16ps or AMX (AVX-512 with
+/// AVX512_BF16), f32 on the avx512 path (elsewhere a packed bf16 or f32 matrix still multiplies,
+/// but by unpacking each row).
 bool PackedLayoutSupported(DType dtype);
 
-/// Elements of a row per group-block: DTypeBlockElems(dtype), except 2 for bf16 (one pair).
+/// Elements of a row per group-block: DTypeBlockElems(dtype), except 2 for bf16 (one pair) and 1
+/// for f32.
 int64_t PackedBlockElems(DType dtype);
 
 /// Bytes of a packed [rows, cols] matrix (rows rounded up to whole groups).

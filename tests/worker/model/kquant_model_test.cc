@@ -206,6 +206,16 @@ TEST(KQuantModelTest, RowsShorterThanASuperBlockFallBackToQ8_0) {
 // value one bf16 step away. Measured: 2-5e-7 for one to three tokens, 0.1-0.2 % of max |logit|
 // for longer prompts, against 0.35-0.4 % between either and the f32 twin. Prefill runs the
 // batched tiles, the last token's logits the decode ones.
+// Prompts of the packed-layout tests, and the last logits of one with the weights left in the
+// file's layout (KVSERVE_CPU_PACK_WEIGHTS=0 while LastLogits prepares them).
+constexpr const char* kPackedPrompts[] = {"The keeper waited for the first token.", "Mia waved"};
+std::vector<float> FileLayoutLogits(const LoadedModel& model, const std::vector<TokenId>& ids) {
+  EXPECT_EQ(setenv("KVSERVE_CPU_PACK_WEIGHTS", "0", 1), 0);
+  std::vector<float> logits = LastLogits(model, ids, 2);
+  EXPECT_EQ(unsetenv("KVSERVE_CPU_PACK_WEIGHTS"), 0);
+  return logits;
+}
+
 TEST(KQuantModelTest, PackedBf16MatchesTheFileLayoutAndTheTwin) {
   SynthWriteOptions o = Model("bf16", DType::kBF16, WeightMix::kUniform);
   o.dequantized_twin_path = o.out_dir + "/twin.gguf";
@@ -218,13 +228,11 @@ TEST(KQuantModelTest, PackedBf16MatchesTheFileLayoutAndTheTwin) {
   ASSERT_TRUE(twin.ok()) << twin.status();
   std::printf("bf16 weights packed on this path: %s\n",
               cpu::PackedLayoutSupported(DType::kBF16) ? "yes" : "no");
-  for (const std::string text : {"The keeper waited for the first token.", "Mia waved"}) {
+  for (const std::string text : kPackedPrompts) {
     absl::StatusOr<std::vector<TokenId>> ids = bf16->tokenizer->Encode(text);
     ASSERT_TRUE(ids.ok());
     const std::vector<float> packed = LastLogits(*bf16, *ids, 2);
-    ASSERT_EQ(setenv("KVSERVE_CPU_PACK_WEIGHTS", "0", 1), 0);
-    const std::vector<float> file_layout = LastLogits(*bf16, *ids, 2);
-    ASSERT_EQ(unsetenv("KVSERVE_CPU_PACK_WEIGHTS"), 0);
+    const std::vector<float> file_layout = FileLayoutLogits(*bf16, *ids);
     const std::vector<float> f32 = LastLogits(*twin, *ids, 2);
     const double scale = MaxAbs(f32);
     std::printf("bf16: max |logit| %.4f, packed vs file layout %.3g, vs f32 twin %.3g\n", scale,
@@ -247,13 +255,11 @@ TEST(KQuantModelTest, PackedF32MatchesTheFileLayout) {
   ASSERT_EQ(f32->weights->layers[0].wq.dtype, DType::kF32);
   std::printf("f32 weights packed on this path: %s\n",
               cpu::PackedLayoutSupported(DType::kF32) ? "yes" : "no");
-  for (const std::string text : {"The keeper waited for the first token.", "Mia waved"}) {
+  for (const std::string text : kPackedPrompts) {
     absl::StatusOr<std::vector<TokenId>> ids = f32->tokenizer->Encode(text);
     ASSERT_TRUE(ids.ok());
     const std::vector<float> packed = LastLogits(*f32, *ids, 2);
-    ASSERT_EQ(setenv("KVSERVE_CPU_PACK_WEIGHTS", "0", 1), 0);
-    const std::vector<float> file_layout = LastLogits(*f32, *ids, 2);
-    ASSERT_EQ(unsetenv("KVSERVE_CPU_PACK_WEIGHTS"), 0);
+    const std::vector<float> file_layout = FileLayoutLogits(*f32, *ids);
     const double scale = MaxAbs(file_layout);
     std::printf("f32: max |logit| %.4f, packed vs file layout %.3g\n", scale,
                 MaxDiff(packed, file_layout));
