@@ -25,10 +25,9 @@
 
 namespace kvserve::cpu::internal {
 
-/// The first `rows` rows of another run (same dtype and head_dim) for a kernel to request into L2
+/// The first `rows` rows of another run (same dtype and head_dim) for a kernel to request into L1
 /// while it reads its own: it issues the requests in address order at the pace of its loop
-/// instead of in one burst (paged_attention.cc says when each is used). A hint only: `data` may
-/// be null.
+/// instead of in one burst (paged_attention.cc says which run). A hint only: `data` may be null.
 struct RowPrefetch {
   const void* data = nullptr;
   int64_t rows = 0;

@@ -107,7 +107,7 @@ inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const flo
     for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * head_dim + d);
 #pragma GCC unroll 8
     for (int j = 0; j < K; ++j) {
-      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 2);
+      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 3);
       line += kLine;
       const __m256 kv = Elem<T>::Load(k + j * head_dim + d);
 #pragma GCC unroll 4
@@ -219,7 +219,7 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
     if (pf_line < pf_bytes) {
 #pragma GCC unroll 4
       for (int64_t b = 0; b < kPassBytes; b += kLine) {
-        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 2);
+        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 3);
       }
       pf_line += kPassBytes;
     }

@@ -103,7 +103,7 @@ inline void ScoreTile(const float* q, const typename Elem<T>::Type* k, const flo
     for (int g = 0; g < G; ++g) qv[g] = _mm512_maskz_loadu_ps(m, q + g * head_dim + d);
 #pragma GCC unroll 16
     for (int j = 0; j < K; ++j) {
-      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 2);
+      if (request && line < pf_bytes) __builtin_prefetch(pf + line, 0, 3);
       line += kLine;
       const __m512 kv = Elem<T>::Load(k + j * head_dim + d, m);
 #pragma GCC unroll 4
@@ -211,7 +211,7 @@ inline void AccumulateTile(const float* probs, int64_t probs_stride, const float
   for (int64_t key = 0; key < count; ++key) {
     if (pf_line < pf_bytes) {
       for (int64_t b = 0; b < pass_bytes; b += kLine) {
-        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 2);
+        if (pf_line + b < pf_bytes) __builtin_prefetch(pf + pf_line + b, 0, 3);
       }
       pf_line += pass_bytes;
     }

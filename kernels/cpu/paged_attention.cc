@@ -30,10 +30,11 @@ struct KeyRun {
 
 // Scratch reused across work items on one thread.
 struct Scratch {
-  std::vector<KeyRun> runs;
-  std::vector<float> probs;    // [group][keys]
-  std::vector<float> acc;      // [group][head_dim]
-  std::vector<float> inv_sum;  // [group]
+  std::vector<KeyRun> runs;       // the item being computed
+  std::vector<KeyRun> next_runs;  // the thread's next item (its first runs are requested early)
+  std::vector<float> probs;       // [group][keys]
+  std::vector<float> acc;         // [group][head_dim]
+  std::vector<float> inv_sum;     // [group]
 };
 
 // Keys first..last of sequence `seq` as runs contiguous in one cache block, in order.
@@ -52,39 +53,100 @@ void KeyRuns(const PagedAttentionArgs& a, int64_t seq, int64_t kv_head, int64_t 
   }
 }
 
-// Runs are a cache block's rows of one head: a few KiB in a block placed anywhere in the pool. The
-// hardware prefetchers stay within a page and need a stream to train on, so without help each
-// run's lines are demand misses, a few at a time: one thread read 4-7 GB/s of K/V. Each pass
-// over the runs therefore has the kernels request the run kRunsAhead further on into L2 while
-// they compute (RowPrefetch: spread over the loop, not one burst per run); the first runs of a
-// pass are requested in one burst before it starts.
-constexpr int64_t kRunsAhead = 2;
-// Bytes of a run requested in one burst; the kernels spread the requests for larger runs. Measured
-// on Zen 4, one thread, f32 K/V from memory: 4 KiB runs (head_dim 64) read 17 GB/s with bursts and
-// 15 spread, 8 KiB runs (head_dim 128) 12 GB/s with bursts and 19 spread at a GQA group of 4, 15
-// and 17 at 2 (a burst of more lines than the core tracks misses for stalls it).
-constexpr int64_t kBurstBytes = 4096;
+// The position of query token `token` and the first key it attends.
+struct QueryKeys {
+  int64_t pos, first;
+};
+QueryKeys KeysOf(const PagedAttentionArgs& a, const QueryToken& token) {
+  const int64_t pos = a.context_len[token.seq] - a.q_len[token.seq] + token.index;
+  return {pos, a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0};
+}
 
-// Requests a run's rows (and their scales, when the dtype has them) into L2.
+// The runs of keys that `token` attends in kv head `kv_head`.
+void ItemRuns(const PagedAttentionArgs& a, const QueryToken& token, int64_t kv_head,
+              std::vector<KeyRun>* runs) {
+  const QueryKeys keys = KeysOf(a, token);
+  KeyRuns(a, token.seq, kv_head, keys.first, keys.pos, runs);
+}
+
+// Runs are a cache block's rows of one head: a few KiB in a block placed anywhere in the pool. The
+// hardware prefetchers stay within a 4 KiB page and need a stream to train on, so without help
+// each run's lines are demand misses, a few at a time: one thread read 4-7 GB/s of K/V. A thread's
+// items therefore make one stream of requests: an item's K runs, its V runs, then the next item's
+// K runs. While the kernels compute on run r of that stream they request run r + kRunsAhead into
+// L1, spread over their loop (RowPrefetch); only the first item of a thread's chunk requests its
+// first runs in one burst before it starts. On a Zen 5 VM (one thread, f32 K/V, head_dim 64,
+// 4 KiB runs) continuing the stream into the next item took 32 sequences at a 72-token context
+// from 14-17 to 17-19 GB/s, and spreading 4 KiB runs instead of requesting each in one burst took
+// a 1024-token context from 17 to 21 GB/s (docs/benchmarks.md, "Decode attention prefetch").
+constexpr int64_t kRunsAhead = 2;
+
+// Requests a run's rows (and their scales, when the dtype has them) in one burst.
 void PrefetchRun(const uint8_t* data, const float* scales, const KeyRun& run, int64_t row_bytes) {
   constexpr int64_t kLine = 64;
   const uint8_t* begin = data + run.row * row_bytes;
   const uint8_t* end = begin + run.count * row_bytes;
-  for (const uint8_t* p = begin; p < end; p += kLine) __builtin_prefetch(p, 0, 2);
-  if (scales != nullptr) __builtin_prefetch(scales + run.row, 0, 2);
+  for (const uint8_t* p = begin; p < end; p += kLine) __builtin_prefetch(p, 0, 3);
+  if (scales != nullptr) __builtin_prefetch(scales + run.row, 0, 3);
 }
 
-// Requests `run` for the kernel about to be called: returns its rows for the kernel to request
-// (RowPrefetch; the scales, one line, are requested here) when `spread`, else requests them all.
-internal::RowPrefetch RunPrefetch(const uint8_t* data, const float* scales, const KeyRun& run,
-                                  int64_t row_bytes, bool spread) {
-  if (!spread) {
-    PrefetchRun(data, scales, run, row_bytes);
+// One item's request stream: its K runs, its V runs, then the next item's K runs (none when
+// `next` is null).
+class RequestStream {
+ public:
+  RequestStream(const PagedAttentionArgs& a, const std::vector<KeyRun>& runs,
+                const std::vector<KeyRun>* next, int64_t row_bytes)
+      : runs_(runs), next_(next), row_bytes_(row_bytes) {
+    const bool scaled = KvCacheDTypeHasScales(a.layout.dtype);
+    k_data_ = static_cast<const uint8_t*>(a.k_cache.data);
+    v_data_ = static_cast<const uint8_t*>(a.v_cache.data);
+    k_scales_ = scaled ? a.k_cache.scales : nullptr;
+    v_scales_ = scaled ? a.v_cache.scales : nullptr;
+  }
+
+  // Requests the first kRunsAhead runs of the stream in one burst.
+  void Start() const {
+    for (int64_t i = 0; i < kRunsAhead; ++i) {
+      const Entry e = At(i);
+      if (e.run != nullptr) PrefetchRun(e.data, e.scales, *e.run, row_bytes_);
+    }
+  }
+
+  // For the kernel computing on run `i` of the stream: the rows of run i + kRunsAhead to request
+  // (its scales, one line, are requested here).
+  internal::RowPrefetch Ahead(int64_t i) const {
+    const Entry e = At(i + kRunsAhead);
+    if (e.run == nullptr) return {};
+    if (e.scales != nullptr) __builtin_prefetch(e.scales + e.run->row, 0, 3);
+    return {e.data + e.run->row * row_bytes_, e.run->count};
+  }
+
+ private:
+  struct Entry {
+    const uint8_t* data = nullptr;
+    const float* scales = nullptr;
+    const KeyRun* run = nullptr;  // null: past the stream's end
+  };
+
+  Entry At(int64_t i) const {
+    const auto n = static_cast<int64_t>(runs_.size());
+    if (i < n) return {k_data_, k_scales_, &runs_[i]};
+    if (i < 2 * n) return {v_data_, v_scales_, &runs_[i - n]};
+    i -= 2 * n;
+    if (next_ != nullptr && i < static_cast<int64_t>(next_->size())) {
+      return {k_data_, k_scales_, &(*next_)[i]};
+    }
     return {};
   }
-  if (scales != nullptr) __builtin_prefetch(scales + run.row, 0, 2);
-  return {data + run.row * row_bytes, run.count};
-}
+
+  const std::vector<KeyRun>& runs_;
+  const std::vector<KeyRun>* next_;
+  int64_t row_bytes_;
+  const uint8_t* k_data_;
+  const uint8_t* v_data_;
+  const float* k_scales_;
+  const float* v_scales_;
+};
 
 // Eight independent lanes, so that the baseline build vectorizes both loops: a one-accumulator
 // loop is one dependent add (or max) per key and query head, a third of a short context's time.
@@ -114,46 +176,35 @@ float LaneSum(const float* p, int64_t n) {
 }
 
 // All query heads of one kv head for one query token: K and V rows are read once per group.
+// scratch.runs holds the item's runs (ItemRuns); `next` (null for none) the runs of the item the
+// thread computes next, and `started` says whether the item before requested this one's first runs.
 void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& kernels,
-                 const QueryToken& token, int64_t kv_head, Scratch& scratch) {
+                 const QueryToken& token, int64_t kv_head, bool started,
+                 const std::vector<KeyRun>* next, Scratch& scratch) {
   const int64_t hd = a.layout.head_dim;
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
   const int64_t seq = token.seq;
   const int64_t row = a.q_start[seq] + token.index;
-  const int64_t pos = a.context_len[seq] - a.q_len[seq] + token.index;
-  const int64_t first = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
-  const int64_t keys = pos - first + 1;
+  const QueryKeys query_keys = KeysOf(a, token);
+  const int64_t keys = query_keys.pos - query_keys.first + 1;
   const float* q = a.q + row * a.q_stride + kv_head * group * hd;
   const int64_t row_bytes = hd * KvCacheDTypeElemBytes(a.layout.dtype);
   const bool scaled = KvCacheDTypeHasScales(a.layout.dtype);
   const auto* k_data = static_cast<const uint8_t*>(a.k_cache.data);
   const auto* v_data = static_cast<const uint8_t*>(a.v_cache.data);
-  // Runs larger than one burst's worth have the kernels spread the requests over their loops.
-  const bool spread = a.layout.block_size * row_bytes > kBurstBytes;
 
-  KeyRuns(a, seq, kv_head, first, pos, &scratch.runs);
   const std::vector<KeyRun>& runs = scratch.runs;
   const int64_t num_runs = static_cast<int64_t>(runs.size());
+  const RequestStream stream(a, runs, next, row_bytes);
+  if (!started) stream.Start();
   scratch.probs.resize(static_cast<size_t>(group * keys));
   float* probs = scratch.probs.data();
-  const float* k_scale_data = scaled ? a.k_cache.scales : nullptr;
-  const float* v_scale_data = scaled ? a.v_cache.scales : nullptr;
-  for (int64_t r = 0; r < std::min(kRunsAhead, num_runs); ++r) {
-    PrefetchRun(k_data, k_scale_data, runs[r], row_bytes);
-  }
   for (int64_t r = 0; r < num_runs; ++r) {
-    // The V pass's first runs follow the K pass's last.
-    const int64_t ahead = r + kRunsAhead;
-    internal::RowPrefetch prefetch;
-    if (ahead < num_runs) {
-      prefetch = RunPrefetch(k_data, k_scale_data, runs[ahead], row_bytes, spread);
-    } else if (ahead - num_runs < num_runs) {
-      prefetch = RunPrefetch(v_data, v_scale_data, runs[ahead - num_runs], row_bytes, spread);
-    }
     const KeyRun& run = runs[r];
     const void* k = k_data + run.row * row_bytes;
     const float* k_scales = scaled ? a.k_cache.scales + run.row : nullptr;
-    kernels.scores(q, group, k, k_scales, run.count, hd, a.scale, probs + run.key, keys, prefetch);
+    kernels.scores(q, group, k, k_scales, run.count, hd, a.scale, probs + run.key, keys,
+                   stream.Ahead(r));
   }
   scratch.inv_sum.resize(static_cast<size_t>(group));
   float* inv_sum = scratch.inv_sum.data();
@@ -165,14 +216,11 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
   for (int64_t r = 0; r < num_runs; ++r) {
-    internal::RowPrefetch prefetch;
-    if (r + kRunsAhead < num_runs) {
-      prefetch = RunPrefetch(v_data, v_scale_data, runs[r + kRunsAhead], row_bytes, spread);
-    }
     const KeyRun& run = runs[r];
     const void* v = v_data + run.row * row_bytes;
     const float* v_scales = scaled ? a.v_cache.scales + run.row : nullptr;
-    kernels.accumulate(probs + run.key, keys, group, v, v_scales, run.count, hd, acc, prefetch);
+    kernels.accumulate(probs + run.key, keys, group, v, v_scales, run.count, hd, acc,
+                       stream.Ahead(num_runs + r));
   }
   float* out = a.out + row * a.out_stride + kv_head * group * hd;
   for (int64_t g = 0; g < group; ++g) {
@@ -235,8 +283,15 @@ void PagedAttention(const PagedAttentionArgs& args, ThreadPool* pool) {
   const internal::AttentionKernels kernels = SelectKernels(ActiveCpuIsa(), args.layout.dtype);
   const auto run = [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
+    ItemRuns(args, tokens[begin / kv_heads], begin % kv_heads, &scratch.runs);
     for (int64_t item = begin; item < end; ++item) {
-      AttendGroup(args, kernels, tokens[item / kv_heads], item % kv_heads, scratch);
+      const bool has_next = item + 1 < end;
+      if (has_next) {
+        ItemRuns(args, tokens[(item + 1) / kv_heads], (item + 1) % kv_heads, &scratch.next_runs);
+      }
+      AttendGroup(args, kernels, tokens[item / kv_heads], item % kv_heads,
+                  /*started=*/item > begin, has_next ? &scratch.next_runs : nullptr, scratch);
+      std::swap(scratch.runs, scratch.next_runs);
     }
   };
   const int64_t min_chunk =
