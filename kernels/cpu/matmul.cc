@@ -59,14 +59,21 @@ internal::MatmulColumnsFn SelectIsaPath(CpuIsa isa, DType w_dtype) {
   return &internal::MatmulColumnsScalar;
 }
 
+// The path a packed float matrix (packed_weights.h) is laid out for: packed bf16 for
+// vdpbf16ps, packed f32 for the avx512 path's FMAs; null for the other dtypes, whose packed
+// layouts every SIMD path reads.
+internal::MatmulColumnsFn PackedFloatPath(DType w_dtype) {
+  if (w_dtype == DType::kBF16) return &internal::MatmulColumnsAvx512Bf16;
+  if (w_dtype == DType::kF32) return &internal::MatmulColumnsAvx512;
+  return nullptr;
+}
+
 internal::MatmulColumnsFn SelectPath(CpuIsa isa, DType w_dtype, bool w_packed = false) {
   const internal::MatmulColumnsFn path = SelectIsaPath(isa, w_dtype);
-  // Packed bf16 (packed_weights.h) is laid out for vdpbf16ps, packed f32 for the avx512 path's
-  // FMAs; any other path unpacks their rows.
-  if (w_packed && w_dtype == DType::kBF16 && path != &internal::MatmulColumnsAvx512Bf16) {
-    return &internal::MatmulColumnsScalar;
-  }
-  if (w_packed && w_dtype == DType::kF32 && path != &internal::MatmulColumnsAvx512) {
+  // A packed float matrix off the path it is laid out for goes to the scalar path, which
+  // unpacks its rows.
+  const internal::MatmulColumnsFn packed_for = PackedFloatPath(w_dtype);
+  if (w_packed && packed_for != nullptr && path != packed_for) {
     return &internal::MatmulColumnsScalar;
   }
   return path;
@@ -126,7 +133,10 @@ bool RoundsXToBf16(DType w_dtype) {
   return SelectPath(ActiveCpuIsa(), w_dtype) == &MatmulColumnsAvx512Bf16;
 }
 
-bool RunsPackedF32() { return SelectPath(ActiveCpuIsa(), DType::kF32) == &MatmulColumnsAvx512; }
+bool RunsPackedFloat(DType w_dtype) {
+  const MatmulColumnsFn packed_for = PackedFloatPath(w_dtype);
+  return packed_for != nullptr && SelectPath(ActiveCpuIsa(), w_dtype) == packed_for;
+}
 
 }  // namespace internal
 

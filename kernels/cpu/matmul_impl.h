@@ -131,9 +131,10 @@ void MatmulColumnsAvx512Bf16(const MatmulArgs& args, const MatmulPlan& plan, int
 /// Whether Matmul() with `w_dtype` weights on the active path rounds the x rows to bf16 first
 /// (MatmulColumnsAvx512Bf16: bf16 weights, the avx512 path, CpuAvx512Bf16Enabled()).
 bool RoundsXToBf16(DType w_dtype);
-/// Whether Matmul() runs f32 weights on MatmulColumnsAvx512 (the avx512 path), which multiplies
-/// packed f32 (packed_weights.h) with its own kernels; every other path unpacks the rows.
-bool RunsPackedF32();
+/// Whether Matmul() runs `w_dtype` (bf16 or f32; false for the others) on the path its packed
+/// layout (packed_weights.h) is laid out for: bf16 on MatmulColumnsAvx512Bf16 (as
+/// RoundsXToBf16), f32 on MatmulColumnsAvx512. Every other path unpacks the rows.
+bool RunsPackedFloat(DType w_dtype);
 /// The AVX-512 path's int8 formats with VNNI (vpdpbusd), matmul_avx512_vnni.cc. A path of its own
 /// for q8_0/q4_0 (a different summation order from MatmulColumnsAvx512's 256-bit kernels); the
 /// K-quants give the same bits either way.

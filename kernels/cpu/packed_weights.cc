@@ -172,8 +172,7 @@ struct RowPlace {
 }  // namespace
 
 bool PackedLayoutSupported(DType dtype) {
-  if (dtype == DType::kBF16) return internal::RoundsXToBf16(dtype);
-  if (dtype == DType::kF32) return internal::RunsPackedF32();
+  if (dtype == DType::kBF16 || dtype == DType::kF32) return internal::RunsPackedFloat(dtype);
   return dtype == DType::kQ4_0 || dtype == DType::kQ8_0 || IsQ45K(dtype) || dtype == DType::kQ6_K;
 }
 
