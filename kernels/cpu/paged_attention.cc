@@ -75,10 +75,11 @@ void ItemRuns(const PagedAttentionArgs& a, const QueryToken& token, int64_t kv_h
 // items therefore make one stream of requests: an item's K runs, its V runs, then the next item's
 // K runs. While the kernels compute on run r of that stream they request run r + kRunsAhead into
 // L1, spread over their loop (RowPrefetch); only the first item of a thread's chunk requests its
-// first runs in one burst before it starts. On a Zen 5 VM (one thread, f32 K/V, head_dim 64,
-// 4 KiB runs) continuing the stream into the next item took 32 sequences at a 72-token context
-// from 14-17 to 17-19 GB/s, and spreading 4 KiB runs instead of requesting each in one burst took
-// a 1024-token context from 17 to 21 GB/s (docs/benchmarks.md, "Decode attention prefetch").
+// first runs in one burst. Measured on a Zen 5 VM (one thread, f32 K/V, head_dim 64, 4 KiB runs,
+// docs/benchmarks.md, "Decode attention prefetch"): continuing the stream into the next item took
+// a 72-token context from 10-14 to 17-19 GB/s; spreading the 4 KiB runs instead of one burst each
+// took a 1024-token context from 17 to 21, and L1 instead of L2 to 29. (On the Zen 4 VM, before
+// the stream crossed items, 4 KiB runs read 17 GB/s in bursts and 15 spread; not measured since.)
 constexpr int64_t kRunsAhead = 2;
 
 // Requests a run's rows (and their scales, when the dtype has them) in one burst.
