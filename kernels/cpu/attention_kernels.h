@@ -48,10 +48,19 @@ using AttentionAccumulateFn = void (*)(const float* probs, int64_t probs_stride,
                                        const void* v, const float* row_scales, int64_t count,
                                        int64_t head_dim, float* acc, RowPrefetch prefetch);
 
-/// One ISA's pair of inner loops for one KV dtype.
+/// For each of `group` rows p = probs + g * keys (keys >= 1): p[i] = exp(p[i] - max of the row)
+/// (logits.h's ExpShifted with scale 1: the same bits on every ISA), then inv_sum[g] = 1 / the
+/// row's sum, added in eight lane sums (lane l adds p[i] for i = l mod 8 in order of i) combined
+/// as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), on every ISA. The SIMD loops keep a row's
+/// exps in registers for the sum and take the rows back to back, where one exp call per row
+/// left short rows waiting on the exp's latency and on loads of what it had just stored.
+using AttentionSoftmaxFn = void (*)(float* probs, int64_t group, int64_t keys, float* inv_sum);
+
+/// One ISA's inner loops for one KV dtype (softmax does not depend on it).
 struct AttentionKernels {
   AttentionScoresFn scores;
   AttentionAccumulateFn accumulate;
+  AttentionSoftmaxFn softmax;
 };
 
 /// Returns make.template operator()<T>() for the runtime `dtype`: the one dtype switch each ISA's

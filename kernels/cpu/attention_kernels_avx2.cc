@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/logits_exp.h"
+
 namespace kvserve::cpu::internal {
 namespace {
 
@@ -280,12 +282,68 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
 }
 
 #include "kernels/cpu/attention_groups.inc"  // Scores, Accumulate
+#include "kernels/cpu/exp_avx2.inc"          // ExpVec
+
+// AttentionSoftmaxFn for G rows at once (their exps interleaved: one row's chain of dependent
+// steps is too short to hide its latency): eight keys a step, each step's exps added to the eight
+// lane sums (a lane past the row adds +0, which leaves a sum of exps unchanged).
+template <int G>
+void SoftmaxRows(float* probs, int64_t keys, float* inv_sum) {
+  const __m256 lowest = _mm256_set1_ps(-__builtin_inff());
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const auto live = [&](int64_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left < kLanes ? left : kLanes)),
+                              lane);
+  };
+  __m256 shift[G];
+  __m256 sum[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    // max(v, m) keeps m where v is NaN, as the scalar loop's std::max(m, v) does.
+    __m256 m = lowest;
+    for (int64_t i = 0; i < keys; i += kLanes) {
+      const __m256i in = live(keys - i);
+      m = _mm256_max_ps(_mm256_blendv_ps(lowest, _mm256_maskload_ps(probs + g * keys + i, in),
+                                         _mm256_castsi256_ps(in)),
+                        m);
+    }
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 0x01));
+    m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+    shift[g] = _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
+    sum[g] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < keys; i += kLanes) {
+    const __m256i in = live(keys - i);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      float* p = probs + g * keys + i;
+      const __m256 e =
+          _mm256_and_ps(_mm256_castsi256_ps(in), ExpVec(_mm256_maskload_ps(p, in), shift[g], one));
+      _mm256_maskstore_ps(p, in, e);
+      sum[g] = _mm256_add_ps(sum[g], e);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const __m128 pairs =
+        _mm_add_ps(_mm256_castps256_ps128(sum[g]), _mm256_extractf128_ps(sum[g], 1));
+    const __m128 halves = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
+    inv_sum[g] = 1.0f / (_mm_cvtss_f32(halves) + _mm_cvtss_f32(_mm_shuffle_ps(halves, halves, 1)));
+  }
+}
+
+void Softmax(float* probs, int64_t group, int64_t keys, float* inv_sum) {
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) SoftmaxRows<4>(probs + g * keys, keys, inv_sum + g);
+  for (; g < group; ++g) SoftmaxRows<1>(probs + g * keys, keys, inv_sum + g);
+}
 
 }  // namespace
 
 AttentionKernels AttentionKernelsAvx2(KvCacheDType dtype) {
   return ForKvDType(dtype, []<KvCacheDType T>() {
-    return AttentionKernels{&Scores<T>, &Accumulate<T>};
+    return AttentionKernels{&Scores<T>, &Accumulate<T>, &Softmax};
   });
 }
 

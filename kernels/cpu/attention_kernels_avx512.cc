@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/avx512_intrinsics.h"
+#include "kernels/cpu/logits_exp.h"
 
 namespace kvserve::cpu::internal {
 namespace {
@@ -253,12 +254,60 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
 }
 
 #include "kernels/cpu/attention_groups.inc"  // Scores, Accumulate
+#include "kernels/cpu/exp_avx512.inc"        // ExpVec
+
+// AttentionSoftmaxFn for G rows at once (their exps interleaved: one row's chain of dependent
+// steps is too short to hide its latency): sixteen keys a step; the eight-lane sum takes each
+// step's two halves in order (a lane past the row adds +0, which leaves a sum of exps unchanged).
+template <int G>
+void SoftmaxRows(float* probs, int64_t keys, float* inv_sum) {
+  const __m512 lowest = _mm512_set1_ps(-__builtin_inff());
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 shift[G];
+  __m256 sum[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    // max(v, m) keeps m where v is NaN, as the scalar loop's std::max(m, v) does.
+    __m512 m = lowest;
+    for (int64_t i = 0; i < keys; i += kLanes) {
+      m = _mm512_max_ps(_mm512_mask_loadu_ps(lowest, TailMask(keys - i), probs + g * keys + i), m);
+    }
+    shift[g] = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    sum[g] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < keys; i += kLanes) {
+    const __mmask16 live = TailMask(keys - i);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      float* p = probs + g * keys + i;
+      const __m512 e =
+          _mm512_maskz_mov_ps(live, ExpVec(_mm512_maskz_loadu_ps(live, p), shift[g], one));
+      _mm512_mask_storeu_ps(p, live, e);
+      sum[g] = _mm256_add_ps(sum[g], _mm512_castps512_ps256(e));
+      sum[g] =
+          _mm256_add_ps(sum[g], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const __m128 pairs =
+        _mm_add_ps(_mm256_castps256_ps128(sum[g]), _mm256_extractf128_ps(sum[g], 1));
+    const __m128 halves = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
+    inv_sum[g] = 1.0f / (_mm_cvtss_f32(halves) + _mm_cvtss_f32(_mm_shuffle_ps(halves, halves, 1)));
+  }
+}
+
+void Softmax(float* probs, int64_t group, int64_t keys, float* inv_sum) {
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) SoftmaxRows<4>(probs + g * keys, keys, inv_sum + g);
+  for (; g < group; ++g) SoftmaxRows<1>(probs + g * keys, keys, inv_sum + g);
+}
 
 }  // namespace
 
 AttentionKernels AttentionKernelsAvx512(KvCacheDType dtype) {
   return ForKvDType(dtype, []<KvCacheDType T>() {
-    return AttentionKernels{&Scores<T>, &Accumulate<T>};
+    return AttentionKernels{&Scores<T>, &Accumulate<T>, &Softmax};
   });
 }
 

@@ -1,9 +1,12 @@
 // Portable attention inner loops.
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/logits.h"
 #include "kernels/dtype.h"
 
 namespace kvserve::cpu::internal {
@@ -97,11 +100,44 @@ void Accumulate(const float* probs, int64_t probs_stride, int64_t group, const v
   }
 }
 
+// The maximum of p[0, n), n >= 1 (exact in any order). Eight independent lanes, so that the
+// baseline build vectorizes it (as LaneSum).
+float MaxOf(const float* p, int64_t n) {
+  float lane[kLanes];
+  std::fill_n(lane, kLanes, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], p[i + l]);
+  }
+  for (; i < n; ++i) lane[0] = std::max(lane[0], p[i]);
+  return *std::max_element(lane, lane + kLanes);
+}
+
+// The sum of p[0, n) in AttentionSoftmaxFn's order: lane l adds p[i] for i = l mod 8 in order,
+// then the fixed combine.
+float LaneSum(const float* p, int64_t n) {
+  float lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += p[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += p[i];
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+void Softmax(float* probs, int64_t group, int64_t keys, float* inv_sum) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* p = probs + g * keys;
+    ExpShifted(p, keys, MaxOf(p, keys), 1.0f, p);
+    inv_sum[g] = 1.0f / LaneSum(p, keys);
+  }
+}
+
 }  // namespace
 
 AttentionKernels AttentionKernelsScalar(KvCacheDType dtype) {
   return ForKvDType(dtype, []<KvCacheDType T>() {
-    return AttentionKernels{&Scores<T>, &Accumulate<T>};
+    return AttentionKernels{&Scores<T>, &Accumulate<T>, &Softmax};
   });
 }
 

@@ -13,25 +13,7 @@
 namespace kvserve::cpu::internal {
 namespace {
 
-// Eight elements of ExpShifted. floor(t) by rounding: the base path's truncate-and-correct gives
-// the same integer for every t here (-126 <= t <= 0.5).
-__m256 ExpVec(__m256 x, __m256 shift, __m256 scale) {
-  using namespace exp_constants;
-  const __m256 lowest = _mm256_set1_ps(kLowest);
-  const __m256 v = _mm256_mul_ps(_mm256_sub_ps(x, shift), scale);
-  const __m256 keep = _mm256_cmp_ps(v, lowest, _CMP_GE_OQ);  // false for -inf
-  const __m256 xv = _mm256_max_ps(v, lowest);
-  const __m256 t = _mm256_add_ps(_mm256_mul_ps(xv, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f));
-  const __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_sub_ps(xv, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Hi)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Lo)));
-  __m256 y = _mm256_set1_ps(kP[0]);
-  for (int j = 1; j < 6; ++j) y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(kP[j]));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
+#include "kernels/cpu/exp_avx2.inc"  // ExpVec
 
 // Lanes 0 .. left - 1 (all eight from 8 on).
 __m256i Live(int64_t left) {

@@ -59,25 +59,7 @@ ArgMaxResult ArgMaxCheckedAvx512(const float* x, int64_t n) {
 
 namespace {
 
-// Sixteen elements of ExpShifted (the same operations as logits.cc's ExpOne and ExpVec).
-__m512 ExpVec(__m512 x, __m512 shift, __m512 scale) {
-  using namespace exp_constants;
-  const __m512 lowest = _mm512_set1_ps(kLowest);
-  const __m512 v = _mm512_mul_ps(_mm512_sub_ps(x, shift), scale);
-  const __mmask16 keep = _mm512_cmp_ps_mask(v, lowest, _CMP_GE_OQ);  // false for -inf
-  const __m512 xv = _mm512_max_ps(v, lowest);
-  const __m512 t = _mm512_add_ps(_mm512_mul_ps(xv, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(0.5f));
-  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Hi)));
-  r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Lo)));
-  __m512 y = _mm512_set1_ps(kP[0]);
-  for (int j = 1; j < 6; ++j) y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(kP[j]));
-  y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r),
-                    _mm512_set1_ps(1.0f));
-  // y * 2^k: scalef is the same correctly rounded multiplication by a power of two as the
-  // other paths' multiply by the float built from k's exponent bits.
-  return _mm512_maskz_scalef_ps(keep, y, k);
-}
+#include "kernels/cpu/exp_avx512.inc"  // ExpVec
 
 __mmask16 Live(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);

@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/logits.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -149,33 +147,6 @@ class RequestStream {
   const float* v_scales_;
 };
 
-// Eight independent lanes, so that the baseline build vectorizes both loops: a one-accumulator
-// loop is one dependent add (or max) per key and query head, a third of a short context's time.
-constexpr int kSumLanes = 8;
-
-// The maximum of p[0, n), n >= 1 (exact in any order).
-float MaxOf(const float* p, int64_t n) {
-  float lane[kSumLanes];
-  std::fill_n(lane, kSumLanes, -std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + kSumLanes <= n; i += kSumLanes) {
-    for (int l = 0; l < kSumLanes; ++l) lane[l] = std::max(lane[l], p[i + l]);
-  }
-  for (; i < n; ++i) lane[0] = std::max(lane[0], p[i]);
-  return *std::max_element(lane, lane + kSumLanes);
-}
-
-// The sum of p[0, n): lane l adds p[i] for i = l mod 8 in order, then a fixed combine.
-float LaneSum(const float* p, int64_t n) {
-  float lane[kSumLanes] = {};
-  int64_t i = 0;
-  for (; i + kSumLanes <= n; i += kSumLanes) {
-    for (int l = 0; l < kSumLanes; ++l) lane[l] += p[i + l];
-  }
-  for (int l = 0; i < n; ++i, ++l) lane[l] += p[i];
-  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-}
-
 // All query heads of one kv head for one query token: K and V rows are read once per group.
 // scratch.runs holds the item's runs (ItemRuns); `next` (null for none) the runs of the item the
 // thread computes next, and `started` says whether the item before requested this one's first runs.
@@ -209,11 +180,7 @@ void AttendGroup(const PagedAttentionArgs& a, const internal::AttentionKernels& 
   }
   scratch.inv_sum.resize(static_cast<size_t>(group));
   float* inv_sum = scratch.inv_sum.data();
-  for (int64_t g = 0; g < group; ++g) {
-    float* p = probs + g * keys;
-    ExpShifted(p, keys, MaxOf(p, keys), 1.0f, p);  // exp(p[i] - max), vectorized
-    inv_sum[g] = 1.0f / LaneSum(p, keys);
-  }
+  kernels.softmax(probs, group, keys, inv_sum);
   scratch.acc.assign(static_cast<size_t>(group * hd), 0.0f);
   float* acc = scratch.acc.data();
   for (int64_t r = 0; r < num_runs; ++r) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/dtype.h"
 #include "kernels/kv_dtype.h"
@@ -427,6 +428,50 @@ TEST(PagedAttentionTest, SimdPathsAgreeWithScalar) {
         for (size_t i = 0; i < out.size(); ++i) {
           ASSERT_NEAR(out[i], scalar[i], 1e-5) << KvCacheDTypeName(dtype) << " " << CpuIsaName(isa)
                                                << " head_dim " << head_dim << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+// The softmax loop of every ISA path gives the scalar loop's bits (attention_kernels.h: the same
+// exp and the same order of sums), for rows of every length up to past a few SIMD widths, groups
+// that take the four-row and one-row loops, rows with -inf scores and rows far below zero; and it
+// is a softmax (checked in double).
+TEST(PagedAttentionTest, SoftmaxGivesTheScalarBitsOnEveryPath) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> score(-30.0f, 30.0f);
+  const internal::AttentionKernels scalar = internal::AttentionKernelsScalar(KvCacheDType::kF32);
+  for (CpuIsa isa : SupportedIsas()) {
+    internal::AttentionKernels kernels = scalar;
+    if (isa == CpuIsa::kAvx2) kernels = internal::AttentionKernelsAvx2(KvCacheDType::kF32);
+    if (isa == CpuIsa::kAvx512) kernels = internal::AttentionKernelsAvx512(KvCacheDType::kF32);
+    for (int64_t group : {1, 3, 4, 7}) {
+      for (int64_t keys = 1; keys <= 70; ++keys) {
+        std::vector<float> probs(static_cast<size_t>(group * keys));
+        for (float& p : probs) p = score(rng);
+        if (keys > 2) probs[1] = -std::numeric_limits<float>::infinity();
+        if (group > 1) {
+          for (int64_t i = 0; i < keys; ++i) probs[keys + i] -= 1000.0f;  // row 1: all far down
+        }
+        std::vector<float> want = probs, got = probs;
+        std::vector<float> want_inv(static_cast<size_t>(group)), got_inv(want_inv.size());
+        scalar.softmax(want.data(), group, keys, want_inv.data());
+        kernels.softmax(got.data(), group, keys, got_inv.data());
+        const std::string where = std::string(CpuIsaName(isa)) + " group " + std::to_string(group) +
+                                  " keys " + std::to_string(keys);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float))) << where;
+        ASSERT_EQ(0, std::memcmp(want_inv.data(), got_inv.data(), got_inv.size() * sizeof(float)))
+            << where;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* row = probs.data() + g * keys;
+          const double max = *std::max_element(row, row + keys);
+          double total = 0.0;
+          for (int64_t i = 0; i < keys; ++i) total += std::exp(double{row[i]} - max);
+          for (int64_t i = 0; i < keys; ++i) {
+            const double p = std::exp(double{row[i]} - max) / total;
+            ASSERT_NEAR(got[g * keys + i] * got_inv[g], p, 1e-5 * p + 1e-30) << where;
+          }
         }
       }
     }
