@@ -15,6 +15,15 @@ namespace kvserve::cpu {
 void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64_t dim,
              int64_t gate_stride, int64_t up_stride, int64_t out_stride, ThreadPool* pool);
 
+namespace internal {
+// One row piece of SiluMul (o may alias g or u exactly): the portable loop, and the AVX2 and
+// AVX-512 loops (activation_avx2.cc, activation_avx512.cc: the same float operations, sixteen or
+// eight at a time, so the same bits), which SiluMul picks by ActiveCpuIsa().
+void SiluMulRowBase(const float* g, const float* u, float* o, int64_t n);
+void SiluMulRowAvx2(const float* g, const float* u, float* o, int64_t n);
+void SiluMulRowAvx512(const float* g, const float* u, float* o, int64_t n);
+}  // namespace internal
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_ACTIVATION_H_
