@@ -281,14 +281,14 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
   }
 }
 
-#include "kernels/cpu/attention_groups.inc"  // Scores, Accumulate
 #include "kernels/cpu/exp_avx2.inc"          // ExpVec
 
-// AttentionSoftmaxFn for G rows at once (their exps interleaved: one row's chain of dependent
-// steps is too short to hide its latency): eight keys a step, each step's exps added to the eight
-// lane sums (a lane past the row adds +0, which leaves a sum of exps unchanged).
+// G rows of AttentionSoftmaxFn at once: the exps in place, each row's eight lane sums in sum[g]
+// (attention_groups.inc's Softmax combines them). The rows' exps are interleaved (one row's chain
+// of dependent steps is too short to hide the exp's latency), eight keys a step, each step's exps
+// added to the lane sums (a lane past the row adds +0, which leaves a sum of exps unchanged).
 template <int G>
-void SoftmaxRows(float* probs, int64_t keys, float* inv_sum) {
+void SoftmaxRows(float* probs, int64_t keys, __m256* sum) {
   const __m256 lowest = _mm256_set1_ps(-__builtin_inff());
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -297,7 +297,6 @@ void SoftmaxRows(float* probs, int64_t keys, float* inv_sum) {
                               lane);
   };
   __m256 shift[G];
-  __m256 sum[G];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     // max(v, m) keeps m where v is NaN, as the scalar loop's std::max(m, v) does.
@@ -324,20 +323,9 @@ void SoftmaxRows(float* probs, int64_t keys, float* inv_sum) {
       sum[g] = _mm256_add_ps(sum[g], e);
     }
   }
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    const __m128 pairs =
-        _mm_add_ps(_mm256_castps256_ps128(sum[g]), _mm256_extractf128_ps(sum[g], 1));
-    const __m128 halves = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
-    inv_sum[g] = 1.0f / (_mm_cvtss_f32(halves) + _mm_cvtss_f32(_mm_shuffle_ps(halves, halves, 1)));
-  }
 }
 
-void Softmax(float* probs, int64_t group, int64_t keys, float* inv_sum) {
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4) SoftmaxRows<4>(probs + g * keys, keys, inv_sum + g);
-  for (; g < group; ++g) SoftmaxRows<1>(probs + g * keys, keys, inv_sum + g);
-}
+#include "kernels/cpu/attention_groups.inc"  // Scores, Accumulate, Softmax
 
 }  // namespace
 
