@@ -32,6 +32,18 @@ struct RmsNormArgs {
 /// only on that row (fixed 8-lane sum of squares), never on batch or thread count.
 void RmsNorm(const RmsNormArgs& args, ThreadPool* pool);
 
+namespace internal {
+// One row of RmsNorm (f32): the portable loop, and the AVX2 and AVX-512 loops (rms_norm_avx2.cc,
+// rms_norm_avx512.cc: the same float operations and the same eight-lane sum, so the same bits),
+// which RmsNorm picks by ActiveCpuIsa(). residual may be null; y may be x when it is.
+void RmsNormRowBase(float* x, const float* residual, const float* weight, float* y, int64_t dim,
+                    float eps);
+void RmsNormRowAvx2(float* x, const float* residual, const float* weight, float* y, int64_t dim,
+                    float eps);
+void RmsNormRowAvx512(float* x, const float* residual, const float* weight, float* y, int64_t dim,
+                      float eps);
+}  // namespace internal
+
 }  // namespace kvserve::cpu
 
 #endif  // KVSERVE_KERNELS_CPU_RMS_NORM_H_
