@@ -254,6 +254,7 @@ void AccumulateForQueries(const float* probs, int64_t probs_stride, const float*
 }
 
 #include "kernels/cpu/exp_avx512.inc"        // ExpVec
+#include "kernels/cpu/lane_sum8.inc"         // LaneSum8
 
 // G rows of AttentionSoftmaxFn at once: the exps in place, each row's eight lane sums in sum[g]
 // (attention_groups.inc's Softmax combines them). The rows' exps are interleaved (one row's chain

@@ -14,13 +14,11 @@
 namespace kvserve::cpu::internal {
 namespace {
 
-// 1 / sqrt(mean of squares + eps) from the eight lane sums l0..l7, combined as
-// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+#include "kernels/cpu/lane_sum8.inc"  // LaneSum8
+
+// 1 / sqrt(mean of squares + eps) from the sum of squares' eight lane sums.
 float InverseRms(__m256 lanes, int64_t dim, float eps) {
-  const __m128 pairs = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-  const __m128 halves = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
-  const float sum = _mm_cvtss_f32(halves) + _mm_cvtss_f32(_mm_shuffle_ps(halves, halves, 1));
-  return 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+  return 1.0f / std::sqrt(LaneSum8(lanes) / static_cast<float>(dim) + eps);
 }
 
 }  // namespace
