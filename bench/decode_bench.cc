@@ -167,12 +167,17 @@ BENCHMARK(BM_DecodeSynthetic)
 // Batch scaling, issue 13's "batch 32 >= 10 x batch 1": batch-1 and batch-32 decode of the same
 // model on the same threads, interleaved round by round (a few batch-1 steps, then one batch-32
 // step, about as long), so that both see the same machine: this VM's memory bandwidth and clock
-// drift by 20-50 % within seconds, and separate cases then compare different machines. Counters
-// are medians over the rounds: b1_tok/s, b32_tok/s, x_batch1 = b32_tok/s / b1_tok/s; b32_GFLOP/s
-// (2 FLOPs per weight per token, the output head included, plus attention) and peak_ratio = that
-// over the register-only FMA peak of the same threads, measured right after. Both harnesses
-// decode positions 64-320 (wrapping), so their attention costs match. Args: dtype, threads (0 =
-// all).
+// drift by 20-50 % within seconds, and separate cases then compare different machines. Each size
+// first runs one untimed step per round: on the Zen 5 VM a batch-32 step right after batch-1 steps
+// ran 3-6 % slower than one after another batch-32 step (its attention, SiLU and norms 12-20 %
+// slower, as if its K/V and activations were no longer partly in cache), which a server decoding
+// one batch size step after step does not pay (docs/benchmarks.md, "Attention softmax and SiLU
+// kernels").
+// Counters are medians over the rounds: b1_tok/s, b32_tok/s, x_batch1 = b32_tok/s / b1_tok/s;
+// b32_GFLOP/s (2 FLOPs per weight per token, the output head included, plus attention) and
+// peak_ratio = that over the register-only FMA peak of the same threads, measured right after. Both
+// harnesses decode positions 64-320 (wrapping), so their attention costs match. Args: dtype,
+// threads (0 = all).
 void BM_BatchScaling(benchmark::State& state) {
   const auto dtype = static_cast<DType>(state.range(0));
   const ModelWeights* w = SyntheticModel(dtype);
@@ -188,13 +193,16 @@ void BM_BatchScaling(benchmark::State& state) {
   std::vector<double> b1, b32, b32_flops;
   using Clock = std::chrono::steady_clock;
   for (auto _ : state) {
+    one.Decode();  // untimed: the step after the other size's
     const Clock::time_point t0 = Clock::now();
     for (int i = 0; i < kBatch1StepsPerRound; ++i) one.Decode();
     const Clock::time_point t1 = Clock::now();
+    many.Decode();  // untimed, likewise
     const double context = many.pos() + 1;
+    const Clock::time_point t2 = Clock::now();
     many.Decode();
     const double s1 = std::chrono::duration<double>(t1 - t0).count();
-    const double s32 = std::chrono::duration<double>(Clock::now() - t1).count();
+    const double s32 = std::chrono::duration<double>(Clock::now() - t2).count();
     b1.push_back(kBatch1StepsPerRound / s1);
     b32.push_back(kBatch / s32);
     const double flops_per_token =
