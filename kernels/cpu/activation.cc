@@ -47,17 +47,8 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64
   // Work items are (row, column chunk) so a single decode row still spreads over threads.
   constexpr int64_t kChunk = 1024;
   const int64_t chunks_per_row = (dim + kChunk - 1) / kChunk;
-  const auto row_fn = [] {
-    switch (ActiveCpuIsa()) {
-      case CpuIsa::kAvx512:
-        return &internal::SiluMulRowAvx512;
-      case CpuIsa::kAvx2:
-        return &internal::SiluMulRowAvx2;
-      case CpuIsa::kScalar:
-        break;
-    }
-    return &internal::SiluMulRowBase;
-  }();
+  const auto row_fn = ForActiveIsa(&internal::SiluMulRowBase, &internal::SiluMulRowAvx2,
+                                   &internal::SiluMulRowAvx512);
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / chunks_per_row;

@@ -27,6 +27,20 @@ CpuIsa BestSupportedIsa();
 /// a warning to stderr and falls back to the best supported path), else BestSupportedIsa().
 CpuIsa ActiveCpuIsa();
 
+/// Of a kernel's three paths (one function each, the same signature), the one for ActiveCpuIsa().
+template <class Fn>
+Fn ForActiveIsa(Fn scalar, Fn avx2, Fn avx512) {
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return avx512;
+    case CpuIsa::kAvx2:
+      return avx2;
+    case CpuIsa::kScalar:
+      break;
+  }
+  return scalar;
+}
+
 /// Forces `isa` (clamped to what the CPU supports) for all later kernel calls in this process;
 /// nullopt restores the default. Meant for tests that compare paths; not for concurrent use with
 /// running kernels.

@@ -30,17 +30,8 @@ void RmsNormRowBase(float* x, const float* residual, const float* weight, float*
 
 void RmsNorm(const RmsNormArgs& args, ThreadPool* pool) {
   if (args.rows <= 0) return;
-  const auto row_fn = [] {
-    switch (ActiveCpuIsa()) {
-      case CpuIsa::kAvx512:
-        return &internal::RmsNormRowAvx512;
-      case CpuIsa::kAvx2:
-        return &internal::RmsNormRowAvx2;
-      case CpuIsa::kScalar:
-        break;
-    }
-    return &internal::RmsNormRowBase;
-  }();
+  const auto row_fn = ForActiveIsa(&internal::RmsNormRowBase, &internal::RmsNormRowAvx2,
+                                   &internal::RmsNormRowAvx512);
   const int64_t residual_stride = args.residual_stride != 0 ? args.residual_stride : args.dim;
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
